@@ -1,0 +1,130 @@
+//! `pteria inspect FILE.pte [--ptd FILE]`: what a program contains.
+
+use anyhow::Result;
+use pteria::pte::{EValue, Program, TensorData};
+use pteria::runtime::{constant_method, Output};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The .pte program.
+    file: PathBuf,
+    /// External data (.ptd) files to merge.
+    #[arg(long)]
+    ptd: Vec<PathBuf>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let ptds: Vec<&std::path::Path> = a.ptd.iter().map(|p| p.as_path()).collect();
+    let p = Program::open(&a.file, &ptds)?;
+    print!("{}", describe(&p)?);
+    Ok(())
+}
+
+fn fmt_bytes(n: usize) -> String {
+    let units = ["B", "KiB", "MiB", "GiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < units.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+fn tensor_desc(v: &EValue) -> String {
+    match v {
+        EValue::Tensor(t) => {
+            let dims: Vec<String> = t.sizes.iter().map(|s| s.to_string()).collect();
+            let dynamic = match t.dynamism {
+                pteria::pte::Dynamism::Static => "",
+                _ => " (dynamic, upper bounds)",
+            };
+            format!("{}[{}]{dynamic}", t.dtype, dims.join(", "))
+        }
+        other => other.kind().to_string(),
+    }
+}
+
+fn output_desc(o: &Output) -> String {
+    match o {
+        Output::Int(i) => i.to_string(),
+        Output::Bool(b) => b.to_string(),
+        Output::Double(d) => d.to_string(),
+        Output::String(s) => format!("{s:?}"),
+        Output::IntList(l) => format!("{l:?}"),
+        Output::None => "None".into(),
+        Output::Tensor(t) => format!("tensor {}{:?}", t.dtype.name(), t.sizes),
+    }
+}
+
+/// The text `inspect` prints; a library-free function so tests can call the binary and read it.
+pub fn describe(p: &Program) -> Result<String> {
+    use std::fmt::Write;
+    let mut s = String::new();
+    writeln!(s, "program: {} bytes, schema version {}", p.file_len(), p.version)?;
+    let (methods, metadata): (Vec<_>, Vec<_>) = p.plans.iter().partition(|m| !m.is_constant());
+    writeln!(s, "methods:")?;
+    for m in &methods {
+        writeln!(s, "  {}:", m.name)?;
+        for (i, &v) in m.inputs.iter().enumerate() {
+            writeln!(s, "    input {i}: {}", tensor_desc(&m.values[v]))?;
+        }
+        for (i, &v) in m.outputs.iter().enumerate() {
+            writeln!(s, "    output {i}: {}", tensor_desc(&m.values[v]))?;
+        }
+        let kernels = m.instructions.iter().filter(|i| matches!(i, pteria::pte::Instruction::Kernel { .. })).count();
+        let delegate_calls = m.instructions.len() - kernels;
+        writeln!(s, "    instructions: {} ({kernels} kernel calls, {delegate_calls} other)", m.instructions.len())?;
+        let mut hist = std::collections::BTreeMap::<String, usize>::new();
+        for i in &m.instructions {
+            if let pteria::pte::Instruction::Kernel { op, .. } = i {
+                *hist.entry(m.operators[*op].key()).or_default() += 1;
+            }
+        }
+        if !hist.is_empty() {
+            writeln!(s, "    operators (run on the CPU):")?;
+            for (k, n) in &hist {
+                let mark = if pteria::runtime::kernels::lookup(k).is_some() { "" } else { "  [not supported]" };
+                writeln!(s, "      {n:4} x {k}{mark}")?;
+            }
+        }
+        let arena: usize = m.arena_sizes.iter().sum();
+        writeln!(s, "    planned memory: {} in {} arena(s)", fmt_bytes(arena), m.arena_sizes.len())?;
+        let consts: usize = m
+            .values
+            .iter()
+            .filter_map(|v| match v {
+                EValue::Tensor(t) if matches!(t.data, TensorData::Constant(_)) => Some(t.nbytes()),
+                _ => None,
+            })
+            .sum();
+        writeln!(s, "    constant tensors: {}", fmt_bytes(consts))?;
+        for (i, d) in m.delegates.iter().enumerate() {
+            writeln!(s, "    delegate {i}: backend {} ({} blob)", d.id, fmt_bytes(d.data.len()))?;
+            for (k, v) in &d.compile_specs {
+                writeln!(s, "      compile spec {k}: {} bytes", v.len())?;
+            }
+        }
+    }
+    if !metadata.is_empty() {
+        writeln!(s, "metadata:")?;
+        for m in &metadata {
+            let out = constant_method(p, &m.name)?.unwrap_or_default();
+            let vals: Vec<String> = out.iter().map(output_desc).collect();
+            writeln!(s, "  {} = {}", m.name, vals.join(", "))?;
+        }
+    }
+    writeln!(s, "segments: {}", p.segments.len())?;
+    for (i, r) in p.segments.iter().enumerate() {
+        writeln!(s, "  segment {i}: {} at offset {}", fmt_bytes(r.len()), r.start)?;
+    }
+    writeln!(s, "named data: {} entries, {}", p.named_data.len(), fmt_bytes(p.named_data.total_bytes()))?;
+    writeln!(s, "constant segment: {}", fmt_bytes(p.constant_bytes))?;
+    writeln!(s, "weights total: {}", fmt_bytes(p.constant_bytes + p.named_data.total_bytes()))?;
+    Ok(s)
+}

@@ -1,0 +1,4 @@
+//! Subcommands of the `pteria` binary; each file translates arguments and calls the library.
+
+pub mod inspect;
+pub mod logits;

@@ -1,0 +1,8 @@
+//! Pteria: read ExecuTorch programs (`.pte`/`.ptd`) and run them on-device, on the CPU or the GPU.
+//!
+//! Layers, upstream to downstream: `fb` (safe FlatBuffers) → `pte` (validated program view) →
+//! `runtime` (CPU reference executor) → LLM runner → chat core → shells.
+
+pub mod fb;
+pub mod pte;
+pub mod runtime;

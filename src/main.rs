@@ -1,0 +1,32 @@
+//! The `pteria` command line: inspect programs, run them, and manage models.
+
+use clap::{Parser, Subcommand};
+
+mod cli;
+
+#[derive(Parser)]
+#[command(name = "pteria", version, about = "On-device Gemma 4 chat engine for ExecuTorch programs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Describe a .pte program: methods, shapes, metadata, delegates, segments.
+    Inspect(cli::inspect::Args),
+    /// Run `forward` on a prompt then decode tokens; print every call's output as JSON.
+    Logits(cli::logits::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => cli::inspect::run(a),
+        Command::Logits(a) => cli::logits::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,147 @@
+//! Reductions and softmax.
+
+use super::{norm_dim, KernelCtx, KernelFn, KernelResult};
+use crate::runtime::tensor::TensorIn;
+
+pub const KERNELS: &[(&str, KernelFn)] = &[
+    ("aten::mean.out", mean),
+    ("aten::sum.IntList_out", sum),
+    ("aten::amax.out", amax),
+    ("aten::amin.out", amin),
+    ("aten::argmax.out", argmax),
+    ("aten::_softmax.out", softmax),
+    ("aten::_log_softmax.out", log_softmax),
+];
+
+/// Reduces `a` over `dims` (all dims when empty): returns (kept-dims shape, groups of values).
+fn reduce(a: &TensorIn, dims: &[i64], keepdim: bool, f: impl Fn(&[f64]) -> f64) -> Result<(Vec<usize>, Vec<f64>), String> {
+    let r = a.sizes.len();
+    let mut red = vec![false; r];
+    if dims.is_empty() {
+        red.iter_mut().for_each(|x| *x = true);
+    }
+    for &d in dims {
+        red[norm_dim(d, r)?] = true;
+    }
+    let v = a.f64();
+    let st = super::strides(&a.sizes);
+    let kept: Vec<usize> = (0..r).filter(|&d| !red[d]).collect();
+    let gone: Vec<usize> = (0..r).filter(|&d| red[d]).collect();
+    let nk: usize = kept.iter().map(|&d| a.sizes[d]).product();
+    let ng: usize = gone.iter().map(|&d| a.sizes[d]).product();
+    let mut out = Vec::with_capacity(nk);
+    let mut buf = Vec::with_capacity(ng);
+    for ki in 0..nk {
+        let mut base = 0;
+        let mut rem = ki;
+        for &d in kept.iter().rev() {
+            base += (rem % a.sizes[d]) * st[d];
+            rem /= a.sizes[d];
+        }
+        buf.clear();
+        for gi in 0..ng {
+            let mut off = base;
+            let mut rem = gi;
+            for &d in gone.iter().rev() {
+                off += (rem % a.sizes[d]) * st[d];
+                rem /= a.sizes[d];
+            }
+            buf.push(v[off]);
+        }
+        out.push(f(&buf));
+    }
+    let shape = (0..r)
+        .filter_map(|d| if red[d] { keepdim.then_some(1) } else { Some(a.sizes[d]) })
+        .collect();
+    Ok((shape, out))
+}
+
+fn mean(k: &mut KernelCtx) -> KernelResult {
+    let a = k.input(0)?;
+    let dims = k.int_list(1)?;
+    let keep = k.boolean(2)?;
+    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().sum::<f64>() / g.len() as f64)?;
+    let o = k.last();
+    k.write_f64(o, &shape, &v)
+}
+
+fn sum(k: &mut KernelCtx) -> KernelResult {
+    let a = k.input(0)?;
+    let dims = k.int_list(1)?;
+    let keep = k.boolean(2)?;
+    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().sum())?;
+    let o = k.last();
+    k.write_f64(o, &shape, &v)
+}
+
+fn amax(k: &mut KernelCtx) -> KernelResult {
+    let a = k.input(0)?;
+    let dims = k.int_list(1)?;
+    let keep = k.boolean(2)?;
+    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().copied().fold(f64::NEG_INFINITY, f64::max))?;
+    let o = k.last();
+    k.write_f64(o, &shape, &v)
+}
+
+fn amin(k: &mut KernelCtx) -> KernelResult {
+    let a = k.input(0)?;
+    let dims = k.int_list(1)?;
+    let keep = k.boolean(2)?;
+    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().copied().fold(f64::INFINITY, f64::min))?;
+    let o = k.last();
+    k.write_f64(o, &shape, &v)
+}
+
+fn argmax(k: &mut KernelCtx) -> KernelResult {
+    let a = k.input(0)?;
+    let dim = k.opt_int(1)?;
+    let keep = k.boolean(2)?;
+    let first_max = |g: &[f64]| {
+        let mut best = 0;
+        for (i, &x) in g.iter().enumerate() {
+            if x > g[best] || (x.is_nan() && !g[best].is_nan()) {
+                best = i;
+            }
+        }
+        best as f64
+    };
+    let (shape, v) = match dim {
+        Some(d) => reduce(&a, &[d], keep, first_max)?,
+        None => {
+            let flat = TensorIn::owned(a.dtype, vec![a.numel()], a.bytes().to_vec());
+            reduce(&flat, &[0], false, first_max)?
+        }
+    };
+    let o = k.last();
+    k.write_i64(o, &shape, &v.iter().map(|&x| x as i64).collect::<Vec<_>>())
+}
+
+fn softmax_impl(k: &mut KernelCtx, log: bool) -> KernelResult {
+    let a = k.input(0)?;
+    let d = norm_dim(k.int(1)?, a.sizes.len())?;
+    let v = a.f32();
+    let outer: usize = a.sizes[..d].iter().product();
+    let n = a.sizes.get(d).copied().unwrap_or(1);
+    let inner: usize = a.sizes[(d + 1).min(a.sizes.len())..].iter().product();
+    let mut out = vec![0f32; v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            let mx = (0..n).map(|j| v[at(j)]).fold(f32::NEG_INFINITY, f32::max);
+            let s: f32 = (0..n).map(|j| (v[at(j)] - mx).exp()).sum();
+            for j in 0..n {
+                out[at(j)] = if log { v[at(j)] - mx - s.ln() } else { (v[at(j)] - mx).exp() / s };
+            }
+        }
+    }
+    let o = k.last();
+    k.write_f32(o, &a.sizes.clone(), &out)
+}
+
+fn softmax(k: &mut KernelCtx) -> KernelResult {
+    softmax_impl(k, false)
+}
+
+fn log_softmax(k: &mut KernelCtx) -> KernelResult {
+    softmax_impl(k, true)
+}

@@ -1,0 +1,500 @@
+//! The CPU reference runtime: loads a method from a validated `pte::Program` and executes its
+//! instructions exactly as the ExecuTorch runtime does.
+//!
+//! Memory-planned tensors live in per-method arenas that persist across calls (so KV caches held
+//! in mutable buffers survive), constants are zero-copy views of the file, kernels are looked up by
+//! operator name in `kernels`, and delegate calls go through a `BackendRegistry`.
+
+pub mod kernels;
+mod tensor;
+
+pub use tensor::{DType, HostTensor, Storage, Tensor, TensorIn};
+
+use crate::pte::{self, BackendDelegate, EValue, ExecutionPlan, Instruction, NamedData, Program, TensorData};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Program(#[from] pte::PteError),
+    #[error("program has no method `{0}`")]
+    NoMethod(String),
+    #[error("method `{method}` uses operators this runtime does not implement: {ops}")]
+    UnsupportedOps { method: String, ops: String },
+    #[error("method `{method}` delegates to backend `{backend}`, which is not supported yet")]
+    UnsupportedBackend { method: String, backend: String },
+    #[error("input {index} of method `{method}`: {msg}")]
+    BadInput {
+        method: String,
+        index: usize,
+        msg: String,
+    },
+    #[error("method `{method}`, instruction {instr} ({op}): {msg}")]
+    Kernel {
+        method: String,
+        instr: usize,
+        op: String,
+        msg: String,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T> = std::result::Result<T, RuntimeError>;
+
+/// A runtime value: the live form of an `EValue`.
+#[derive(Debug, Clone)]
+pub enum Value {
+    None,
+    Int(i64),
+    Bool(bool),
+    Double(f64),
+    String(String),
+    Tensor(Tensor),
+    IntList(Vec<usize>),
+    DoubleList(Vec<f64>),
+    BoolList(Vec<bool>),
+    TensorList(Vec<usize>),
+    OptionalTensorList(Vec<Option<usize>>),
+}
+
+impl Value {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Int(_) => "Int",
+            Value::Bool(_) => "Bool",
+            Value::Double(_) => "Double",
+            Value::String(_) => "String",
+            Value::Tensor(_) => "Tensor",
+            Value::IntList(_) => "IntList",
+            Value::DoubleList(_) => "DoubleList",
+            Value::BoolList(_) => "BoolList",
+            Value::TensorList(_) => "TensorList",
+            Value::OptionalTensorList(_) => "OptionalTensorList",
+        }
+    }
+}
+
+/// What a method call hands back: tensors copied out of the arenas, or scalars.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    Tensor(HostTensor),
+    Int(i64),
+    Bool(bool),
+    Double(f64),
+    String(String),
+    IntList(Vec<i64>),
+    None,
+}
+
+/// Method memory: the values, their arenas, and the buffers that hold method inputs.
+pub struct Memory {
+    pub values: Vec<Value>,
+    pub arenas: Vec<Vec<u8>>,
+    /// Storage for inputs the program did not plan (LLM exports use `alloc_graph_input=False`).
+    pub inputs: Vec<Vec<u8>>,
+}
+
+impl Memory {
+    pub fn tensor(&self, id: usize) -> std::result::Result<&Tensor, String> {
+        match self.values.get(id) {
+            Some(Value::Tensor(t)) => Ok(t),
+            Some(v) => Err(format!("value {id} is a {}, expected a Tensor", v.kind())),
+            None => Err(format!("value {id} does not exist")),
+        }
+    }
+
+    /// The current bytes of a tensor (sized to its current shape).
+    pub fn bytes<'a>(&'a self, t: &'a Tensor) -> std::result::Result<&'a [u8], String> {
+        let n = t.nbytes();
+        let all: &[u8] = match &t.storage {
+            Storage::Constant(b) => b,
+            Storage::Arena { arena, offset } => self
+                .arenas
+                .get(*arena)
+                .and_then(|a| a.get(*offset..))
+                .ok_or("tensor lies outside its arena")?,
+            Storage::Input(i) => self.inputs.get(*i).ok_or("tensor's input buffer is missing")?,
+            Storage::Unset => return Err("tensor has no data yet (an input that was not set?)".into()),
+        };
+        all.get(..n)
+            .ok_or_else(|| format!("tensor of {n} bytes exceeds its {}-byte storage", all.len()))
+    }
+
+    pub fn bytes_mut(&mut self, t: &Tensor) -> std::result::Result<&mut [u8], String> {
+        let n = t.nbytes();
+        let all: &mut [u8] = match &t.storage {
+            Storage::Constant(_) => return Err("cannot write into a constant tensor".into()),
+            Storage::Arena { arena, offset } => self
+                .arenas
+                .get_mut(*arena)
+                .and_then(|a| a.get_mut(*offset..))
+                .ok_or("tensor lies outside its arena")?,
+            Storage::Input(i) => self.inputs.get_mut(*i).ok_or("tensor's input buffer is missing")?,
+            Storage::Unset => return Err("tensor has no storage".into()),
+        };
+        let len = all.len();
+        all.get_mut(..n)
+            .ok_or_else(|| format!("tensor of {n} bytes exceeds its {len}-byte storage"))
+    }
+}
+
+/// An initialised delegate, ready to run its part of a method.
+pub trait DelegateExecutor: Send {
+    /// `args` are the value ids of the delegate's inputs followed by its outputs.
+    fn execute(&mut self, mem: &mut Memory, args: &[usize]) -> std::result::Result<(), String>;
+}
+
+/// A backend turns a delegate blob into an executor.
+pub trait Backend: Send + Sync {
+    fn id(&self) -> &str;
+    fn init(
+        &self,
+        delegate: &BackendDelegate,
+        named_data: &NamedData,
+    ) -> std::result::Result<Box<dyn DelegateExecutor>, String>;
+}
+
+/// Backends by id; a delegate whose id is not registered is a load-time error.
+#[derive(Default, Clone)]
+pub struct BackendRegistry {
+    backends: BTreeMap<String, Arc<dyn Backend>>,
+}
+
+impl BackendRegistry {
+    pub fn register(&mut self, b: Arc<dyn Backend>) {
+        self.backends.insert(b.id().to_string(), b);
+    }
+    pub fn get(&self, id: &str) -> Option<&Arc<dyn Backend>> {
+        self.backends.get(id)
+    }
+    pub fn ids(&self) -> Vec<String> {
+        self.backends.keys().cloned().collect()
+    }
+}
+
+enum Step {
+    Kernel(kernels::KernelFn, String, Vec<usize>),
+    Delegate(usize, Vec<usize>),
+    Move(usize, usize),
+    JumpFalse(usize, usize),
+    Free,
+}
+
+/// A loaded method: its memory persists across `execute` calls.
+pub struct Method {
+    pub plan: ExecutionPlan,
+    mem: Memory,
+    steps: Vec<Step>,
+    delegates: Vec<Box<dyn DelegateExecutor>>,
+}
+
+impl Method {
+    pub fn load(program: &Program, name: &str, backends: &BackendRegistry) -> Result<Method> {
+        let plan = program
+            .plan(name)
+            .ok_or_else(|| RuntimeError::NoMethod(name.to_string()))?
+            .clone();
+
+        // Resolve every kernel first so one error lists all missing operators.
+        let mut missing = Vec::new();
+        let mut op_fns = Vec::new();
+        for op in &plan.operators {
+            let key = op.key();
+            match kernels::lookup(&key) {
+                Some(f) => op_fns.push(Some(f)),
+                None => {
+                    if !missing.contains(&key) {
+                        missing.push(key);
+                    }
+                    op_fns.push(None)
+                }
+            }
+        }
+        // Only operators actually called count as missing.
+        let used: std::collections::BTreeSet<usize> = plan
+            .instructions
+            .iter()
+            .filter_map(|i| match i {
+                Instruction::Kernel { op, .. } => Some(*op),
+                _ => None,
+            })
+            .collect();
+        missing.retain(|k| used.iter().any(|&o| plan.operators[o].key() == *k));
+        if !missing.is_empty() {
+            return Err(RuntimeError::UnsupportedOps {
+                method: name.to_string(),
+                ops: missing.join(", "),
+            });
+        }
+
+        let mut delegates = Vec::new();
+        for d in &plan.delegates {
+            let backend = backends.get(&d.id).ok_or_else(|| RuntimeError::UnsupportedBackend {
+                method: name.to_string(),
+                backend: d.id.clone(),
+            })?;
+            let exec = backend.init(d, &program.named_data).map_err(|msg| {
+                RuntimeError::Other(format!("method `{name}`: backend `{}` failed to load: {msg}", d.id))
+            })?;
+            delegates.push(exec);
+        }
+
+        let mut arenas = Vec::with_capacity(plan.arena_sizes.len());
+        for &s in &plan.arena_sizes {
+            let mut a = Vec::new();
+            a.try_reserve_exact(s).map_err(|_| {
+                RuntimeError::Other(format!("method `{name}`: cannot allocate a {s}-byte memory arena"))
+            })?;
+            a.resize(s, 0u8);
+            arenas.push(a);
+        }
+        let mut mem = Memory {
+            values: Vec::with_capacity(plan.values.len()),
+            arenas,
+            inputs: Vec::new(),
+        };
+        for v in &plan.values {
+            let val = match v {
+                EValue::Null => Value::None,
+                EValue::Int(i) => Value::Int(*i),
+                EValue::Bool(b) => Value::Bool(*b),
+                EValue::Double(d) => Value::Double(*d),
+                EValue::String(s) => Value::String(s.clone()),
+                EValue::IntList(l) => Value::IntList(l.clone()),
+                EValue::DoubleList(l) => Value::DoubleList(l.clone()),
+                EValue::BoolList(l) => Value::BoolList(l.clone()),
+                EValue::TensorList(l) => Value::TensorList(l.clone()),
+                EValue::OptionalTensorList(l) => Value::OptionalTensorList(l.clone()),
+                EValue::Tensor(t) => {
+                    let storage = match &t.data {
+                        TensorData::Constant(b) => Storage::Constant(b.clone()),
+                        TensorData::Planned { arena, offset, initial } => {
+                            if let Some(init) = initial {
+                                // Mutable buffers with an initial state start from the file's bytes.
+                                let dst = &mut mem.arenas[*arena][*offset..*offset + init.len()];
+                                dst.copy_from_slice(init);
+                            }
+                            Storage::Arena {
+                                arena: *arena,
+                                offset: *offset,
+                            }
+                        }
+                        TensorData::Runtime => Storage::Unset,
+                    };
+                    let dtype = DType::from_scalar(t.dtype).ok_or_else(|| {
+                        RuntimeError::Other(format!(
+                            "method `{name}`: tensors of type {} are not supported by the CPU runtime",
+                            t.dtype
+                        ))
+                    });
+                    // Tensors of exotic dtypes are fine as long as no kernel touches them.
+                    let dtype = dtype.unwrap_or(DType::U8);
+                    Value::Tensor(Tensor {
+                        dtype,
+                        sizes: t.sizes.clone(),
+                        max_bytes: t.nbytes(),
+                        dim_order: t.dim_order.clone(),
+                        storage,
+                    })
+                }
+            };
+            mem.values.push(val);
+        }
+
+        let steps = plan
+            .instructions
+            .iter()
+            .map(|i| match i {
+                Instruction::Kernel { op, args } => Step::Kernel(
+                    op_fns[*op].expect("resolved above"),
+                    plan.operators[*op].key(),
+                    args.clone(),
+                ),
+                Instruction::Delegate { delegate, args } => Step::Delegate(*delegate, args.clone()),
+                Instruction::Move { from, to } => Step::Move(*from, *to),
+                Instruction::JumpFalse { cond, dest } => Step::JumpFalse(*cond, *dest),
+                Instruction::Free { .. } => Step::Free,
+            })
+            .collect();
+
+        Ok(Method {
+            plan,
+            mem,
+            steps,
+            delegates,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.plan.name
+    }
+
+    /// Input tensors' declared (dtype, upper-bound sizes).
+    pub fn input_specs(&self) -> Vec<(DType, Vec<usize>)> {
+        self.plan
+            .inputs
+            .iter()
+            .filter_map(|&i| match &self.mem.values[i] {
+                Value::Tensor(t) => Some((t.dtype, t.sizes.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs the method. Tensor inputs must match the declared dtype and fit the declared bounds.
+    pub fn execute(&mut self, inputs: &[HostTensor]) -> Result<Vec<Output>> {
+        let method = self.plan.name.clone();
+        if inputs.len() != self.plan.inputs.len() {
+            return Err(RuntimeError::Other(format!(
+                "method `{method}` takes {} inputs, got {}",
+                self.plan.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let input_ids = self.plan.inputs.clone();
+        for (k, (&vid, host)) in input_ids.iter().zip(inputs).enumerate() {
+            self.set_input(k, vid, host).map_err(|msg| RuntimeError::BadInput {
+                method: method.clone(),
+                index: k,
+                msg,
+            })?;
+        }
+
+        let mut pc = 0usize;
+        let mut budget = self.steps.len().saturating_mul(64).max(1024);
+        while pc < self.steps.len() {
+            budget -= 1;
+            if budget == 0 {
+                return Err(RuntimeError::Other(format!("method `{method}` does not terminate")));
+            }
+            let kerr = |op: &str, msg: String| RuntimeError::Kernel {
+                method: method.clone(),
+                instr: pc,
+                op: op.to_string(),
+                msg,
+            };
+            match &self.steps[pc] {
+                Step::Kernel(f, op, args) => {
+                    let mut ctx = kernels::KernelCtx::new(&mut self.mem, args);
+                    f(&mut ctx).map_err(|m| kerr(op, m))?;
+                }
+                Step::Delegate(d, args) => {
+                    let id = self.plan.delegates[*d].id.clone();
+                    self.delegates[*d]
+                        .execute(&mut self.mem, args)
+                        .map_err(|m| kerr(&format!("delegate {id}"), m))?;
+                }
+                Step::Move(from, to) => {
+                    let v = self.mem.values[*from].clone();
+                    self.mem.values[*to] = v;
+                }
+                Step::JumpFalse(cond, dest) => {
+                    let c = match &self.mem.values[*cond] {
+                        Value::Bool(b) => *b,
+                        Value::Tensor(t) if t.numel() == 1 => {
+                            let b = self.mem.bytes(t).map_err(|m| kerr("jump", m))?;
+                            b.iter().any(|&x| x != 0)
+                        }
+                        v => return Err(kerr("jump", format!("condition is a {}", v.kind()))),
+                    };
+                    if !c {
+                        pc = *dest;
+                        continue;
+                    }
+                }
+                Step::Free => {}
+            }
+            pc += 1;
+        }
+
+        self.plan
+            .outputs
+            .iter()
+            .map(|&o| self.output(o))
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map_err(|m| RuntimeError::Other(format!("method `{method}` output: {m}")))
+    }
+
+    fn set_input(&mut self, k: usize, vid: usize, host: &HostTensor) -> std::result::Result<(), String> {
+        let t = match &self.mem.values[vid] {
+            Value::Tensor(t) => t.clone(),
+            Value::Int(_) => {
+                // A scalar input: accept a one-element integer tensor.
+                let v = host.to_i64()?.first().copied().ok_or("empty scalar input")?;
+                self.mem.values[vid] = Value::Int(v);
+                return Ok(());
+            }
+            v => return Err(format!("inputs of kind {} are not supported", v.kind())),
+        };
+        if host.dtype != t.dtype {
+            return Err(format!("expected dtype {}, got {}", t.dtype.name(), host.dtype.name()));
+        }
+        if host.sizes.len() != t.sizes.len() && !t.sizes.is_empty() {
+            return Err(format!("expected rank {} (bounds {:?}), got shape {:?}", t.sizes.len(), t.sizes, host.sizes));
+        }
+        let nbytes = host.data.len();
+        if nbytes > t.max_bytes {
+            return Err(format!("shape {:?} exceeds the declared bounds {:?}", host.sizes, t.sizes));
+        }
+        let mut t = t;
+        if let Storage::Unset | Storage::Input(_) = t.storage {
+            let slot = match t.storage {
+                Storage::Input(i) => i,
+                _ => {
+                    self.mem.inputs.push(vec![0u8; t.max_bytes]);
+                    self.mem.inputs.len() - 1
+                }
+            };
+            t.storage = Storage::Input(slot);
+        }
+        t.sizes = host.sizes.clone();
+        self.mem.bytes_mut(&t)?.copy_from_slice(&host.data);
+        let _ = k;
+        self.mem.values[vid] = Value::Tensor(t);
+        Ok(())
+    }
+
+    fn output(&self, id: usize) -> std::result::Result<Output, String> {
+        Ok(match &self.mem.values[id] {
+            Value::Tensor(t) => Output::Tensor(HostTensor {
+                dtype: t.dtype,
+                sizes: t.sizes.clone(),
+                data: self.mem.bytes(t)?.to_vec(),
+            }),
+            Value::Int(i) => Output::Int(*i),
+            Value::Bool(b) => Output::Bool(*b),
+            Value::Double(d) => Output::Double(*d),
+            Value::String(s) => Output::String(s.clone()),
+            Value::IntList(items) => Output::IntList(
+                items
+                    .iter()
+                    .map(|&i| match &self.mem.values[i] {
+                        Value::Int(v) => Ok(*v),
+                        v => Err(format!("IntList item is a {}", v.kind())),
+                    })
+                    .collect::<std::result::Result<_, String>>()?,
+            ),
+            Value::None => Output::None,
+            v => return Err(format!("outputs of kind {} are not supported", v.kind())),
+        })
+    }
+
+    pub fn memory(&self) -> &Memory {
+        &self.mem
+    }
+}
+
+/// Reads a constant method (LLM metadata) into a single output, if it exists.
+pub fn constant_method(program: &Program, name: &str) -> Result<Option<Vec<Output>>> {
+    let Some(plan) = program.plan(name) else {
+        return Ok(None);
+    };
+    if !plan.is_constant() {
+        return Err(RuntimeError::Other(format!("method `{name}` is not a constant method")));
+    }
+    let mut m = Method::load(program, name, &BackendRegistry::default())?;
+    Ok(Some(m.execute(&[])?))
+}
