@@ -244,12 +244,8 @@ impl Method {
 
         let mut arenas = Vec::with_capacity(plan.arena_sizes.len());
         for &s in &plan.arena_sizes {
-            let mut a = Vec::new();
-            a.try_reserve_exact(s).map_err(|_| {
-                RuntimeError::Other(format!("method `{name}`: cannot allocate a {s}-byte memory arena"))
-            })?;
-            a.resize(s, 0u8);
-            arenas.push(a);
+            // Sizes were bounded by `pte::Limits` at parse time; zeroed allocation maps pages lazily.
+            arenas.push(vec![0u8; s]);
         }
         let mut mem = Memory {
             values: Vec::with_capacity(plan.values.len()),
