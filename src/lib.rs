@@ -4,5 +4,7 @@
 //! `runtime` (CPU reference executor) → LLM runner → chat core → shells.
 
 pub mod fb;
+pub mod frontend;
+pub mod ir;
 pub mod pte;
 pub mod runtime;

@@ -6,7 +6,7 @@
 //! operator name in `kernels`, and delegate calls go through a `BackendRegistry`.
 
 pub mod kernels;
-mod tensor;
+pub mod tensor;
 
 pub use tensor::{DType, HostTensor, Storage, Tensor, TensorIn};
 

@@ -5,6 +5,8 @@
 //! out argument(s), then the return value(s); for out-variants the return is the out tensor again.
 
 mod elementwise;
+pub use elementwise::erf;
+pub use linalg::matmul_f32;
 mod linalg;
 mod llm;
 mod prim;

@@ -1,0 +1,1 @@
+//! `MLXBackend` blobs: the MLX0 header and the `mlx_delegate.MLXGraph` flatbuffer.

@@ -1,0 +1,1 @@
+//! `VulkanBackend` blobs: the VH00 header and the VK00 `vkgraph.VkGraph` flatbuffer.

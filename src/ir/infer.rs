@@ -1,0 +1,238 @@
+//! Per-call planning: evaluate host symbols and every tensor's actual shape from the inputs, in
+//! graph order. Both executors run this first; the GPU executor keys its recorded command
+//! streams by the resulting shapes.
+
+use super::*;
+
+/// A delegate input as the executors receive it.
+#[derive(Debug, Clone)]
+pub enum InputValue<'a> {
+    Tensor { shape: Vec<usize>, data: &'a [u8] },
+    Sym(i64),
+}
+
+/// Shapes and symbol values of one call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub shapes: Vec<Vec<usize>>,
+    pub syms: Vec<i64>,
+}
+
+fn numel(s: &[usize]) -> usize {
+    s.iter().product()
+}
+
+fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+    crate::runtime::kernels::broadcast_shape(a, b)
+}
+
+fn slice_len(start: i64, end: i64, step: usize, n: usize) -> (usize, usize) {
+    let n = n as i64;
+    let fix = |v: i64| (if v < 0 { v + n } else { v }).clamp(0, n) as usize;
+    let (s, e) = (fix(start), fix(end));
+    let e = e.max(s);
+    (s, (e - s).div_ceil(step.max(1)))
+}
+
+/// Columns of a weight given its first tensor's shape.
+fn weight_cols(w: Weight, shape: &[usize]) -> Result<(usize, usize), String> {
+    match (w, shape) {
+        (Weight::Q4 { .. }, [r, c2]) => Ok((*r, c2 * 2)),
+        (Weight::F32 | Weight::Q8 { .. }, [r, c]) => Ok((*r, *c)),
+        _ => Err(format!("weight must be 2-D, got {shape:?}")),
+    }
+}
+
+/// Output shapes of one op from its input shapes.
+pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Vec<usize>>, String> {
+    let arg = |i: usize| -> Result<&[usize], String> { ins.get(i).copied().ok_or_else(|| format!("missing input {i}")) };
+    Ok(vec![match kind {
+        OpKind::Unary(_) | OpKind::Cast | OpKind::Clamp { .. } | OpKind::Copy => arg(0)?.to_vec(),
+        OpKind::RmsNorm { .. } | OpKind::Softmax | OpKind::Rope { .. } | OpKind::Sdpa { .. } => arg(0)?.to_vec(),
+        OpKind::BinaryScalar { .. } => arg(0)?.to_vec(),
+        OpKind::Binary(_) => broadcast(arg(0)?, arg(1)?)?,
+        OpKind::Where => broadcast(&broadcast(arg(0)?, arg(1)?)?, arg(2)?)?,
+        OpKind::Linear { weight, .. } => {
+            let x = arg(0)?;
+            let (n, k) = weight_cols(*weight, arg(1)?)?;
+            if x.last() != Some(&k) {
+                return Err(format!("input {x:?} does not end in K={k}"));
+            }
+            let mut s = x.to_vec();
+            *s.last_mut().unwrap() = n;
+            s
+        }
+        OpKind::MatMul => {
+            let (a, b) = (arg(0)?, arg(1)?);
+            if a.len() < 2 || b.len() < 2 || a[a.len() - 1] != b[b.len() - 2] {
+                return Err(format!("matmul {a:?} x {b:?}"));
+            }
+            let mut s = broadcast(&a[..a.len() - 2], &b[..b.len() - 2])?;
+            s.push(a[a.len() - 2]);
+            s.push(b[b.len() - 1]);
+            s
+        }
+        OpKind::Embedding { weight } => {
+            let (_, c) = weight_cols(*weight, arg(0)?)?;
+            let mut s = arg(weight.tensor_count())?.to_vec();
+            s.push(c);
+            s
+        }
+        OpKind::Mean { dims, keepdim } => {
+            let x = arg(0)?;
+            x.iter()
+                .enumerate()
+                .filter_map(|(i, &d)| if dims.contains(&i) { keepdim.then_some(1) } else { Some(d) })
+                .collect()
+        }
+        OpKind::CacheUpdate { .. } => arg(0)?.to_vec(),
+        OpKind::Reshape { shape } => {
+            let n = numel(arg(0)?);
+            let req: Vec<i64> = shape.iter().map(|v| v.eval(syms)).collect();
+            let known: i64 = req.iter().filter(|&&d| d != -1).product();
+            let holes = req.iter().filter(|&&d| d == -1).count();
+            let out: Vec<usize> = req
+                .iter()
+                .map(|&d| if d == -1 && known > 0 { n / known as usize } else { d.max(0) as usize })
+                .collect();
+            if holes > 1 || numel(&out) != n {
+                return Err(format!("cannot reshape {:?} to {req:?}", arg(0)?));
+            }
+            out
+        }
+        OpKind::Permute { perm } => {
+            let x = arg(0)?;
+            if perm.len() != x.len() || perm.iter().any(|&p| p >= x.len()) {
+                return Err(format!("bad permutation {perm:?} of {x:?}"));
+            }
+            perm.iter().map(|&p| x[p]).collect()
+        }
+        OpKind::Slice { dim, start, end, step } => {
+            let mut s = arg(0)?.to_vec();
+            let d = *s.get(*dim).ok_or("slice dim out of range")?;
+            s[*dim] = slice_len(start.eval(syms), end.eval(syms), *step, d).1;
+            s
+        }
+        OpKind::Select { dim, index } => {
+            let mut s = arg(0)?.to_vec();
+            let n = *s.get(*dim).ok_or("select dim out of range")? as i64;
+            let i = index.eval(syms);
+            if !(-n..n).contains(&i) {
+                return Err(format!("select index {i} out of range for size {n}"));
+            }
+            s.remove(*dim);
+            s
+        }
+        OpKind::Concat { dim } => {
+            let mut s = arg(0)?.to_vec();
+            if *dim >= s.len() {
+                return Err("concat dim out of range".into());
+            }
+            s[*dim] = 0;
+            for x in ins {
+                if x.len() != s.len() || (0..s.len()).any(|i| i != *dim && x[i] != s[i]) {
+                    return Err(format!("concat of {:?} and {x:?}", arg(0)?));
+                }
+                s[*dim] += x[*dim];
+            }
+            s
+        }
+        OpKind::Expand { shape } => {
+            broadcast(arg(0)?, shape)?;
+            shape.clone()
+        }
+        OpKind::IndexSelect { dim } => {
+            let mut s = arg(0)?.to_vec();
+            if *dim >= s.len() {
+                return Err("index_select dim out of range".into());
+            }
+            s[*dim] = numel(arg(1)?);
+            s
+        }
+        OpKind::Full { shape, .. } => shape.iter().map(|v| v.eval(syms).max(0) as usize).collect(),
+    }])
+}
+
+/// Evaluates symbols and shapes for a call.
+pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
+    if inputs.len() != g.inputs.len() {
+        return Err(IrError::Invalid(format!("graph takes {} inputs, got {}", g.inputs.len(), inputs.len())));
+    }
+    let mut shapes: Vec<Vec<usize>> = g.tensors.iter().map(|t| t.max_shape.clone()).collect();
+    let mut syms = vec![0i64; g.sym_names.len()];
+    let mut input_data: Vec<Option<&[u8]>> = vec![None; g.tensors.len()];
+    for (k, (io, v)) in g.inputs.iter().zip(inputs).enumerate() {
+        match (io, v) {
+            (Io::Tensor(t), InputValue::Tensor { shape, data }) => {
+                let def = &g.tensors[*t];
+                if shape.len() != def.max_shape.len() || shape.iter().zip(&def.max_shape).any(|(a, b)| a > b) {
+                    return Err(IrError::Invalid(format!(
+                        "input {k}: shape {shape:?} exceeds the bounds {:?}",
+                        def.max_shape
+                    )));
+                }
+                if data.len() != numel(shape) * def.dtype.size() {
+                    return Err(IrError::Invalid(format!("input {k}: {} bytes for shape {shape:?}", data.len())));
+                }
+                shapes[*t] = shape.clone();
+                input_data[*t] = Some(data);
+            }
+            (Io::Sym(s), InputValue::Sym(v)) => syms[*s] = *v,
+            _ => return Err(IrError::Invalid(format!("input {k}: tensor/symbol kind mismatch"))),
+        }
+    }
+    for (n, node) in g.nodes.iter().enumerate() {
+        match node {
+            Node::Sym(s) => {
+                let err = |msg: String| IrError::Node {
+                    node: n,
+                    op: "sym".into(),
+                    msg,
+                };
+                match s {
+                    SymOp::Size { out, tensor, dim } => {
+                        syms[*out] = *shapes[*tensor].get(*dim).ok_or_else(|| err(format!("dim {dim} of a rank-{} tensor", shapes[*tensor].len())))? as i64;
+                    }
+                    SymOp::ReadInput { out, tensor, index } => {
+                        let data = input_data[*tensor].ok_or_else(|| err("reads a tensor that is not an input".into()))?;
+                        let dt = g.tensors[*tensor].dtype;
+                        let vals = crate::runtime::tensor::to_i64(dt, data);
+                        syms[*out] = *vals.get(*index).ok_or_else(|| err(format!("index {index} past the input's {} elements", vals.len())))?;
+                    }
+                    SymOp::Arith { out, op, a, b } => {
+                        let (x, y) = (a.eval(&syms), b.eval(&syms));
+                        syms[*out] = match op {
+                            SymArith::Add => x.wrapping_add(y),
+                            SymArith::Sub => x.wrapping_sub(y),
+                            SymArith::Mul => x.wrapping_mul(y),
+                            SymArith::FloorDiv if y != 0 => x.div_euclid(y) - i64::from(x.rem_euclid(y) != 0 && y < 0),
+                            SymArith::Mod if y != 0 => ((x % y) + y) % y,
+                            SymArith::Max => x.max(y),
+                            SymArith::Min => x.min(y),
+                            _ => return Err(err("division by zero in a symbol".into())),
+                        };
+                    }
+                }
+            }
+            Node::Op(o) => {
+                let ins: Vec<&[usize]> = o.inputs.iter().map(|&t| shapes[t].as_slice()).collect();
+                let outs = op_shapes(&o.kind, &ins, &syms).map_err(|msg| IrError::Node {
+                    node: n,
+                    op: o.kind.label(),
+                    msg,
+                })?;
+                for (&t, s) in o.outputs.iter().zip(outs) {
+                    if numel(&s) > g.tensors[t].max_numel() {
+                        return Err(IrError::Node {
+                            node: n,
+                            op: o.kind.label(),
+                            msg: format!("output shape {s:?} exceeds the bounds {:?}", g.tensors[t].max_shape),
+                        });
+                    }
+                    shapes[t] = s;
+                }
+            }
+        }
+    }
+    Ok(Plan { shapes, syms })
+}
