@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# System packages the build and tests need (C toolchain for -sys crates, pkg-config, curl for rustup).
-pkgs=(build-essential pkg-config curl ca-certificates)
+# System packages the build and tests need: C toolchain for -sys crates, pkg-config, curl for
+# rustup, and lavapipe (mesa-vulkan-drivers), the CPU Vulkan driver every GPU kernel test runs on.
+pkgs=(build-essential pkg-config curl ca-certificates mesa-vulkan-drivers libvulkan1)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -7,10 +7,11 @@
 //! against.
 
 pub mod cpu;
+pub mod passes;
 mod infer;
 
 pub use crate::runtime::DType;
-pub use infer::infer_shapes;
+pub use infer::{infer_shapes, op_shapes, InputValue, Plan};
 
 use crate::pte::Blob;
 use std::fmt;

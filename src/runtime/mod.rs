@@ -5,6 +5,7 @@
 //! in mutable buffers survive), constants are zero-copy views of the file, kernels are looked up by
 //! operator name in `kernels`, and delegate calls go through a `BackendRegistry`.
 
+pub mod delegate;
 pub mod kernels;
 pub mod tensor;
 

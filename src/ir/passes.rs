@@ -1,0 +1,309 @@
+//! Load-time graph rewrites. Each pass keeps results identical (tests run graphs with and
+//! without it) and reports how many rewrites it made.
+
+use super::*;
+
+/// How many ops read each tensor, plus graph outputs and state tensors counted as readers.
+fn use_counts(g: &Graph) -> Vec<usize> {
+    let mut n = vec![0usize; g.tensors.len()];
+    for o in g.ops() {
+        for &t in &o.inputs {
+            n[t] += 1;
+        }
+    }
+    for n2 in &g.nodes {
+        if let Node::Sym(SymOp::Size { tensor, .. } | SymOp::ReadInput { tensor, .. }) = n2 {
+            n[*tensor] += 1;
+        }
+    }
+    for &t in &g.outputs {
+        n[t] += 1;
+    }
+    for (i, t) in g.tensors.iter().enumerate() {
+        if matches!(t.role, Role::State(_)) {
+            n[i] += 1;
+        }
+    }
+    n
+}
+
+/// The op (node index) that writes each tensor.
+fn producers(g: &Graph) -> Vec<Option<usize>> {
+    let mut p = vec![None; g.tensors.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        if let Node::Op(o) = n {
+            for &t in &o.outputs {
+                p[t] = Some(i);
+            }
+        }
+    }
+    p
+}
+
+fn op_at(g: &Graph, i: usize) -> &Op {
+    match &g.nodes[i] {
+        Node::Op(o) => o,
+        Node::Sym(_) => unreachable!("producers only index ops"),
+    }
+}
+
+/// Fuses the decomposed RMSNorm cluster `x * rsqrt(mean(x^2, -1, keepdim) + eps) [* w]` (as
+/// exports leave it: pow/mean/add/rsqrt/mul) into one `RmsNorm` op.
+pub fn fuse_rms_norm(g: &mut Graph) -> usize {
+    let mut fused = 0;
+    loop {
+        let uses = use_counts(g);
+        let prod = producers(g);
+        let mut found = None;
+        'search: for (i, n) in g.nodes.iter().enumerate() {
+            let Node::Op(mul) = n else { continue };
+            if mul.kind != OpKind::Binary(BinaryOp::Mul) {
+                continue;
+            }
+            // Either operand may be the rsqrt factor.
+            for (xi, ri) in [(0, 1), (1, 0)] {
+                let (x, r) = (mul.inputs[xi], mul.inputs[ri]);
+                let Some(pr) = prod[r] else { continue };
+                let rs = op_at(g, pr);
+                if rs.kind != OpKind::Unary(UnaryOp::Rsqrt) || uses[r] != 1 {
+                    continue;
+                }
+                let Some(pa) = prod[rs.inputs[0]] else { continue };
+                let add = op_at(g, pa);
+                let eps = match add.kind {
+                    OpKind::BinaryScalar { op: BinaryOp::Add, scalar, .. } => scalar,
+                    _ => continue,
+                };
+                if uses[add.outputs[0]] != 1 {
+                    continue;
+                }
+                let Some(pm) = prod[add.inputs[0]] else { continue };
+                let mean = op_at(g, pm);
+                let rank = g.tensors[x].max_shape.len();
+                match &mean.kind {
+                    OpKind::Mean { dims, keepdim: true } if dims.as_slice() == [rank.saturating_sub(1)] => {}
+                    _ => continue,
+                }
+                if uses[mean.outputs[0]] != 1 {
+                    continue;
+                }
+                let Some(pp) = prod[mean.inputs[0]] else { continue };
+                let sq = op_at(g, pp);
+                let squares_x = match sq.kind {
+                    OpKind::BinaryScalar { op: BinaryOp::Pow, scalar, scalar_first: false } => scalar == 2.0,
+                    OpKind::Unary(UnaryOp::Square) => true,
+                    OpKind::Binary(BinaryOp::Mul) => sq.inputs[0] == sq.inputs[1],
+                    _ => false,
+                };
+                if !squares_x || sq.inputs[0] != x || uses[sq.outputs[0]] != 1 {
+                    continue;
+                }
+                found = Some((i, x, eps as f32, vec![pp, pm, pa, pr]));
+                break 'search;
+            }
+        }
+        let Some((i, x, eps, dead)) = found else { break };
+        let out = op_at(g, i).outputs[0];
+        g.nodes[i] = Node::Op(Op {
+            kind: OpKind::RmsNorm { eps },
+            inputs: vec![x],
+            outputs: vec![out],
+        });
+        let mut dead = dead;
+        dead.sort_unstable_by(|a, b| b.cmp(a));
+        for d in dead {
+            g.nodes.remove(d);
+        }
+        fused += 1;
+    }
+    fused += absorb_norm_weight(g);
+    fused
+}
+
+/// `RmsNorm(x) * w` with a constant 1-D `w` becomes `RmsNorm(x, w)`.
+fn absorb_norm_weight(g: &mut Graph) -> usize {
+    let mut n = 0;
+    loop {
+        let uses = use_counts(g);
+        let prod = producers(g);
+        let mut hit = None;
+        for (i, node) in g.nodes.iter().enumerate() {
+            let Node::Op(mul) = node else { continue };
+            if mul.kind != OpKind::Binary(BinaryOp::Mul) {
+                continue;
+            }
+            for (a, w) in [(0, 1), (1, 0)] {
+                let (t, wt) = (mul.inputs[a], mul.inputs[w]);
+                let Some(p) = prod[t] else { continue };
+                let norm = op_at(g, p);
+                let is_const_vec = matches!(g.tensors[wt].role, Role::Constant(_))
+                    && g.tensors[wt].max_shape.len() == 1
+                    && g.tensors[t].max_shape.last() == g.tensors[wt].max_shape.last();
+                if matches!(norm.kind, OpKind::RmsNorm { .. }) && norm.inputs.len() == 1 && uses[t] == 1 && is_const_vec {
+                    hit = Some((i, p, wt));
+                }
+            }
+        }
+        let Some((i, p, wt)) = hit else { break };
+        let out = op_at(g, i).outputs[0];
+        if let Node::Op(norm) = &mut g.nodes[p] {
+            norm.inputs.push(wt);
+            norm.outputs = vec![out];
+        }
+        g.nodes.remove(i);
+        n += 1;
+    }
+    n
+}
+
+/// Replaces `Copy` ops of activations by their input (a copy the graph never mutates is a no-op).
+pub fn drop_noop_copies(g: &mut Graph) -> usize {
+    let mut n = 0;
+    loop {
+        let hit = g.nodes.iter().enumerate().find_map(|(i, node)| match node {
+            Node::Op(o) if o.kind == OpKind::Copy => {
+                let (src, dst) = (o.inputs[0], o.outputs[0]);
+                let plain = |t: TensorId| matches!(g.tensors[t].role, Role::Activation);
+                let same = g.tensors[src].dtype == g.tensors[dst].dtype;
+                (plain(dst) && same && !g.outputs.contains(&dst) && !matches!(g.tensors[src].role, Role::State(_)))
+                    .then_some((i, src, dst))
+            }
+            _ => None,
+        });
+        let Some((i, src, dst)) = hit else { break };
+        g.nodes.remove(i);
+        rename(g, dst, src);
+        n += 1;
+    }
+    n
+}
+
+fn rename(g: &mut Graph, from: TensorId, to: TensorId) {
+    for node in &mut g.nodes {
+        match node {
+            Node::Op(o) => o.inputs.iter_mut().filter(|t| **t == from).for_each(|t| *t = to),
+            Node::Sym(SymOp::Size { tensor, .. }) if *tensor == from => *tensor = to,
+            _ => {}
+        }
+    }
+}
+
+/// Removes ops whose outputs nobody reads (ops writing state are kept).
+pub fn eliminate_dead(g: &mut Graph) -> usize {
+    let mut n = 0;
+    loop {
+        let uses = use_counts(g);
+        let before = g.nodes.len();
+        g.nodes.retain(|node| match node {
+            Node::Op(o) => {
+                let writes_state = matches!(o.kind, OpKind::CacheUpdate { .. })
+                    || o.outputs.iter().any(|&t| matches!(g.tensors[t].role, Role::State(_)));
+                writes_state || o.outputs.iter().any(|&t| uses[t] > 0)
+            }
+            Node::Sym(_) => true,
+        });
+        let removed = before - g.nodes.len();
+        if removed == 0 {
+            break;
+        }
+        n += removed;
+    }
+    n
+}
+
+/// The default pipeline run at load; returns (pass name, rewrites) pairs for `inspect`.
+pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
+    vec![
+        ("drop_noop_copies", drop_noop_copies(g)),
+        ("fuse_rms_norm", fuse_rms_norm(g)),
+        ("eliminate_dead", eliminate_dead(g)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::cpu::CpuExecutor;
+    use crate::pte::{Blob, Bytes};
+    use std::sync::Arc;
+
+    fn constant(v: &[f32]) -> Role {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Role::Constant(Blob::whole(Arc::new(Bytes::Owned(bytes))))
+    }
+
+    /// x -> copy -> pow/mean/add/rsqrt/mul -> * w -> out, as the fixtures' export leaves it.
+    fn decomposed_norm(rows: usize, d: usize) -> Graph {
+        let mut g = Graph::default();
+        let f = DType::F32;
+        let x = g.add_tensor("x", f, vec![rows, d], Role::Input(0));
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let w = g.add_tensor("w", f, vec![d], constant(&w));
+        let c = g.add_tensor("c", f, vec![rows, d], Role::Activation);
+        let sq = g.add_tensor("sq", f, vec![rows, d], Role::Activation);
+        let m = g.add_tensor("m", f, vec![rows, 1], Role::Activation);
+        let a = g.add_tensor("a", f, vec![rows, 1], Role::Activation);
+        let r = g.add_tensor("r", f, vec![rows, 1], Role::Activation);
+        let y = g.add_tensor("y", f, vec![rows, d], Role::Activation);
+        let out = g.add_tensor("out", f, vec![rows, d], Role::Activation);
+        g.op(OpKind::Copy, vec![x], vec![c]);
+        g.op(OpKind::BinaryScalar { op: BinaryOp::Pow, scalar: 2.0, scalar_first: false }, vec![c], vec![sq]);
+        g.op(OpKind::Mean { dims: vec![1], keepdim: true }, vec![sq], vec![m]);
+        g.op(OpKind::BinaryScalar { op: BinaryOp::Add, scalar: 1e-6, scalar_first: false }, vec![m], vec![a]);
+        g.op(OpKind::Unary(UnaryOp::Rsqrt), vec![a], vec![r]);
+        g.op(OpKind::Binary(BinaryOp::Mul), vec![c, r], vec![y]);
+        g.op(OpKind::Binary(BinaryOp::Mul), vec![y, w], vec![out]);
+        g.inputs = vec![Io::Tensor(x)];
+        g.outputs = vec![out];
+        g
+    }
+
+    fn run(g: Graph, x: &[f32], shape: &[usize]) -> Vec<u8> {
+        let data: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut e = CpuExecutor::new(g).unwrap();
+        let out = e
+            .run(&[InputValue::Tensor { shape: shape.to_vec(), data: &data }])
+            .unwrap();
+        out[0].data.clone()
+    }
+
+    #[test]
+    fn rms_norm_cluster_fuses_to_one_op_with_the_same_result() {
+        let (rows, d) = (3, 7);
+        let x: Vec<f32> = (0..rows * d).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3).collect();
+        let g = decomposed_norm(rows, d);
+        let mut fused = g.clone();
+        assert_eq!(drop_noop_copies(&mut fused), 1);
+        assert_eq!(fuse_rms_norm(&mut fused), 2, "cluster + weight");
+        let kinds: Vec<String> = fused.ops().map(|o| o.kind.label()).collect();
+        assert_eq!(kinds, vec!["rms_norm"]);
+        let (a, b) = (run(g, &x, &[rows, d]), run(fused, &x, &[rows, d]));
+        let to_f = |v: &[u8]| v.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+        for (p, q) in to_f(&a).iter().zip(to_f(&b)) {
+            assert!((p - q).abs() <= 1e-6 * p.abs().max(1.0), "{p} vs {q}");
+        }
+    }
+
+    #[test]
+    fn cluster_with_a_shared_intermediate_is_left_alone() {
+        let mut g = decomposed_norm(2, 4);
+        // Make the mean an extra graph output: fusing would lose it.
+        let m = 5;
+        g.outputs.push(m);
+        assert_eq!(fuse_rms_norm(&mut g), 0);
+    }
+
+    #[test]
+    fn dead_ops_are_removed_but_state_writes_stay() {
+        let mut g = decomposed_norm(2, 4);
+        let f = DType::F32;
+        let extra = g.add_tensor("unused", f, vec![2, 4], Role::Activation);
+        g.op(OpKind::Unary(UnaryOp::Exp), vec![0], vec![extra]);
+        let cache = g.add_tensor("cache", f, vec![4, 4], Role::State(None));
+        g.op(OpKind::CacheUpdate { axis: 0, start: Int::Lit(0) }, vec![cache, 0], vec![cache]);
+        let before = g.ops().count();
+        assert_eq!(eliminate_dead(&mut g), 1);
+        assert_eq!(g.ops().count(), before - 1);
+        assert!(g.ops().any(|o| matches!(o.kind, OpKind::CacheUpdate { .. })));
+    }
+}

@@ -1,0 +1,140 @@
+//! Delegates executed through the IR: a front end lowers the blob to an `ir::Graph`, an IR
+//! executor (CPU reference or GPU) runs it, and this adapter moves values between the method's
+//! memory and the graph's inputs and outputs.
+
+use super::{Backend, DelegateExecutor, HostTensor, Memory, Value};
+use crate::ir::{self, Io};
+use crate::pte::{BackendDelegate, NamedData};
+use crate::runtime::tensor::{from_f64, from_i64, to_f64, to_i64};
+use std::sync::Arc;
+
+/// Turns one delegate format into the IR.
+pub trait FrontEnd: Send + Sync {
+    /// The backend id the format is registered under (`VulkanBackend`, …).
+    fn backend_id(&self) -> &'static str;
+    fn lower(&self, delegate: &BackendDelegate, named: &NamedData) -> Result<ir::Graph, String>;
+}
+
+/// Runs IR graphs; implemented by the CPU executor and the GPU executor.
+pub trait IrExecutor: Send {
+    fn run(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<HostTensor>, String>;
+}
+
+impl IrExecutor for ir::cpu::CpuExecutor {
+    fn run(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<HostTensor>, String> {
+        ir::cpu::CpuExecutor::run(self, inputs).map_err(|e| e.to_string())
+    }
+}
+
+/// Builds an executor for a lowered graph (the device choice lives here, not in front ends).
+pub type ExecutorFactory = Arc<dyn Fn(ir::Graph) -> Result<Box<dyn IrExecutor>, String> + Send + Sync>;
+
+/// The CPU reference executor factory.
+pub fn cpu_executor() -> ExecutorFactory {
+    Arc::new(|g| Ok(Box::new(ir::cpu::CpuExecutor::new(g).map_err(|e| e.to_string())?) as Box<dyn IrExecutor>))
+}
+
+/// A backend that lowers through `front` and executes with `make`.
+pub struct IrBackend {
+    front: Arc<dyn FrontEnd>,
+    make: ExecutorFactory,
+}
+
+impl IrBackend {
+    pub fn new(front: Arc<dyn FrontEnd>, make: ExecutorFactory) -> Self {
+        IrBackend { front, make }
+    }
+}
+
+impl Backend for IrBackend {
+    fn id(&self) -> &str {
+        self.front.backend_id()
+    }
+
+    fn init(&self, delegate: &BackendDelegate, named: &NamedData) -> Result<Box<dyn DelegateExecutor>, String> {
+        let graph = self.front.lower(delegate, named)?;
+        graph.validate().map_err(|e| e.to_string())?;
+        let inputs = graph.inputs.clone();
+        let outputs: Vec<(ir::DType, usize)> = graph.outputs.iter().map(|&t| (graph.tensors[t].dtype, t)).collect();
+        let input_dtypes: Vec<Option<ir::DType>> = inputs
+            .iter()
+            .map(|io| match io {
+                Io::Tensor(t) => Some(graph.tensors[*t].dtype),
+                Io::Sym(_) => None,
+            })
+            .collect();
+        let exec = (self.make)(graph)?;
+        Ok(Box::new(IrDelegate {
+            exec,
+            input_dtypes,
+            n_outputs: outputs.len(),
+        }))
+    }
+}
+
+struct IrDelegate {
+    exec: Box<dyn IrExecutor>,
+    input_dtypes: Vec<Option<ir::DType>>,
+    n_outputs: usize,
+}
+
+fn convert(bytes: &[u8], from: ir::DType, to: ir::DType) -> Vec<u8> {
+    if from == to {
+        bytes.to_vec()
+    } else if from.is_float() || to.is_float() {
+        from_f64(to, &to_f64(from, bytes))
+    } else {
+        // Vulkan programs take int64 token ids and positions narrowed to int32.
+        from_i64(to, &to_i64(from, bytes))
+    }
+}
+
+impl DelegateExecutor for IrDelegate {
+    fn execute(&mut self, mem: &mut Memory, args: &[usize]) -> Result<(), String> {
+        let n_in = self.input_dtypes.len();
+        if args.len() != n_in + self.n_outputs {
+            return Err(format!(
+                "delegate call has {} arguments; the graph has {n_in} inputs and {} outputs",
+                args.len(),
+                self.n_outputs
+            ));
+        }
+        let mut owned: Vec<(Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut syms: Vec<Option<i64>> = Vec::new();
+        for (k, (&id, dt)) in args[..n_in].iter().zip(&self.input_dtypes).enumerate() {
+            match (dt, &mem.values[id]) {
+                (Some(dt), Value::Tensor(t)) => {
+                    let b = mem.bytes(t)?;
+                    owned.push((t.sizes.clone(), convert(b, t.dtype, *dt)));
+                    syms.push(None);
+                }
+                (None, Value::Int(v)) => {
+                    owned.push((vec![], vec![]));
+                    syms.push(Some(*v));
+                }
+                (None, Value::Tensor(t)) if t.numel() == 1 => {
+                    let v = to_i64(t.dtype, mem.bytes(t)?)[0];
+                    owned.push((vec![], vec![]));
+                    syms.push(Some(v));
+                }
+                (_, v) => return Err(format!("delegate input {k} is a {}, which the graph cannot take there", v.kind())),
+            }
+        }
+        let inputs: Vec<ir::InputValue> = owned
+            .iter()
+            .zip(&syms)
+            .map(|((shape, data), s)| match s {
+                Some(v) => ir::InputValue::Sym(*v),
+                None => ir::InputValue::Tensor { shape: shape.clone(), data },
+            })
+            .collect();
+        let outs = self.exec.run(&inputs)?;
+        for (host, &id) in outs.iter().zip(&args[n_in..]) {
+            let t = mem.tensor(id)?.clone();
+            let data = convert(&host.data, host.dtype, t.dtype);
+            let mut ctx = super::kernels::KernelCtx::new(mem, std::slice::from_ref(&id));
+            ctx.write(0, &host.sizes, &data)?;
+        }
+        Ok(())
+    }
+}

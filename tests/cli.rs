@@ -1,0 +1,82 @@
+//! The `pteria` binary as users and outside checks call it: `inspect` and `logits`.
+
+mod common;
+
+use std::process::Command;
+
+fn pteria(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pteria")).args(args).output().expect("run pteria");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn fixture(name: &str) -> String {
+    common::fixtures().join(name).to_string_lossy().into_owned()
+}
+
+#[test]
+fn inspect_describes_methods_metadata_and_weights() {
+    let (ok, out, err) = pteria(&["inspect", &fixture("gemma4_tiny_portable_fp32.pte")]);
+    assert!(ok, "{err}");
+    assert!(out.contains("forward:"), "{out}");
+    // tokens [1, T] with a dynamic upper bound, positions [T].
+    assert!(out.contains("input 0: i64[1, 31] (dynamic, upper bounds)"), "{out}");
+    assert!(out.contains("get_max_seq_len = 32"), "{out}");
+    assert!(out.contains("get_eos_ids = [1, 106]"), "{out}");
+    assert!(out.contains("use_kv_cache = true"), "{out}");
+    assert!(out.contains("weights total:"), "{out}");
+    assert!(!out.contains("[not supported]"), "every portable operator must be implemented:\n{out}");
+}
+
+#[test]
+fn inspect_names_the_delegate_backend() {
+    let (ok, out, err) = pteria(&["inspect", &fixture("gemma4_tiny_vulkan_fp32.pte")]);
+    assert!(ok, "{err}");
+    assert!(out.contains("backend VulkanBackend"), "{out}");
+}
+
+#[test]
+fn logits_prints_one_json_object_with_every_call() {
+    let (ok, out, err) = pteria(&[
+        "logits",
+        &fixture("llama_tiny_portable_fp32.pte"),
+        "--prompt",
+        "5,7,9",
+        "--decode",
+        "3,8",
+        "--device",
+        "cpu",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("stdout is one JSON object");
+    let steps = v["steps"].as_array().expect("steps array");
+    assert_eq!(steps.len(), 3, "prompt + 2 decode calls");
+    let vocab = steps[0].as_array().unwrap().len();
+    assert!(vocab > 1);
+    for s in steps {
+        assert_eq!(s.as_array().unwrap().len(), vocab);
+        assert!(s.as_array().unwrap().iter().all(|x| x.as_f64().is_some_and(f64::is_finite)));
+    }
+    assert_ne!(steps[1], steps[2], "different decode tokens give different logits");
+}
+
+#[test]
+fn logits_errors_go_to_stderr_with_a_nonzero_exit() {
+    let (ok, out, err) = pteria(&["logits", &fixture("does_not_exist.pte"), "--prompt", "1"]);
+    assert!(!ok);
+    assert!(out.is_empty());
+    assert!(err.contains("does_not_exist.pte"), "{err}");
+
+    let (ok, _, err) = pteria(&["logits", &fixture("gemma4_tiny_portable_fp32.pte"), "--prompt", "1", "--device", "tpu"]);
+    assert!(!ok);
+    assert!(err.contains("unknown device"), "{err}");
+
+    // A prompt longer than the program's declared bound is refused with the bound in the message.
+    let long: Vec<String> = (0..40).map(|i| (i % 50).to_string()).collect();
+    let (ok, _, err) = pteria(&["logits", &fixture("gemma4_tiny_portable_fp32.pte"), "--prompt", &long.join(",")]);
+    assert!(!ok);
+    assert!(err.contains("exceeds the declared bounds"), "{err}");
+}
