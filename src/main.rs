@@ -17,6 +17,8 @@ enum Command {
     Inspect(cli::inspect::Args),
     /// Run `forward` on a prompt then decode tokens; print every call's output as JSON.
     Logits(cli::logits::Args),
+    /// The model catalog, downloads and the local cache.
+    Models(cli::models::Args),
 }
 
 fn main() {
@@ -24,6 +26,7 @@ fn main() {
     let result = match cli.command {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Logits(a) => cli::logits::run(a),
+        Command::Models(a) => cli::models::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -2,3 +2,4 @@
 
 pub mod inspect;
 pub mod logits;
+pub mod models;
