@@ -3,6 +3,8 @@
 //! Layers, upstream to downstream: `fb` (safe FlatBuffers) → `pte` (validated program view) →
 //! `runtime` (CPU reference executor) → LLM runner → chat core → shells.
 
+pub mod catalog;
+pub mod download;
 pub mod fb;
 pub mod frontend;
 pub mod ir;

@@ -190,7 +190,12 @@ pub struct Method {
     mem: Memory,
     steps: Vec<Step>,
     delegates: Vec<Box<dyn DelegateExecutor>>,
+    trace: Option<TraceHook>,
 }
+
+/// Called after each instruction with (instruction index, operator key, memory, args); used by
+/// differential debugging tools to compare intermediate values with another runtime.
+pub type TraceHook = Box<dyn FnMut(usize, &str, &Memory, &[usize]) + Send>;
 
 impl Method {
     pub fn load(program: &Program, name: &str, backends: &BackendRegistry) -> Result<Method> {
@@ -322,11 +327,16 @@ impl Method {
             mem,
             steps,
             delegates,
+            trace: None,
         })
     }
 
     pub fn name(&self) -> &str {
         &self.plan.name
+    }
+
+    pub fn set_trace(&mut self, hook: Option<TraceHook>) {
+        self.trace = hook;
     }
 
     /// Input tensors' declared (dtype, upper-bound sizes).
@@ -377,6 +387,9 @@ impl Method {
                 Step::Kernel(f, op, args) => {
                     let mut ctx = kernels::KernelCtx::new(&mut self.mem, args);
                     f(&mut ctx).map_err(|m| kerr(op, m))?;
+                    if let Some(t) = &mut self.trace {
+                        t(pc, op, &self.mem, args);
+                    }
                 }
                 Step::Delegate(d, args) => {
                     let id = self.plan.delegates[*d].id.clone();

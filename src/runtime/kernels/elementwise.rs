@@ -232,13 +232,21 @@ macro_rules! cmp_kernels {
 }
 cmp_kernels!(eq_s, eq_t, ==; ne_s, ne_t, !=; lt_s, lt_t, <; le_s, le_t, <=; gt_s, gt_t, >; ge_s, ge_t, >=);
 
+/// Logical ops look at truthiness, so they go through f64 (exact for 0/non-0) rather than the
+/// ordering shortcut `compare` uses for integers.
+fn logical(k: &mut KernelCtx, f: impl Fn(bool, bool) -> bool) -> KernelResult {
+    let (a, b) = (k.input(0)?, k.input(1)?);
+    let out = k.last();
+    let shape = broadcast_shape(&a.sizes, &b.sizes)?;
+    let (x, y) = (Operand::T(a).f64_at(&shape), Operand::T(b).f64_at(&shape));
+    let r: Vec<i64> = x.iter().zip(&y).map(|(&p, &q)| f(p != 0.0, q != 0.0) as i64).collect();
+    k.write_i64(out, &shape, &r)
+}
 fn logical_and(k: &mut KernelCtx) -> KernelResult {
-    let (a, b) = (t(k, 0)?, t(k, 1)?);
-    compare(k, a, b, |x, y| x != 0.0 && y != 0.0)
+    logical(k, |x, y| x && y)
 }
 fn logical_or(k: &mut KernelCtx) -> KernelResult {
-    let (a, b) = (t(k, 0)?, t(k, 1)?);
-    compare(k, a, b, |x, y| x != 0.0 || y != 0.0)
+    logical(k, |x, y| x || y)
 }
 fn bitwise_and(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());

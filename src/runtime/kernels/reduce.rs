@@ -9,6 +9,9 @@ pub const KERNELS: &[(&str, KernelFn)] = &[
     ("aten::amax.out", amax),
     ("aten::amin.out", amin),
     ("aten::argmax.out", argmax),
+    ("aten::any.out", any_dim),
+    ("aten::any.all_out", any_all),
+    ("aten::any.dims_out", any_dims),
     ("aten::_softmax.out", softmax),
     ("aten::_log_softmax.out", log_softmax),
 ];
@@ -144,4 +147,30 @@ fn softmax(k: &mut KernelCtx) -> KernelResult {
 
 fn log_softmax(k: &mut KernelCtx) -> KernelResult {
     softmax_impl(k, true)
+}
+
+fn any_impl(k: &mut KernelCtx, dims: Vec<i64>, keep: bool) -> KernelResult {
+    let a = k.input(0)?;
+    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().any(|&x| x != 0.0) as i64 as f64)?;
+    let o = k.last();
+    k.write_i64(o, &shape, &v.iter().map(|&x| x as i64).collect::<Vec<_>>())
+}
+
+/// `any(self, dim, keepdim)`.
+fn any_dim(k: &mut KernelCtx) -> KernelResult {
+    let dim = k.int(1)?;
+    let keep = k.boolean(2)?;
+    any_impl(k, vec![dim], keep)
+}
+
+/// `any(self)` over every element.
+fn any_all(k: &mut KernelCtx) -> KernelResult {
+    any_impl(k, vec![], false)
+}
+
+/// `any(self, dims?, keepdim)`.
+fn any_dims(k: &mut KernelCtx) -> KernelResult {
+    let dims = k.int_list(1)?;
+    let keep = k.boolean(2)?;
+    any_impl(k, dims, keep)
 }
