@@ -268,7 +268,10 @@ pub(super) fn decode(index: usize, t: Table<'_>) -> Result<XValue> {
     let fbe = |e| XnnError::fb(at(), e);
     // XValue { xvalue_union: XValueUnion } → slots 0 (type) and 1 (value).
     let Some((tag, u)) = t.union(0).map_err(fbe)? else {
-        return Err(XnnError::invalid(at(), "has no value (XValueUnion is NONE)"));
+        return Err(XnnError::invalid(
+            at(),
+            "has no value (XValueUnion is NONE)",
+        ));
     };
     match tag {
         1 => Ok(XValue {
@@ -283,7 +286,10 @@ pub(super) fn decode(index: usize, t: Table<'_>) -> Result<XValue> {
                 .ok_or_else(|| XnnError::invalid(at(), "quantized value has no tensor_value"))?;
             let tensor = decode_tensor(tv).map_err(|e| e.within(&at()))?;
             let Some((qtag, q)) = u.union(1).map_err(fbe)? else {
-                return Err(XnnError::invalid(at(), "quantized value has no quant_params"));
+                return Err(XnnError::invalid(
+                    at(),
+                    "quantized value has no quant_params",
+                ));
             };
             let quant = decode_quant(qtag, q).map_err(|e| e.within(&at()))?;
             Ok(XValue {
@@ -293,7 +299,7 @@ pub(super) fn decode(index: usize, t: Table<'_>) -> Result<XValue> {
         }
         _ => Err(XnnError::UnknownTag {
             what: "XValueUnion",
-            tag: tag as u32,
+            tag: tag.into(),
             at: at(),
         }),
     }
@@ -306,7 +312,7 @@ fn decode_tensor(t: Table<'_>) -> Result<TensorValue> {
     let code: i16 = t.scalar(0, 0).map_err(fbe)?;
     let datatype = Datatype::from_code(code).ok_or(XnnError::UnknownTag {
         what: "XNNDatatype",
-        tag: code as u16 as u32,
+        tag: code.into(),
         at: "XNNTensorValue.datatype".into(),
     })?;
     let num_dims: u32 = t.scalar(1, 0).map_err(fbe)?;
@@ -363,7 +369,7 @@ fn decode_quant(tag: u8, t: Table<'_>) -> Result<QuantParams> {
         _ => {
             return Err(XnnError::UnknownTag {
                 what: "XNNQuantParams",
-                tag: tag as u32,
+                tag: tag.into(),
                 at: "quant_params".into(),
             })
         }
