@@ -8,7 +8,7 @@ use pteria::frontend::xnnpack::{
 };
 use pteria::pte::{Blob, Bytes, NamedData, Program};
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -129,15 +129,25 @@ fn every_xnnpack_blob_parses_with_consistent_externals_and_constants() {
                     "{at} constant_data[{j}]"
                 );
             }
-            // A node only reads values that exist and are defined before or as graph inputs.
-            for n in &g.nodes {
-                for id in n.kind.inputs().into_iter().chain(n.kind.outputs()) {
+            // Nodes come in execution order: each reads graph inputs, constants or the outputs
+            // of earlier nodes.
+            let mut ready: BTreeSet<u32> = g
+                .values
+                .iter()
+                .filter(|v| v.tensor.is_external_input() || v.tensor.data.is_some())
+                .map(|v| v.id())
+                .collect();
+            for (j, n) in g.nodes.iter().enumerate() {
+                for id in n.kind.inputs() {
                     assert!(
-                        g.value(id).is_some(),
-                        "{at}: {} refers to {id}",
-                        n.kind.name()
+                        ready.contains(&id),
+                        "{at}: xnodes[{j}] reads {id} before it is written"
                     );
                 }
+                ready.extend(n.kind.outputs());
+            }
+            for &id in &g.output_ids {
+                assert!(ready.contains(&id), "{at}: output {id} is never written");
             }
         }
     }
@@ -433,6 +443,92 @@ fn check_gemma4_8da4w(f: &Fixture) {
         panic!()
     };
     assert_eq!((c.input_id, c.output_id), (0, 3));
+}
+
+/// The Llama export keeps attention inside XNNPACK: per layer, one blob computes the scores with
+/// BatchMatrixMultiply, the next adds the causal mask and applies Softmax, a third multiplies by V.
+#[test]
+fn llama_8da4w_blobs_hold_linears_and_batched_attention() {
+    let f = fixture("llama_tiny_xnnpack_8da4w");
+    let graphs = parse_all(&f);
+    assert_eq!(graphs.len(), 36);
+    let want = counts(&[
+        ("XNNAdd", 15),
+        ("XNNBatchMatrixMultiply", 4),
+        ("XNNConcatenate2", 4),
+        ("XNNConvert", 15),
+        ("XNNFullyConnected", 15),
+        ("XNNMultiply", 35),
+        ("XNNReciprocalSquareRoot", 5),
+        ("XNNSigmoid", 2),
+        ("XNNSoftmax", 2),
+        ("XNNStaticReshape", 16),
+        ("XNNStaticTranspose", 14),
+        ("XNNSubtract", 4),
+    ]);
+    assert_eq!(histogram(&graphs), want);
+    assert_eq!(graphs.iter().map(|g| g.values.len()).sum::<usize>(), 229);
+    assert_eq!(graphs.iter().map(|g| g.num_externs).sum::<u32>(), 138);
+    let linears: usize = graphs
+        .iter()
+        .map(|g| check_8da4w_linears(&f.name, g, 32))
+        .sum();
+    assert_eq!(linears, 15);
+    assert!(graphs
+        .iter()
+        .all(|g| g.nodes.iter().all(|n| n.output_min_max.is_none())));
+
+    let names =
+        |g: &XnnGraph| -> Vec<&'static str> { g.nodes.iter().map(|n| n.kind.name()).collect() };
+    let dims = |g: &XnnGraph, id: u32| g.value(id).unwrap().tensor.dims.clone();
+    for layer in [6, 22] {
+        let scores = &graphs[layer];
+        assert_eq!(
+            names(scores),
+            [
+                "XNNStaticTranspose",
+                "XNNStaticReshape",
+                "XNNBatchMatrixMultiply"
+            ]
+        );
+        let NodeKind::BatchMatrixMultiply(qk) = &scores.nodes[2].kind else {
+            panic!()
+        };
+        // q [H, T, D] · kᵀ [H, D, S] with H = 4, T = 31 (the bound), D = 16, S = 32.
+        assert_eq!(dims(scores, qk.input1_id), [4, 31, 16]);
+        assert_eq!(dims(scores, qk.input2_id), [4, 16, 32]);
+        assert_eq!(dims(scores, qk.output_id), [4, 31, 32]);
+
+        let softmax = &graphs[layer + 1];
+        assert_eq!(names(softmax), ["XNNStaticReshape", "XNNAdd", "XNNSoftmax"]);
+        let NodeKind::Add(mask) = &softmax.nodes[1].kind else {
+            panic!()
+        };
+        assert_eq!(dims(softmax, mask.input2_id), [31, 32]);
+        // The 2 KV heads are expanded to 4 by a reshape of [1, 2, 2, 32, 16].
+        let NodeKind::StaticReshape(r) = &softmax.nodes[0].kind else {
+            panic!()
+        };
+        assert_eq!(dims(softmax, r.input_id), [1, 2, 2, 32, 16]);
+        assert_eq!(r.new_shape, [1, 4, 32, 16]);
+
+        let pv = &graphs[layer + 2];
+        assert_eq!(names(pv), ["XNNStaticReshape", "XNNBatchMatrixMultiply"]);
+        let NodeKind::BatchMatrixMultiply(b) = &pv.nodes[1].kind else {
+            panic!()
+        };
+        assert_eq!(dims(pv, b.output_id), [4, 31, 16]);
+    }
+    // SwiGLU: silu(gate) * up as Sigmoid, Multiply, Multiply.
+    assert_eq!(
+        names(&graphs[14]),
+        ["XNNSigmoid", "XNNMultiply", "XNNMultiply"]
+    );
+    // The last blob is the lm_head on the last token only: qbint4 [256, 64] → logits [1, 256].
+    let head = &graphs[35];
+    assert_eq!(names(head), ["XNNConvert", "XNNFullyConnected"]);
+    assert_eq!(dims(head, 2), [256, 64]);
+    assert_eq!(dims(head, head.output_ids[0]), [1, 256]);
 }
 
 // ---------------------------------------------------------------------------------------------
