@@ -19,6 +19,10 @@ enum Command {
     Logits(cli::logits::Args),
     /// The model catalog, downloads and the local cache.
     Models(cli::models::Args),
+    /// Chat with a model interactively (streamed; Ctrl-C stops a reply).
+    Chat(cli::chat::Args),
+    /// Answer one prompt (wrapped in the model's chat template) and print only the reply.
+    Generate(cli::generate::Args),
 }
 
 fn main() {
@@ -27,6 +31,8 @@ fn main() {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Logits(a) => cli::logits::run(a),
         Command::Models(a) => cli::models::run(a),
+        Command::Chat(a) => cli::chat::run(a),
+        Command::Generate(a) => cli::generate::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,5 +1,7 @@
 //! Subcommands of the `pteria` binary; each file translates arguments and calls the library.
 
+pub mod chat;
+pub mod generate;
 pub mod inspect;
 pub mod logits;
 pub mod models;

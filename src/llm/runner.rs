@@ -1,0 +1,433 @@
+//! Prefill and decode on token ids over one loaded `forward` method. The method's KV cache lives
+//! in its planned memory (or its delegates' state) and persists across calls; the runner keeps
+//! the list of tokens that cache holds, so a prompt that extends them only runs its new tokens,
+//! and any other prompt reloads the method (a fresh cache) and runs in full.
+//!
+//! Call convention (ExecuTorch LLM exports): `forward(tokens [1, T], input_pos [T] or [1])`,
+//! returning the logits of the call's last token (`[1, V]`, `[1, 1, V]`, or `[1, T, V]`, of which
+//! the last row is used).
+
+use super::metadata::{ModelMetadata, PositionForm};
+use super::sampler::Sampler;
+use super::{CancelToken, LlmError, Result};
+use crate::pte::Program;
+use crate::runtime::{BackendRegistry, HostTensor, Method, Output};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Knobs a caller may tighten below what the program allows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunnerConfig {
+    /// Most tokens per prefill call; the program's own bound (forward's declared input length,
+    /// max_seq_len, get_max_prefill_chunk) still applies.
+    pub prefill_chunk: Option<usize>,
+    /// Use at most this many cache positions (the program's max_context_len still applies).
+    pub context_limit: Option<usize>,
+}
+
+/// What a prefill did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prefill {
+    /// Prompt tokens already in the cache and not run again.
+    pub reused: usize,
+    /// Tokens run through `forward`.
+    pub prefilled: usize,
+    pub chunks: usize,
+    /// The cache did not hold a prefix of the prompt, so the method was reloaded first.
+    pub reset: bool,
+    /// Stopped by the cancel token between chunks; the cache holds the chunks that ran.
+    pub cancelled: bool,
+    pub time: Duration,
+}
+
+/// Why a decode stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced an EOS or end-of-turn token (not part of the output).
+    EndOfTurn(u32),
+    /// The caller's `max_new_tokens` was reached.
+    MaxTokens,
+    /// The cache is full: max_context_len minus the tokens cached before the reply.
+    ContextFull,
+    Cancelled,
+}
+
+impl StopReason {
+    pub fn describe(&self) -> &'static str {
+        match self {
+            StopReason::EndOfTurn(_) => "end of turn",
+            StopReason::MaxTokens => "max tokens",
+            StopReason::ContextFull => "context full",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DecodeOptions {
+    /// `None`: as many as the cache has room for.
+    pub max_new_tokens: Option<usize>,
+    pub stop_ids: Vec<u32>,
+}
+
+/// What a decode produced.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    /// Generated tokens, the stop token excluded.
+    pub tokens: Vec<u32>,
+    pub stop: StopReason,
+    /// When the first and the last token were sampled.
+    pub first_token_at: Option<Instant>,
+    pub last_token_at: Option<Instant>,
+    pub time: Duration,
+}
+
+/// Drives one program's `forward`.
+pub struct Runner {
+    program: Program,
+    backends: BackendRegistry,
+    method: Option<Method>,
+    meta: ModelMetadata,
+    chunk: usize,
+    context: usize,
+    /// The tokens whose keys and values are in the cache, in position order.
+    cached: Vec<u32>,
+    /// Logits after the last cached token.
+    logits: Option<Vec<f32>>,
+    /// A forward ran since the method was loaded (a reload is needed for a clean cache).
+    used: bool,
+    /// A forward failed part-way, so the cache's contents are unknown until a reset.
+    stale: bool,
+    resets: usize,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("meta", &self.meta)
+            .field("chunk", &self.chunk)
+            .field("context", &self.context)
+            .field("cached", &self.cached.len())
+            .finish()
+    }
+}
+
+fn load_forward(program: &Program, backends: &BackendRegistry) -> Result<Method> {
+    Method::load(program, "forward", backends).map_err(|source| LlmError::Runtime {
+        context: "loading method `forward`".into(),
+        source,
+    })
+}
+
+impl Runner {
+    /// Opens a `.pte` (with any `.ptd` data files) and loads its `forward`.
+    pub fn open(
+        path: &Path,
+        data_files: &[&Path],
+        backends: &BackendRegistry,
+        config: &RunnerConfig,
+    ) -> Result<Runner> {
+        let program = Program::open(path, data_files).map_err(|source| LlmError::Program {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Runner::load(program, backends, config)
+    }
+
+    pub fn load(
+        program: Program,
+        backends: &BackendRegistry,
+        config: &RunnerConfig,
+    ) -> Result<Runner> {
+        let meta = ModelMetadata::read(&program)?;
+        let method = load_forward(&program, backends)?;
+        let context = match config.context_limit {
+            Some(0) => {
+                return Err(LlmError::Metadata(
+                    "the context limit must be at least one token".into(),
+                ))
+            }
+            Some(c) => c.min(meta.max_context_len),
+            None => meta.max_context_len,
+        };
+        let chunk = match config.prefill_chunk {
+            Some(c) => c.clamp(1, meta.max_chunk()),
+            None => meta.max_chunk(),
+        };
+        Ok(Runner {
+            program,
+            backends: backends.clone(),
+            method: Some(method),
+            meta,
+            chunk,
+            context,
+            cached: Vec::new(),
+            logits: None,
+            used: false,
+            stale: false,
+            resets: 0,
+        })
+    }
+
+    pub fn metadata(&self) -> &ModelMetadata {
+        &self.meta
+    }
+
+    /// Cache positions this runner uses.
+    pub fn context_len(&self) -> usize {
+        self.context
+    }
+
+    /// Tokens per prefill call.
+    pub fn prefill_chunk(&self) -> usize {
+        self.chunk
+    }
+
+    pub fn cached_tokens(&self) -> &[u32] {
+        if self.stale {
+            &[]
+        } else {
+            &self.cached
+        }
+    }
+
+    /// Logits after the last cached token.
+    pub fn logits(&self) -> Option<&[f32]> {
+        self.logits.as_deref().filter(|_| !self.stale)
+    }
+
+    /// How many times the method has been reloaded to clear its cache.
+    pub fn resets(&self) -> usize {
+        self.resets
+    }
+
+    /// Room left for generated tokens: max_context_len (or the configured limit) minus the
+    /// tokens in the cache.
+    pub fn budget(&self) -> usize {
+        self.context.saturating_sub(self.cached_tokens().len())
+    }
+
+    /// Empties the cache by reloading the method. The old method is dropped first so its
+    /// memory is free before the new one allocates.
+    pub fn reset(&mut self) -> Result<()> {
+        self.cached.clear();
+        self.logits = None;
+        if self.used || self.stale || self.method.is_none() {
+            self.method = None;
+            self.method = Some(load_forward(&self.program, &self.backends)?);
+            self.resets += 1;
+        }
+        self.used = false;
+        self.stale = false;
+        Ok(())
+    }
+
+    fn check_ids(&self, tokens: &[u32]) -> Result<()> {
+        match tokens.iter().find(|&&t| t as usize >= self.meta.vocab_size) {
+            Some(&id) => Err(LlmError::TokenOutOfRange {
+                id,
+                vocab: self.meta.vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the cache hold exactly `tokens` and leaves the logits after the last one. Tokens
+    /// already cached as a prefix are reused; otherwise the method is reset and all run again.
+    /// `on_chunk(done, total)` is called after each prefill call.
+    pub fn prefill(
+        &mut self,
+        tokens: &[u32],
+        cancel: &CancelToken,
+        on_chunk: &mut dyn FnMut(usize, usize),
+    ) -> Result<Prefill> {
+        let start = Instant::now();
+        if tokens.is_empty() {
+            return Err(LlmError::NoPrompt);
+        }
+        if tokens.len() > self.context {
+            return Err(LlmError::PromptTooLong {
+                tokens: tokens.len(),
+                limit: self.context,
+            });
+        }
+        self.check_ids(tokens)?;
+        let mut out = Prefill::default();
+        let extends = !self.stale
+            && self.cached.len() <= tokens.len()
+            && tokens[..self.cached.len()] == self.cached[..]
+            && (self.cached.len() < tokens.len() || self.logits.is_some());
+        if extends {
+            out.reused = self.cached.len();
+        } else {
+            self.reset()?;
+            out.reset = true;
+        }
+        let total = tokens.len() - self.cached.len();
+        let mut done = 0;
+        while self.cached.len() < tokens.len() {
+            if cancel.is_cancelled() {
+                out.cancelled = true;
+                break;
+            }
+            let at = self.cached.len();
+            let end = (at + self.chunk).min(tokens.len());
+            let logits = self.forward(&tokens[at..end], at)?;
+            self.cached.extend_from_slice(&tokens[at..end]);
+            self.logits = Some(logits);
+            out.chunks += 1;
+            done += end - at;
+            on_chunk(done, total);
+        }
+        out.prefilled = done;
+        out.time = start.elapsed();
+        Ok(out)
+    }
+
+    /// Samples tokens from the current logits, feeding each back, until a stop token, the
+    /// caller's limit, a full cache, or cancellation. `on_token` sees every kept token as it is
+    /// sampled. The last sampled token is not fed (nothing needs its logits); a later prefill
+    /// that includes it runs it then.
+    pub fn decode(
+        &mut self,
+        sampler: &mut Sampler,
+        opts: &DecodeOptions,
+        cancel: &CancelToken,
+        on_token: &mut dyn FnMut(u32) -> Result<()>,
+    ) -> Result<Decoded> {
+        let start = Instant::now();
+        if self.stale || self.logits.is_none() {
+            return Err(LlmError::NoPrompt);
+        }
+        let budget = self.budget();
+        let limit = opts.max_new_tokens.map_or(budget, |m| m.min(budget));
+        let mut tokens = Vec::new();
+        let mut first_token_at = None;
+        let mut last_token_at = None;
+        let stop = loop {
+            if cancel.is_cancelled() {
+                break StopReason::Cancelled;
+            }
+            if tokens.len() >= limit {
+                break if opts.max_new_tokens.is_some_and(|m| tokens.len() >= m) {
+                    StopReason::MaxTokens
+                } else {
+                    StopReason::ContextFull
+                };
+            }
+            let logits = self.logits.as_deref().ok_or(LlmError::NoPrompt)?;
+            let tok = sampler.sample(logits, &self.cached)?;
+            let now = Instant::now();
+            first_token_at.get_or_insert(now);
+            last_token_at = Some(now);
+            if opts.stop_ids.contains(&tok) {
+                break StopReason::EndOfTurn(tok);
+            }
+            tokens.push(tok);
+            on_token(tok)?;
+            if tokens.len() >= limit || cancel.is_cancelled() {
+                // The loop stops next; skip a forward whose logits nobody would read.
+                continue;
+            }
+            let at = self.cached.len();
+            let logits = self.forward(&[tok], at)?;
+            self.cached.push(tok);
+            self.logits = Some(logits);
+        };
+        Ok(Decoded {
+            tokens,
+            stop,
+            first_token_at,
+            last_token_at,
+            time: start.elapsed(),
+        })
+    }
+
+    /// Prefill then decode: the token-level generation loop.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        opts: &DecodeOptions,
+        cancel: &CancelToken,
+        on_token: &mut dyn FnMut(u32) -> Result<()>,
+    ) -> Result<(Prefill, Decoded)> {
+        let p = self.prefill(prompt, cancel, &mut |_, _| {})?;
+        if p.cancelled {
+            let d = Decoded {
+                tokens: Vec::new(),
+                stop: StopReason::Cancelled,
+                first_token_at: None,
+                last_token_at: None,
+                time: Duration::ZERO,
+            };
+            return Ok((p, d));
+        }
+        let d = self.decode(sampler, opts, cancel, on_token)?;
+        Ok((p, d))
+    }
+
+    /// One `forward` call on `tokens` at positions `start..`; returns the last token's logits.
+    fn forward(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+        let result = self.forward_inner(tokens, start);
+        self.used = true;
+        if result.is_err() {
+            // The call may have written part of the cache: nothing cached can be trusted.
+            self.stale = true;
+            self.cached.clear();
+            self.logits = None;
+        }
+        result
+    }
+
+    fn forward_inner(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+        let t = tokens.len();
+        let ids: Vec<i64> = tokens.iter().map(|&x| i64::from(x)).collect();
+        let positions: Vec<i64> = match self.meta.positions {
+            PositionForm::PerToken => (start..start + t).map(|p| p as i64).collect(),
+            PositionForm::Start => vec![start as i64],
+        };
+        let tok = HostTensor::from_i64(&[1, t], &ids).cast(self.meta.tokens_dtype);
+        let pos =
+            HostTensor::from_i64(&[positions.len()], &positions).cast(self.meta.positions_dtype);
+        let context = || format!("`forward` on {t} token(s) at position {start}");
+        let method = self.method.as_mut().ok_or_else(|| {
+            LlmError::Unsupported(
+                "the method failed to reload after a reset; load the model again".into(),
+            )
+        })?;
+        let outputs = method
+            .execute(&[tok, pos])
+            .map_err(|source| LlmError::Runtime {
+                context: context(),
+                source,
+            })?;
+        let vocab = self.meta.vocab_size;
+        match outputs.into_iter().next() {
+            Some(Output::Tensor(h)) if h.dtype.is_float() => {
+                let mut v = h
+                    .to_f32()
+                    .map_err(|m| LlmError::Unsupported(format!("{}: {m}", context())))?;
+                if v.len() < vocab || v.len() % vocab != 0 {
+                    return Err(LlmError::Unsupported(format!(
+                        "{}: returned {} values ({:?}), not whole rows of {vocab} logits",
+                        context(),
+                        v.len(),
+                        h.sizes
+                    )));
+                }
+                Ok(v.split_off(v.len() - vocab))
+            }
+            _ => Err(LlmError::Unsupported(format!(
+                "{}: the first output is not a float tensor",
+                context()
+            ))),
+        }
+    }
+}
+
+/// Runners move to the engine's worker thread.
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<Runner>();
+};

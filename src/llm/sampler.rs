@@ -1,0 +1,383 @@
+//! Picking the next token from logits: repetition penalty, then greedy (temperature 0) or
+//! temperature → top-k → top-p → min-p → a draw from the renormalised survivors, the order
+//! Hugging Face's `generate` applies them in. One seeded RNG serves a whole generation so a seed
+//! reproduces it exactly.
+
+use super::{LlmError, Result};
+
+/// How to pick tokens. Defaults are Gemma 4's `generation_config.json` (temperature 1.0,
+/// top-k 64, top-p 0.95).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 turns it off.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches p; 1 turns it off.
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one; 0 turns it off.
+    pub min_p: f32,
+    /// Divide positive logits (multiply negative ones) of recently seen tokens; 1 turns it off.
+    pub repetition_penalty: f32,
+    /// How many of the most recent context tokens the penalty looks at (0: all of them).
+    pub repetition_window: usize,
+    /// Seed of the generation's RNG; `None` draws one from the OS once per generation.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 64,
+            top_p: 0.95,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_window: 64,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Argmax decoding, no penalty: deterministic output for tests and goldens.
+    pub fn greedy() -> SamplingParams {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            ..SamplingParams::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(LlmError::Sampling(m));
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad(format!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad(format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// PCG-XSH-RR 64/32 (O'Neill 2014): small, fast, and good enough for sampling; seeded through
+/// SplitMix64 so nearby seeds give unrelated streams.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    state: u64,
+    inc: u64,
+}
+
+impl Rng {
+    const MUL: u64 = 6364136223846793005;
+
+    pub fn new(seed: u64) -> Rng {
+        let mut sm = seed;
+        let mut splitmix = || {
+            sm = sm.wrapping_add(0x9E3779B97F4A7C15);
+            let mut z = sm;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+            z ^ (z >> 31)
+        };
+        let state = splitmix();
+        let inc = splitmix() | 1;
+        let mut rng = Rng { state: 0, inc };
+        rng.next_u32();
+        rng.state = rng.state.wrapping_add(state);
+        rng.next_u32();
+        rng
+    }
+
+    /// A seed from the OS's hash randomisation: no clock, different every process and call.
+    pub fn os_seed() -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(0x5eed);
+        h.finish()
+    }
+
+    pub fn next_u32(&mut self) -> u32 {
+        let old = self.state;
+        self.state = old.wrapping_mul(Self::MUL).wrapping_add(self.inc);
+        let xorshifted = (((old >> 18) ^ old) >> 27) as u32;
+        let rot = (old >> 59) as u32;
+        xorshifted.rotate_right(rot)
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        let hi = (self.next_u32() >> 5) as u64; // 27 bits
+        let lo = (self.next_u32() >> 6) as u64; // 26 bits
+        ((hi << 26) | lo) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Scales the logits of tokens in `history` as CTRL (Keskar et al. 2019) and HF do: a positive
+/// logit is divided by the penalty, a negative one multiplied, so both move toward unlikely.
+/// Each distinct token is penalised once however often it occurs.
+pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f32) {
+    if penalty == 1.0 {
+        return;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for &t in history {
+        if !seen.insert(t) {
+            continue;
+        }
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+        }
+    }
+}
+
+/// Samples tokens with one RNG for its whole life.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    seed: u64,
+    rng: Rng,
+    scratch: Vec<f32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Sampler> {
+        params.validate()?;
+        let seed = params.seed.unwrap_or_else(Rng::os_seed);
+        Ok(Sampler {
+            params,
+            seed,
+            rng: Rng::new(seed),
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The seed in use (reported so a generation drawn with an OS seed can be replayed).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    fn penalised<'a>(&'a mut self, logits: &[f32], history: &[u32]) -> &'a [f32] {
+        self.scratch.clear();
+        self.scratch.extend_from_slice(logits);
+        let window = match self.params.repetition_window {
+            0 => history,
+            n => &history[history.len().saturating_sub(n)..],
+        };
+        apply_repetition_penalty(&mut self.scratch, window, self.params.repetition_penalty);
+        &self.scratch
+    }
+
+    /// The tokens a non-greedy draw chooses among, most likely first, with their probabilities
+    /// (summing to 1). With temperature 0 it is the single argmax token.
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Result<Vec<(u32, f64)>> {
+        let p = self.params.clone();
+        let l = self.penalised(logits, history);
+        if p.temperature == 0.0 {
+            return Ok(vec![(argmax(l)?, 1.0)]);
+        }
+        candidates(l, &p)
+    }
+
+    /// Picks the next token.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
+        if self.params.temperature == 0.0 {
+            let l = self.penalised(logits, history);
+            return argmax(l);
+        }
+        let dist = self.distribution(logits, history)?;
+        let u = self.rng.next_f64();
+        let mut acc = 0.0;
+        for &(id, prob) in &dist {
+            acc += prob;
+            if u < acc {
+                return Ok(id);
+            }
+        }
+        // Rounding left the sum a hair under 1 and u above it: the last survivor.
+        Ok(dist.last().map(|d| d.0).unwrap_or(0))
+    }
+}
+
+/// The first index of the largest logit (as `torch.argmax`); NaN never wins.
+pub fn argmax(logits: &[f32]) -> Result<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in logits.iter().enumerate() {
+        if x.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+        .ok_or_else(|| LlmError::Sampling("the logits are empty or all NaN".into()))
+}
+
+fn candidates(logits: &[f32], p: &SamplingParams) -> Result<Vec<(u32, f64)>> {
+    let t = p.temperature as f64;
+    let mut c: Vec<(u32, f64)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| !x.is_nan() && **x != f32::NEG_INFINITY)
+        .map(|(i, &x)| (i as u32, x as f64 / t))
+        .collect();
+    if c.is_empty() {
+        return Err(LlmError::Sampling("no token has a finite logit".into()));
+    }
+    // Most likely first; ties broken by the lower id so the order (and the draw) is deterministic.
+    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if p.top_k > 0 && p.top_k < c.len() {
+        c.select_nth_unstable_by(p.top_k - 1, order);
+        c.truncate(p.top_k);
+    }
+    c.sort_unstable_by(order);
+    if c[0].1 == f64::INFINITY {
+        // A +inf logit takes all the mass (and with it every other +inf logit, equally).
+        let n = c.iter().take_while(|x| x.1 == f64::INFINITY).count();
+        c.truncate(n);
+        let share = 1.0 / n as f64;
+        return Ok(c.into_iter().map(|(i, _)| (i, share)).collect());
+    }
+    // Softmax over the survivors (the renormalisation after top-k).
+    let max = c[0].1;
+    let mut sum = 0.0;
+    for x in c.iter_mut() {
+        x.1 = (x.1 - max).exp();
+        sum += x.1;
+    }
+    for x in c.iter_mut() {
+        x.1 /= sum;
+    }
+    if p.top_p < 1.0 {
+        // Keep tokens until the cumulative probability reaches top_p, the crossing one included.
+        let mut acc = 0.0;
+        let mut keep = c.len();
+        for (k, x) in c.iter().enumerate() {
+            acc += x.1;
+            if acc >= p.top_p as f64 {
+                keep = k + 1;
+                break;
+            }
+        }
+        c.truncate(keep);
+    }
+    if p.min_p > 0.0 {
+        // Relative to the most likely token, so renormalising before or after does not matter.
+        let threshold = c[0].1 * p.min_p as f64;
+        c.retain(|x| x.1 >= threshold);
+    }
+    let sum: f64 = c.iter().map(|x| x.1).sum();
+    for x in c.iter_mut() {
+        x.1 /= sum;
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_reproducible_and_seed_dependent() {
+        let a: Vec<u32> = {
+            let mut r = Rng::new(7);
+            (0..8).map(|_| r.next_u32()).collect()
+        };
+        let b: Vec<u32> = {
+            let mut r = Rng::new(7);
+            (0..8).map(|_| r.next_u32()).collect()
+        };
+        let c: Vec<u32> = {
+            let mut r = Rng::new(8);
+            (0..8).map(|_| r.next_u32()).collect()
+        };
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn uniform_draws_cover_the_unit_interval_evenly() {
+        let mut r = Rng::new(1);
+        let mut bins = [0usize; 10];
+        let n = 100_000;
+        for _ in 0..n {
+            let u = r.next_f64();
+            assert!((0.0..1.0).contains(&u));
+            bins[(u * 10.0) as usize] += 1;
+        }
+        // Each bin is Binomial(n, 0.1): sd = 94.9; 5 sd either side.
+        for b in bins {
+            assert!((b as f64 - 10_000.0).abs() < 475.0, "{bins:?}");
+        }
+    }
+
+    #[test]
+    fn argmax_takes_the_first_maximum_and_skips_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]).unwrap(), 1);
+        assert_eq!(argmax(&[f32::NAN, -1.0, -2.0]).unwrap(), 1);
+        assert!(argmax(&[f32::NAN]).is_err());
+        assert!(argmax(&[]).is_err());
+    }
+
+    #[test]
+    fn invalid_parameters_are_rejected() {
+        for p in [
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: f32::NAN,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..Default::default()
+            },
+        ] {
+            assert!(Sampler::new(p).is_err());
+        }
+    }
+
+    #[test]
+    fn positive_infinity_takes_all_the_mass() {
+        let mut s = Sampler::new(SamplingParams {
+            top_k: 0,
+            top_p: 1.0,
+            seed: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+        let d = s.distribution(&[0.0, f32::INFINITY, 1.0], &[]).unwrap();
+        assert_eq!(d, vec![(1, 1.0)]);
+    }
+}

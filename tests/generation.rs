@@ -1,0 +1,1299 @@
+//! Generation: chat templates, streaming detokenization, the sampler, and the runner (chunked
+//! prefill, KV-cache reuse, budget, cancellation, context policy) on the tiny Llama and Gemma 4
+//! fixtures run by our CPU runtime. Tokenizers are built here as `tokenizer.json` text, the
+//! format real models ship.
+
+mod common;
+
+use common::{fixtures, read_npy, rel_l2};
+use pteria::llm::{
+    CancelToken, ChatTemplate, ContextPolicy, DecodeOptions, Engine, Event, GenerateOptions,
+    LlmError, LoadOptions, Message, Model, ModelFiles, RenderOptions, Runner, RunnerConfig,
+    Sampler, SamplingParams, StopReason, Tokenizer,
+};
+use pteria::runtime::BackendRegistry;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+const LLAMA: &str = "llama_tiny_portable_fp32.pte";
+const GEMMA: &str = "gemma4_tiny_portable_fp32.pte";
+/// The fixtures' prompt and decode tokens (tests/fixtures/manifest.json).
+const PROMPT: [u32; 10] = [2, 17, 93, 150, 8, 201, 66, 34, 250, 120];
+const DECODE: [u32; 4] = [45, 7, 199, 88];
+
+fn runner(file: &str, config: RunnerConfig) -> Runner {
+    Runner::open(
+        &fixtures().join(file),
+        &[],
+        &BackendRegistry::default(),
+        &config,
+    )
+    .unwrap()
+}
+
+fn chunked(chunk: usize) -> RunnerConfig {
+    RunnerConfig {
+        prefill_chunk: Some(chunk),
+        ..RunnerConfig::default()
+    }
+}
+
+fn gen_prompt() -> RenderOptions {
+    RenderOptions {
+        add_generation_prompt: true,
+        enable_thinking: false,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chat templates
+
+#[test]
+fn builtin_gemma4_format_renders_the_documented_prompts() {
+    let t = ChatTemplate::gemma4();
+    assert_eq!(
+        t.render(&[Message::user("Hello")], gen_prompt()).unwrap(),
+        "<bos><|turn>user\nHello<turn|>\n<|turn>model\n"
+    );
+    let convo = [
+        Message::system("You are helpful."),
+        Message::user("Hi"),
+        Message::assistant("Hello!"),
+        Message::user("How are you?"),
+    ];
+    assert_eq!(
+        t.render(&convo, gen_prompt()).unwrap(),
+        "<bos><|turn>system\nYou are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n\
+         <|turn>user\nHow are you?<turn|>\n<|turn>model\n"
+    );
+    let thinking = RenderOptions {
+        add_generation_prompt: true,
+        enable_thinking: true,
+    };
+    assert_eq!(
+        t.render(&[Message::system("You are helpful."), Message::user("Hi")], thinking).unwrap(),
+        "<bos><|turn>system\n<|think|>\nYou are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+    );
+    // Thinking without a system message still opens a system turn for the think token.
+    assert_eq!(
+        t.render(&[Message::user("Hi")], thinking).unwrap(),
+        "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+    );
+    // No generation prompt; contents trimmed; earlier thoughts stripped from model turns.
+    assert_eq!(
+        t.render(
+            &[
+                Message::user("  Hi \n"),
+                Message::assistant("<|channel>thought\nThey greet me.<channel|>Hello!")
+            ],
+            RenderOptions::default()
+        )
+        .unwrap(),
+        "<bos><|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n"
+    );
+}
+
+#[test]
+fn a_config_without_a_template_gets_the_builtin_gemma4_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tokenizer_config.json");
+    std::fs::write(
+        &cfg,
+        r#"{"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": false}"#,
+    )
+    .unwrap();
+    let t = ChatTemplate::from_config_file(&cfg).unwrap();
+    assert!(t.is_builtin());
+    assert_eq!(
+        t.render(&[Message::user("Hello")], gen_prompt()).unwrap(),
+        "<bos><|turn>user\nHello<turn|>\n<|turn>model\n"
+    );
+    // A chat_template.jinja beside the config takes precedence over the built-in format.
+    std::fs::write(dir.path().join("chat_template.jinja"), "{{ bos_token }}J").unwrap();
+    let t = ChatTemplate::from_config_file(&cfg).unwrap();
+    assert!(!t.is_builtin());
+    assert_eq!(t.render(&[], gen_prompt()).unwrap(), "<bos>J");
+}
+
+/// Gemma 4's plain-chat rules written as a Jinja template (as `transformers` would run it):
+/// minijinja with HF's settings must render it exactly as the built-in format does.
+const GEMMA4_PLAIN_JINJA: &str = "{{ bos_token }}
+{%- if messages[0]['role'] == 'system' or enable_thinking -%}
+{{ '<|turn>system\\n' }}{% if enable_thinking %}{{ '<|think|>\\n' }}{% endif %}
+{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] | trim }}{% endif %}{{ '<turn|>\\n' }}
+{%- endif %}
+{%- for message in messages -%}
+{%- if not (loop.first and message['role'] == 'system') -%}
+{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+{{ '<|turn>' + role + '\\n' }}{{ message['content'] | trim }}{{ '<turn|>\\n' }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}";
+
+#[test]
+fn jinja_rendering_agrees_with_the_builtin_gemma4_format() {
+    let jinja = ChatTemplate::jinja(
+        GEMMA4_PLAIN_JINJA,
+        &[("bos_token", "<bos>"), ("eos_token", "<eos>")],
+    );
+    let builtin = ChatTemplate::gemma4();
+    let convos = [
+        vec![Message::user("Hello")],
+        vec![
+            Message::system(" Be brief. "),
+            Message::user("Hi"),
+            Message::assistant("Hey."),
+            Message::user("Bye"),
+        ],
+        vec![
+            Message::user("a"),
+            Message::assistant("b"),
+            Message::user("c"),
+        ],
+    ];
+    for convo in &convos {
+        for add_generation_prompt in [false, true] {
+            for enable_thinking in [false, true] {
+                let o = RenderOptions {
+                    add_generation_prompt,
+                    enable_thinking,
+                };
+                assert_eq!(
+                    jinja.render(convo, o).unwrap(),
+                    builtin.render(convo, o).unwrap(),
+                    "{convo:?} {o:?}"
+                );
+            }
+        }
+    }
+}
+
+/// SmolLM2-Instruct's `chat_template` (tokenizer_config.json of HuggingFaceTB/SmolLM2-*-Instruct).
+const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+fn smollm2_config() -> String {
+    json!({
+        "add_prefix_space": false,
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|im_end|>",
+        "unk_token": "<|endoftext|>",
+        "chat_template": SMOLLM2_TEMPLATE,
+    })
+    .to_string()
+}
+
+#[test]
+fn chatml_smollm2_template_renders_like_transformers() {
+    let t = ChatTemplate::from_config_json(&smollm2_config(), None).unwrap();
+    assert!(!t.is_builtin());
+    // Without a system message the template supplies its default one.
+    assert_eq!(
+        t.render(&[Message::user("Hi")], gen_prompt()).unwrap(),
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        t.render(&[Message::system("Be brief."), Message::user("Hi")], gen_prompt()).unwrap(),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    // Without the generation prompt: the conversation as history, contents untouched.
+    assert_eq!(
+        t.render(
+            &[Message::system("S"), Message::user(" Hi "), Message::assistant("Hello")],
+            RenderOptions::default()
+        )
+        .unwrap(),
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n Hi <|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tokenizers built as tokenizer.json text
+
+fn added(id: u32, content: &str) -> serde_json::Value {
+    json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+           "normalized": false, "special": true})
+}
+
+/// A SentencePiece-style (Llama/Gemma) byte-fallback BPE: `<unk> <s> </s>`, the 256 byte
+/// tokens, then `words`; "▁" for spaces, decoder Replace → ByteFallback → Fuse → Strip.
+fn byte_fallback_tokenizer(
+    words: &[&str],
+    specials: &[&str],
+) -> (Tokenizer, serde_json::Map<String, serde_json::Value>) {
+    let mut vocab = serde_json::Map::new();
+    let mut added_tokens = Vec::new();
+    for (i, s) in ["<unk>", "<s>", "</s>"].iter().chain(specials).enumerate() {
+        vocab.insert(s.to_string(), json!(i));
+        added_tokens.push(added(i as u32, s));
+    }
+    for b in 0..=255u32 {
+        let n = vocab.len();
+        vocab.insert(format!("<0x{b:02X}>"), json!(n));
+    }
+    for w in words {
+        let n = vocab.len();
+        vocab.insert(w.to_string(), json!(n));
+    }
+    let tj = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added_tokens,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    (Tokenizer::from_json(&tj.to_string()).unwrap(), vocab)
+}
+
+fn id(vocab: &serde_json::Map<String, serde_json::Value>, token: &str) -> u32 {
+    vocab[token].as_u64().unwrap() as u32
+}
+
+/// Pushes ids one by one; returns the deltas (None where the decoder held back).
+fn stream(tok: &Tokenizer, ids: &[u32]) -> Vec<Option<String>> {
+    let mut s = tok.stream();
+    let mut out: Vec<Option<String>> = ids.iter().map(|&i| s.push(i).unwrap()).collect();
+    out.push(s.finish().unwrap());
+    out
+}
+
+#[test]
+fn streaming_holds_back_byte_fallback_tokens_until_the_character_is_complete() {
+    let (tok, v) = byte_fallback_tokenizer(&["▁caf", "▁ok", "!"], &[]);
+    let b = |x: u8| id(&v, &format!("<0x{x:02X}>"));
+    // "café ok😀!": é = C3 A9, 😀 = F0 9F 98 80, each byte its own token.
+    let ids = [
+        id(&v, "▁caf"),
+        b(0xC3),
+        b(0xA9),
+        id(&v, "▁ok"),
+        b(0xF0),
+        b(0x9F),
+        b(0x98),
+        b(0x80),
+        id(&v, "!"),
+    ];
+    let deltas = stream(&tok, &ids);
+    let s = |x: &str| Some(x.to_string());
+    assert_eq!(
+        deltas,
+        vec![
+            s("caf"),
+            None,
+            s("é"),
+            s(" ok"),
+            None,
+            None,
+            None,
+            s("😀"),
+            s("!"),
+            None
+        ]
+    );
+    let joined: String = deltas.iter().flatten().cloned().collect();
+    assert_eq!(joined, tok.decode(&ids, true).unwrap());
+    assert_eq!(joined, "café ok😀!");
+    // What the same tokens would give decoded one at a time: broken characters.
+    let naive: String = ids
+        .iter()
+        .map(|&i| tok.decode(&[i], true).unwrap())
+        .collect();
+    assert!(naive.contains('\u{FFFD}'), "{naive}");
+}
+
+#[test]
+fn streaming_flushes_an_incomplete_character_at_the_end_and_gives_up_on_invalid_bytes() {
+    let (tok, v) = byte_fallback_tokenizer(&["▁a"], &[]);
+    let b = |x: u8| id(&v, &format!("<0x{x:02X}>"));
+    // A generation cut off after the first byte of "€" (E2 82 AC).
+    assert_eq!(
+        stream(&tok, &[id(&v, "▁a"), b(0xE2)]),
+        vec![Some("a".into()), None, Some("\u{FFFD}".into())]
+    );
+    // 0xFF is never part of a character: each is shown as U+FFFD at once, and valid bytes
+    // after it are not swallowed (decoding the run in one go would turn all five into U+FFFD).
+    let s = |x: &str| Some(x.to_string());
+    let ids = [
+        b(0xFF),
+        b(0xFF),
+        b(0x41),
+        b(0xE2),
+        b(0x82),
+        b(0x41),
+        id(&v, "▁a"),
+    ];
+    assert_eq!(
+        stream(&tok, &ids),
+        vec![
+            s("\u{FFFD}"),
+            s("\u{FFFD}"),
+            s("A"),
+            None,
+            None,
+            s("\u{FFFD}A"),
+            s(" a"),
+            None
+        ]
+    );
+    assert_eq!(tok.decode(&ids[..6], true).unwrap(), "\u{FFFD}".repeat(6));
+}
+
+/// GPT-2's byte ↔ printable-character map (byte-level BPE, as SmolLM2's tokenizer uses).
+fn byte_level_char(b: u8) -> char {
+    let printable = |b: u8| {
+        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
+    if printable(b) {
+        return char::from(b);
+    }
+    let n = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + n).unwrap()
+}
+
+#[test]
+fn streaming_handles_byte_level_tokens_that_end_inside_a_character() {
+    let word = |s: &[u8]| s.iter().map(|&b| byte_level_char(b)).collect::<String>();
+    // "naïve café": ï = C3 AF, é = C3 A9; tokens split inside both characters.
+    let pieces: Vec<String> = vec![
+        word(b"na\xC3"),
+        word(b"\xAFve"),
+        word(b" caf"),
+        word(b"\xC3"),
+        word(b"\xA9"),
+    ];
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<|endoftext|>".into(), json!(0));
+    for p in &pieces {
+        let n = vocab.len();
+        vocab.insert(p.clone(), json!(n));
+    }
+    let tj = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [added(0, "<|endoftext|>")],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    let tok = Tokenizer::from_json(&tj.to_string()).unwrap();
+    let deltas = stream(&tok, &[1, 2, 3, 4, 5, 0]);
+    let s = |x: &str| Some(x.to_string());
+    // "na" is held with the partial "ï"; the special token at the end shows nothing.
+    assert_eq!(
+        deltas,
+        vec![None, s("naïve"), s(" caf"), None, s("é"), None, None]
+    );
+}
+
+#[test]
+fn end_of_turn_tokens_are_read_from_the_template() {
+    let (tok, v) = byte_fallback_tokenizer(&[], &["<|im_start|>", "<|im_end|>"]);
+    let chatml = ChatTemplate::from_config_json(&smollm2_config(), None).unwrap();
+    assert_eq!(chatml.end_of_turn_ids(&tok), vec![id(&v, "<|im_end|>")]);
+    let (tok, v) = byte_fallback_tokenizer(&[], &["<|turn>", "<turn|>"]);
+    assert_eq!(
+        ChatTemplate::gemma4().end_of_turn_ids(&tok),
+        vec![id(&v, "<turn|>")]
+    );
+    // A format that ends turns with plain text has no end-of-turn token.
+    let plain = ChatTemplate::jinja(
+        "{% for m in messages %}{{ m['content'] }}\n\n{% endfor %}",
+        &[],
+    );
+    assert_eq!(plain.end_of_turn_ids(&tok), Vec::<u32>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampler
+
+fn dist(params: SamplingParams, logits: &[f32], history: &[u32]) -> Vec<(u32, f64)> {
+    Sampler::new(params)
+        .unwrap()
+        .distribution(logits, history)
+        .unwrap()
+}
+
+fn ids_of(d: &[(u32, f64)]) -> Vec<u32> {
+    d.iter().map(|x| x.0).collect()
+}
+
+fn open_sampling(temperature: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        seed: Some(42),
+        ..SamplingParams::default()
+    }
+}
+
+/// Probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 at temperature 1 (in a shuffled order).
+fn halving_logits() -> Vec<f32> {
+    let p = [0.0625f32, 0.5, 0.125, 0.0625, 0.25];
+    p.iter().map(|x| x.ln()).collect()
+}
+
+#[test]
+fn top_k_keeps_exactly_the_k_most_likely_tokens() {
+    let l = halving_logits();
+    let d = dist(
+        SamplingParams {
+            top_k: 3,
+            ..open_sampling(1.0)
+        },
+        &l,
+        &[],
+    );
+    assert_eq!(ids_of(&d), vec![1, 4, 2]);
+    // Renormalised over the three: 0.5/0.875, 0.25/0.875, 0.125/0.875.
+    for ((_, p), want) in d.iter().zip([4.0 / 7.0, 2.0 / 7.0, 1.0 / 7.0]) {
+        assert!((p - want).abs() < 1e-6, "{d:?}");
+    }
+    // Ties at the boundary go to the lower id: 0 and 3 are equally likely.
+    let d = dist(
+        SamplingParams {
+            top_k: 4,
+            ..open_sampling(1.0)
+        },
+        &l,
+        &[],
+    );
+    assert_eq!(ids_of(&d), vec![1, 4, 2, 0]);
+}
+
+#[test]
+fn top_p_keeps_the_smallest_set_reaching_p() {
+    let l = halving_logits();
+    let with = |p: f32| {
+        ids_of(&dist(
+            SamplingParams {
+                top_p: p,
+                ..open_sampling(1.0)
+            },
+            &l,
+            &[],
+        ))
+    };
+    assert_eq!(with(0.4), vec![1]);
+    assert_eq!(with(0.7), vec![1, 4]);
+    assert_eq!(with(0.8), vec![1, 4, 2]);
+    assert_eq!(with(0.9), vec![1, 4, 2, 0]);
+    assert_eq!(with(1.0), vec![1, 4, 2, 0, 3]);
+}
+
+#[test]
+fn min_p_drops_tokens_below_a_fraction_of_the_most_likely() {
+    let l = halving_logits();
+    let with = |m: f32| {
+        ids_of(&dist(
+            SamplingParams {
+                min_p: m,
+                ..open_sampling(1.0)
+            },
+            &l,
+            &[],
+        ))
+    };
+    assert_eq!(with(0.3), vec![1, 4]); // threshold 0.15
+    assert_eq!(with(0.2), vec![1, 4, 2]); // threshold 0.10
+    assert_eq!(with(0.1), vec![1, 4, 2, 0, 3]); // threshold 0.05
+                                                // Filters compose: top-k 4 then min-p 0.2.
+    let d = dist(
+        SamplingParams {
+            top_k: 4,
+            min_p: 0.2,
+            ..open_sampling(1.0)
+        },
+        &l,
+        &[],
+    );
+    assert_eq!(ids_of(&d), vec![1, 4, 2]);
+}
+
+#[test]
+fn temperature_sampling_frequencies_match_the_softmax() {
+    let logits = [2.0f32, 1.0, 0.5, -1.0, 0.0];
+    let t = 0.8f64;
+    let z: f64 = logits.iter().map(|&x| (x as f64 / t).exp()).sum();
+    let p: Vec<f64> = logits.iter().map(|&x| (x as f64 / t).exp() / z).collect();
+    let n = 40_000;
+    let mut s = Sampler::new(open_sampling(0.8)).unwrap();
+    let mut counts = [0usize; 5];
+    for _ in 0..n {
+        counts[s.sample(&logits, &[]).unwrap() as usize] += 1;
+    }
+    let mut chi2 = 0.0;
+    for (c, q) in counts.iter().zip(&p) {
+        let expect = n as f64 * q;
+        let sd = (n as f64 * q * (1.0 - q)).sqrt();
+        assert!((*c as f64 - expect).abs() < 5.0 * sd, "{counts:?} vs {p:?}");
+        chi2 += (*c as f64 - expect).powi(2) / expect;
+    }
+    // 4 degrees of freedom: P(chi2 > 18.47) = 0.001.
+    assert!(chi2 < 18.47, "chi2 {chi2}, counts {counts:?}");
+}
+
+#[test]
+fn a_seed_reproduces_a_generation_and_another_seed_does_not() {
+    let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 11) as f32) * 0.3).collect();
+    let draw = |seed| {
+        let mut s = Sampler::new(SamplingParams {
+            seed: Some(seed),
+            ..open_sampling(1.5)
+        })
+        .unwrap();
+        (0..64)
+            .map(|_| s.sample(&logits, &[]).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(draw(7), draw(7));
+    assert_ne!(draw(7), draw(8));
+}
+
+#[test]
+fn repetition_penalty_divides_positive_and_multiplies_negative_logits() {
+    let logits = [2.0f32, -1.0, 0.5, 1.9];
+    // Token 0 appears twice in the history but is penalised once.
+    let history = [0, 1, 0];
+    let penalised = [2.0 / 1.5, -1.5, 0.5, 1.9];
+    let p = SamplingParams {
+        repetition_penalty: 1.5,
+        ..open_sampling(1.0)
+    };
+    let d = dist(p.clone(), &logits, &history);
+    let z: f64 = penalised.iter().map(|&x: &f64| x.exp()).sum();
+    for (id, prob) in &d {
+        let want = penalised[*id as usize].exp() / z;
+        assert!((prob - want).abs() < 1e-6, "token {id}: {prob} vs {want}");
+    }
+    // Greedy sees the penalty too: token 0 loses to token 3.
+    let mut greedy = Sampler::new(SamplingParams {
+        temperature: 0.0,
+        ..p.clone()
+    })
+    .unwrap();
+    assert_eq!(greedy.sample(&logits, &history).unwrap(), 3);
+    assert_eq!(greedy.sample(&logits, &[]).unwrap(), 0);
+    // A window of 1 only looks at the last token (0).
+    let mut windowed = Sampler::new(SamplingParams {
+        repetition_window: 1,
+        temperature: 0.0,
+        ..p
+    })
+    .unwrap();
+    assert_eq!(windowed.sample(&logits, &[0]).unwrap(), 3);
+    assert_eq!(windowed.sample(&logits, &[3, 1]).unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runner on the fixtures
+
+#[test]
+fn metadata_is_read_from_the_program() {
+    let r = runner(LLAMA, RunnerConfig::default());
+    let m = r.metadata();
+    assert_eq!(
+        (m.max_seq_len, m.max_context_len, m.max_input_len),
+        (32, 32, 31)
+    );
+    assert!(m.use_kv_cache && m.enable_dynamic_shape);
+    assert_eq!(
+        (m.bos_id, m.eos_ids.clone(), m.vocab_size),
+        (Some(1), vec![2], 256)
+    );
+    assert!(m.defaulted.is_empty(), "{:?}", m.defaulted);
+    // The chunk is min(declared input bound 31, max_seq_len 32).
+    assert_eq!(r.prefill_chunk(), 31);
+    assert_eq!(r.context_len(), 32);
+    let g = runner(GEMMA, chunked(100));
+    assert_eq!(g.metadata().eos_ids, vec![1, 106]);
+    assert_eq!(g.prefill_chunk(), 31);
+}
+
+fn golden(name: &str) -> Vec<Vec<f64>> {
+    let (shape, vals) = read_npy(&fixtures().join(name));
+    vals.chunks(shape[1]).map(<[f64]>::to_vec).collect()
+}
+
+#[test]
+fn chunked_prefill_gives_the_same_logits_as_one_shot() {
+    let never = CancelToken::new();
+    for (file, gold) in [
+        (LLAMA, "llama_tiny_fp32.golden.npy"),
+        (GEMMA, "gemma4_tiny_fp32.golden.npy"),
+    ] {
+        let gold = golden(gold);
+        let mut one_shot = runner(file, RunnerConfig::default());
+        let p = one_shot.prefill(&PROMPT, &never, &mut |_, _| {}).unwrap();
+        assert_eq!((p.chunks, p.prefilled, p.reused), (1, 10, 0));
+        let reference = one_shot.logits().unwrap().to_vec();
+        assert!(
+            rel_l2(&reference, &gold[0]) < 1e-5,
+            "{file}: one-shot vs golden"
+        );
+        for chunk in [1, 3, 4] {
+            let mut r = runner(file, chunked(chunk));
+            let mut progress = Vec::new();
+            let p = r
+                .prefill(&PROMPT, &never, &mut |done, total| {
+                    progress.push((done, total))
+                })
+                .unwrap();
+            assert_eq!(p.chunks, 10usize.div_ceil(chunk));
+            assert_eq!(progress.last(), Some(&(10, 10)));
+            let l = r.logits().unwrap();
+            let err = rel_l2(l, &reference.iter().map(|&x| x as f64).collect::<Vec<_>>());
+            assert!(err < 1e-5, "{file}, chunk {chunk}: rel L2 {err}");
+            // Decode steps on the chunk-filled cache still match the goldens.
+            let mut seq = PROMPT.to_vec();
+            for (k, &t) in DECODE.iter().enumerate() {
+                seq.push(t);
+                let p = r.prefill(&seq, &never, &mut |_, _| {}).unwrap();
+                assert_eq!((p.reused, p.prefilled, p.reset), (seq.len() - 1, 1, false));
+                let err = rel_l2(r.logits().unwrap(), &gold[k + 1]);
+                assert!(
+                    err < 1e-5,
+                    "{file}, chunk {chunk}, decode {k}: rel L2 {err}"
+                );
+            }
+        }
+    }
+}
+
+fn greedy() -> Sampler {
+    Sampler::new(SamplingParams::greedy()).unwrap()
+}
+
+fn no_stops(max: Option<usize>) -> DecodeOptions {
+    DecodeOptions {
+        max_new_tokens: max,
+        stop_ids: Vec::new(),
+    }
+}
+
+#[test]
+fn generation_budget_is_max_context_len_minus_cached_tokens() {
+    let never = CancelToken::new();
+    let mut r = runner(LLAMA, RunnerConfig::default());
+    let (_, d) = r
+        .generate(&PROMPT, &mut greedy(), &no_stops(None), &never, &mut |_| {
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((d.tokens.len(), d.stop), (32 - 10, StopReason::ContextFull));
+    // The last token is not fed: the cache holds the prompt and all but one generated token.
+    assert_eq!(r.cached_tokens().len(), 31);
+
+    // A second turn that extends the cache: its budget is what the cache has left.
+    let mut r = runner(LLAMA, RunnerConfig::default());
+    let (_, d1) = r
+        .generate(
+            &PROMPT,
+            &mut greedy(),
+            &no_stops(Some(5)),
+            &never,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    assert_eq!(d1.stop, StopReason::MaxTokens);
+    let mut turn2 = PROMPT.to_vec();
+    turn2.extend(&d1.tokens);
+    turn2.extend([3, 4, 5]);
+    let (p, d2) = r
+        .generate(&turn2, &mut greedy(), &no_stops(None), &never, &mut |_| {
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((p.reused, p.prefilled), (14, 4));
+    assert_eq!(
+        (d2.tokens.len(), d2.stop),
+        (32 - 18, StopReason::ContextFull)
+    );
+
+    // A configured context limit lowers the budget the same way.
+    let mut r = runner(
+        LLAMA,
+        RunnerConfig {
+            context_limit: Some(16),
+            ..RunnerConfig::default()
+        },
+    );
+    let (_, d) = r
+        .generate(&PROMPT, &mut greedy(), &no_stops(None), &never, &mut |_| {
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((d.tokens.len(), d.stop), (6, StopReason::ContextFull));
+    let too_long: Vec<u32> = (0..17).collect();
+    assert!(matches!(
+        r.prefill(&too_long, &never, &mut |_, _| {}),
+        Err(LlmError::PromptTooLong {
+            tokens: 17,
+            limit: 16
+        })
+    ));
+}
+
+#[test]
+fn stop_tokens_end_the_reply_and_are_not_part_of_it() {
+    let never = CancelToken::new();
+    let mut r = runner(LLAMA, RunnerConfig::default());
+    let (_, free) = r
+        .generate(
+            &PROMPT,
+            &mut greedy(),
+            &no_stops(Some(8)),
+            &never,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    // Make the fourth greedy token a stop token: the same run ends there.
+    let stop = free.tokens[3];
+    let first = free.tokens.iter().position(|&t| t == stop).unwrap();
+    let opts = DecodeOptions {
+        max_new_tokens: Some(8),
+        stop_ids: vec![stop],
+    };
+    let (_, d) = r
+        .generate(&PROMPT, &mut greedy(), &opts, &never, &mut |_| Ok(()))
+        .unwrap();
+    assert_eq!(d.stop, StopReason::EndOfTurn(stop));
+    assert_eq!(d.tokens, free.tokens[..first]);
+}
+
+#[test]
+fn cancellation_stops_prefill_between_chunks_and_the_cache_stays_usable() {
+    let cancel = CancelToken::new();
+    let mut r = runner(LLAMA, chunked(4));
+    let c = cancel.clone();
+    let p = r
+        .prefill(&PROMPT, &cancel, &mut |done, _| {
+            if done >= 4 {
+                c.cancel();
+            }
+        })
+        .unwrap();
+    assert!(p.cancelled);
+    assert_eq!((p.chunks, p.prefilled), (1, 4));
+    assert_eq!(r.cached_tokens(), &PROMPT[..4]);
+    // Decoding after a cancelled prefill does nothing with a cancelled token.
+    let d = r
+        .decode(&mut greedy(), &no_stops(None), &cancel, &mut |_| Ok(()))
+        .unwrap();
+    assert_eq!((d.tokens.len(), d.stop), (0, StopReason::Cancelled));
+
+    // Resuming with a fresh token reuses the 4 cached tokens and ends where one-shot does.
+    let never = CancelToken::new();
+    let p = r.prefill(&PROMPT, &never, &mut |_, _| {}).unwrap();
+    assert_eq!((p.reused, p.prefilled, p.reset), (4, 6, false));
+    let mut one_shot = runner(LLAMA, RunnerConfig::default());
+    one_shot.prefill(&PROMPT, &never, &mut |_, _| {}).unwrap();
+    let reference: Vec<f64> = one_shot
+        .logits()
+        .unwrap()
+        .iter()
+        .map(|&x| x as f64)
+        .collect();
+    assert!(rel_l2(r.logits().unwrap(), &reference) < 1e-5);
+}
+
+#[test]
+fn cancellation_stops_decode_between_steps() {
+    let never = CancelToken::new();
+    let mut r = runner(LLAMA, RunnerConfig::default());
+    let (_, full) = r
+        .generate(
+            &PROMPT,
+            &mut greedy(),
+            &no_stops(Some(10)),
+            &never,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+
+    let cancel = CancelToken::new();
+    let mut r = runner(LLAMA, RunnerConfig::default());
+    let c = cancel.clone();
+    let mut seen = 0;
+    let (_, d) = r
+        .generate(
+            &PROMPT,
+            &mut greedy(),
+            &no_stops(Some(10)),
+            &cancel,
+            &mut |_| {
+                seen += 1;
+                if seen == 3 {
+                    c.cancel();
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+    assert_eq!(d.stop, StopReason::Cancelled);
+    assert_eq!(d.tokens, full.tokens[..3]);
+    // No forward ran for the third token once cancelled.
+    assert_eq!(r.cached_tokens().len(), 10 + 2);
+}
+
+#[test]
+fn kv_reuse_generates_the_same_tokens_as_a_full_reprefill() {
+    let never = CancelToken::new();
+    let mut r = runner(LLAMA, chunked(7));
+    let (_, d1) = r
+        .generate(
+            &PROMPT,
+            &mut greedy(),
+            &no_stops(Some(6)),
+            &never,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    let mut turn2 = PROMPT.to_vec();
+    turn2.extend(&d1.tokens);
+    turn2.extend([11, 12, 13]);
+    let (p, reused) = r
+        .generate(
+            &turn2,
+            &mut greedy(),
+            &no_stops(Some(8)),
+            &never,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    // 10 prompt tokens + 5 fed generated tokens were cached; the 6th and the new 3 are run.
+    assert_eq!((p.reused, p.prefilled, p.reset), (15, 4, false));
+    let logits_reused = r.logits().map(<[f32]>::to_vec);
+
+    let mut fresh = runner(LLAMA, chunked(7));
+    let (p, full) = fresh
+        .generate(
+            &turn2,
+            &mut greedy(),
+            &no_stops(Some(8)),
+            &never,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    assert_eq!((p.reused, p.prefilled), (0, 19));
+    assert_eq!(reused.tokens, full.tokens);
+    let reference: Vec<f64> = fresh.logits().unwrap().iter().map(|&x| x as f64).collect();
+    assert!(rel_l2(&logits_reused.unwrap(), &reference) < 1e-5);
+
+    // A prompt that diverges from the cache resets it and still matches a fresh run.
+    let mut other = PROMPT.to_vec();
+    other[5] = 99;
+    let resets = r.resets();
+    let (p, diverged) = r
+        .generate(
+            &other,
+            &mut greedy(),
+            &no_stops(Some(8)),
+            &never,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    assert_eq!((p.reused, p.prefilled, p.reset), (0, 10, true));
+    assert_eq!(r.resets(), resets + 1);
+    let (_, want) = runner(LLAMA, chunked(7))
+        .generate(
+            &other,
+            &mut greedy(),
+            &no_stops(Some(8)),
+            &never,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+    assert_eq!(diverged.tokens, want.tokens);
+}
+
+#[test]
+fn bad_token_ids_are_errors_not_panics() {
+    let never = CancelToken::new();
+    let mut r = runner(LLAMA, RunnerConfig::default());
+    assert!(matches!(
+        r.prefill(&[1, 256], &never, &mut |_, _| {}),
+        Err(LlmError::TokenOutOfRange {
+            id: 256,
+            vocab: 256
+        })
+    ));
+    assert!(matches!(
+        r.prefill(&[], &never, &mut |_, _| {}),
+        Err(LlmError::NoPrompt)
+    ));
+    assert!(matches!(
+        r.decode(&mut greedy(), &no_stops(None), &never, &mut |_| Ok(())),
+        Err(LlmError::NoPrompt)
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model and Engine: a byte tokenizer over the fixtures' 256-entry vocabulary
+
+/// A compact ChatML-like template (one role letter per turn) so conversations fit the fixtures'
+/// 32-token context: each message costs its bytes plus 3 tokens.
+const COMPACT_TEMPLATE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'][0] + m['content'] + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>a' }}{% endif %}";
+
+/// Writes tokenizer files for the Llama fixture (ids: 0 `<unk>`, 1 `<s>`, 2 `</s>`,
+/// 3 `<|im_start|>`, 4 `<|im_end|>`, 5.. bytes 0x05..0xFF) into `dir`.
+fn llama_tokenizer_files(dir: &Path) -> ModelFiles {
+    let specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"];
+    byte_tokenizer_files(dir, &specials, Some(COMPACT_TEMPLATE), "<s>", "</s>", LLAMA)
+}
+
+fn byte_tokenizer_files(
+    dir: &Path,
+    specials: &[&str],
+    template: Option<&str>,
+    bos: &str,
+    eos: &str,
+    program: &str,
+) -> ModelFiles {
+    let mut vocab = serde_json::Map::new();
+    let mut added_tokens = Vec::new();
+    // Specials take the ids of the bytes they displace; the rest of the 256 ids are bytes.
+    for b in 0..=255u32 {
+        match specials.get(b as usize).filter(|s| !s.is_empty()) {
+            Some(s) => {
+                vocab.insert(s.to_string(), json!(b));
+                added_tokens.push(added(b, s));
+            }
+            None => {
+                vocab.insert(format!("<0x{b:02X}>"), json!(b));
+            }
+        }
+    }
+    let tj = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added_tokens,
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": specials[0], "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    let tokenizer = dir.join("tokenizer.json");
+    std::fs::write(&tokenizer, tj.to_string()).unwrap();
+    let mut cfg = json!({"bos_token": bos, "eos_token": eos});
+    if let Some(t) = template {
+        cfg["chat_template"] = json!(t);
+    }
+    let config = dir.join("tokenizer_config.json");
+    std::fs::write(&config, cfg.to_string()).unwrap();
+    ModelFiles {
+        program: fixtures().join(program),
+        data_files: Vec::new(),
+        tokenizer,
+        tokenizer_config: Some(config),
+    }
+}
+
+fn greedy_options(max: Option<usize>) -> GenerateOptions {
+    GenerateOptions {
+        sampling: SamplingParams::greedy(),
+        max_new_tokens: max,
+        enable_thinking: false,
+    }
+}
+
+fn load_options(reserve: usize) -> LoadOptions {
+    LoadOptions {
+        context: ContextPolicy {
+            reserve_tokens: reserve,
+        },
+        ..LoadOptions::default()
+    }
+}
+
+/// The bytes the Llama byte tokenizer's ids stand for (ids 5.. are bytes 5..).
+fn bytes_of(ids: &[u32]) -> Vec<u8> {
+    ids.iter().filter(|&&i| i >= 5).map(|&i| i as u8).collect()
+}
+
+#[test]
+fn model_streams_whole_characters_even_from_invalid_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = Model::load(llama_tokenizer_files(dir.path()), &load_options(4)).unwrap();
+    // Stop ids: the program's EOS (2) and the template's end of turn (4).
+    assert_eq!(model.stop_ids(), &[2, 4]);
+    let never = CancelToken::new();
+    let history = [Message::system("S"), Message::user("hi")];
+    let mut texts = Vec::new();
+    let c = model
+        .chat(&history, &greedy_options(Some(12)), &never, &mut |e| {
+            if let Event::Text(t) = e {
+                texts.push(t)
+            }
+        })
+        .unwrap();
+    // Each message costs its bytes plus 3 tokens, the generation prompt 2: 4 + 5 + 2.
+    assert_eq!(
+        (
+            c.stats.prompt_tokens,
+            c.stats.cached_tokens,
+            c.stats.generated_tokens
+        ),
+        (11, 0, 12)
+    );
+    assert_eq!(texts.concat(), c.text);
+    assert!(texts.iter().all(|t| !t.is_empty()));
+    // The random fixture emits arbitrary bytes, invalid UTF-8 among them: the text is exactly
+    // what `from_utf8_lossy` makes of them, every valid character kept.
+    let bytes = bytes_of(&c.tokens);
+    assert_eq!(
+        bytes.len(),
+        c.tokens.len(),
+        "no special tokens expected in {:?}",
+        c.tokens
+    );
+    let lossy = String::from_utf8_lossy(&bytes);
+    assert!(
+        lossy.contains('\u{FFFD}'),
+        "expected invalid bytes in this reply: {bytes:x?}"
+    );
+    assert_eq!(c.text, lossy);
+}
+
+#[test]
+fn model_reuses_the_cache_when_the_next_turn_extends_the_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = Model::load(llama_tokenizer_files(dir.path()), &load_options(4)).unwrap();
+    let never = CancelToken::new();
+    let mut history = vec![Message::system("S"), Message::user("hi")];
+    let c1 = model
+        .chat(&history, &greedy_options(Some(2)), &never, &mut |_| {})
+        .unwrap();
+    // The reply re-tokenises to the ids generated, so the next prompt starts with the cache.
+    let reply_ids = model.tokenizer().encode(&c1.text).unwrap();
+    assert_eq!(reply_ids, c1.tokens, "reply {:?}", c1.text);
+    let cached = model.runner().cached_tokens().to_vec();
+    // The prompt and the reply but its last token (sampled, not yet fed).
+    assert_eq!(cached.len(), 11 + 1);
+
+    history.push(Message::assistant(c1.text.clone()));
+    history.push(Message::user("ok"));
+    let c2 = model
+        .chat(&history, &greedy_options(Some(3)), &never, &mut |_| {})
+        .unwrap();
+    let prompt = 4 + 5 + (2 + 3) + 5 + 2;
+    assert_eq!(
+        (c2.stats.prompt_tokens, c2.stats.cached_tokens),
+        (prompt, cached.len())
+    );
+    assert_eq!(c2.stats.prefilled_tokens, prompt - cached.len());
+
+    // The same conversation on a fresh model (full prefill) gives the same reply.
+    let mut fresh = Model::load(llama_tokenizer_files(dir.path()), &load_options(4)).unwrap();
+    let c3 = fresh
+        .chat(&history, &greedy_options(Some(3)), &never, &mut |_| {})
+        .unwrap();
+    assert_eq!(
+        (c3.stats.cached_tokens, c3.stats.prefilled_tokens),
+        (0, prompt)
+    );
+    assert_eq!(c3.tokens, c2.tokens);
+}
+
+#[test]
+fn a_full_context_drops_the_oldest_turns_but_keeps_the_system_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = Model::load(llama_tokenizer_files(dir.path()), &load_options(4)).unwrap();
+    let never = CancelToken::new();
+    // 4 + 8 + 8 + 9 + 5 + 2 (generation prompt) = 36 tokens: more than the 32-token context.
+    let history = vec![
+        Message::system("S"),
+        Message::user("first"),
+        Message::assistant("reply"),
+        Message::user("second"),
+        Message::user("hi"),
+    ];
+    let fitted = model.fit_prompt(&history, false).unwrap();
+    // Dropping "first" and its reply leaves 4 + 9 + 5 + 2 = 20 tokens (room for the reserve).
+    assert_eq!(fitted.dropped, 2);
+    let kept = [
+        Message::system("S"),
+        Message::user("second"),
+        Message::user("hi"),
+    ];
+    let want = model
+        .tokenizer()
+        .encode(&model.template().render(&kept, gen_prompt()).unwrap())
+        .unwrap();
+    assert_eq!(fitted.tokens, want);
+    let c = model
+        .chat(&history, &greedy_options(Some(3)), &never, &mut |_| {})
+        .unwrap();
+    assert_eq!((c.stats.prompt_tokens, c.stats.dropped_messages), (20, 2));
+
+    // A reply that fills the cache mid-way drops another turn and continues.
+    let history = vec![
+        Message::system("S"),
+        Message::user("one two"),
+        Message::user("x"),
+    ];
+    let c = model
+        .chat(&history, &greedy_options(None), &never, &mut |_| {})
+        .unwrap();
+    // 4 + 10 + 4 + 2 = 20 prompt tokens leave 12 for the reply; the random model never stops,
+    // so at 12 the turn "one two" goes: 4 + 4 + 2 + 12 = 22 tokens are prefilled again and the
+    // reply goes on for the 10 positions left.
+    let s = &c.stats;
+    assert_eq!(
+        (s.prompt_tokens, s.context_shifts, s.dropped_messages),
+        (20, 1, 1)
+    );
+    assert_eq!(
+        (s.generated_tokens, s.prefilled_tokens, s.stop),
+        (22, 20 + 22, StopReason::ContextFull)
+    );
+    // The continuation is what the model gives for the shortened conversation plus the reply so far.
+    let shorter = [Message::system("S"), Message::user("x")];
+    let mut prompt = model
+        .tokenizer()
+        .encode(&model.template().render(&shorter, gen_prompt()).unwrap())
+        .unwrap();
+    prompt.extend(&c.tokens[..12]);
+    let (_, rest) = runner(LLAMA, RunnerConfig::default())
+        .generate(&prompt, &mut greedy(), &no_stops(None), &never, &mut |_| {
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(rest.tokens, c.tokens[12..]);
+
+    // A last message that cannot fit even alone is an error, not a panic.
+    let huge = vec![Message::system("S"), Message::user("x".repeat(40))];
+    assert!(matches!(
+        model.chat(&huge, &greedy_options(None), &never, &mut |_| {}),
+        Err(LlmError::PromptTooLong { limit: 32, .. })
+    ));
+}
+
+#[test]
+fn engine_runs_replies_off_thread_swaps_models_and_cancels() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::new().unwrap();
+    let info = engine
+        .load(llama_tokenizer_files(dir.path()), load_options(4))
+        .unwrap();
+    assert_eq!(
+        (info.context_len, info.prefill_chunk, info.stop_ids.clone()),
+        (32, 31, vec![2, 4])
+    );
+
+    let g = engine
+        .chat(vec![Message::user("hi")], greedy_options(Some(5)))
+        .unwrap();
+    let mut streamed = String::new();
+    let c = g.wait(|t| streamed.push_str(t)).unwrap();
+    assert_eq!(streamed, c.text);
+    assert!(c.stats.time_to_first_token.is_some());
+
+    // A generation queued behind a running one and cancelled before it starts does nothing.
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let mut first_event = true;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    engine
+        .chat_with(
+            vec![Message::user("hi")],
+            greedy_options(Some(5)),
+            move |e| {
+                if first_event {
+                    first_event = false;
+                    let _ = started_tx.send(());
+                    let _ = release_rx.recv();
+                }
+                if let Event::Finished(c) = e {
+                    let _ = done_tx.send(c.stats.stop);
+                }
+            },
+        )
+        .unwrap();
+    started_rx.recv().unwrap();
+    let queued = engine
+        .chat(vec![Message::user("hi")], greedy_options(Some(5)))
+        .unwrap();
+    queued.cancel();
+    release_tx.send(()).unwrap();
+    assert_ne!(done_rx.recv().unwrap(), StopReason::Cancelled);
+    let c = queued.wait(|_| {}).unwrap();
+    assert_eq!(
+        (c.stats.stop, c.stats.generated_tokens),
+        (StopReason::Cancelled, 0)
+    );
+
+    // Swap to the Gemma 4 fixture: no template in its config, so the built-in format.
+    // Byte tokenizer with Gemma's control ids: 0 <pad>, 1 <eos>, 2 <bos>, 105 <|turn>, 106 <turn|>.
+    let gdir = tempfile::tempdir().unwrap();
+    let mut specials = vec![""; 107];
+    for (i, s) in [
+        (0, "<pad>"),
+        (1, "<eos>"),
+        (2, "<bos>"),
+        (105, "<|turn>"),
+        (106, "<turn|>"),
+    ] {
+        specials[i] = s;
+    }
+    let files = byte_tokenizer_files(gdir.path(), &specials, None, "<bos>", "<eos>", GEMMA);
+    let info = engine.load(files, load_options(4)).unwrap();
+    assert_eq!(info.stop_ids, vec![1, 106]);
+    assert_eq!(info.template, "gemma4 (built-in)");
+    let c = engine
+        .chat(vec![Message::user("Hello")], greedy_options(Some(4)))
+        .unwrap()
+        .wait(|_| {})
+        .unwrap();
+    // <bos><|turn> "user\n" "Hello" <turn|> "\n" <|turn> "model\n" = 2 + 5 + 5 + 2 + 1 + 6 tokens.
+    assert_eq!(c.stats.prompt_tokens, 21);
+
+    engine.unload().unwrap();
+    let r = engine
+        .chat(vec![Message::user("hi")], greedy_options(Some(1)))
+        .unwrap()
+        .wait(|_| {});
+    assert!(matches!(r, Err(LlmError::NoModel)));
+
+    // Loading something that is not a model reports an error and leaves the engine usable.
+    let bad = ModelFiles {
+        program: PathBuf::from("/nonexistent/model.pte"),
+        ..llama_tokenizer_files(dir.path())
+    };
+    assert!(engine.load(bad, LoadOptions::default()).is_err());
+    engine
+        .load(llama_tokenizer_files(dir.path()), load_options(4))
+        .unwrap();
+}
+
+#[test]
+fn model_files_are_found_beside_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(ModelFiles::in_dir(dir.path()).is_err());
+    std::fs::write(dir.path().join("model.pte"), b"").unwrap();
+    // A program without tokenizer.json beside it is an error naming the file.
+    let err = ModelFiles::in_dir(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.json"), "{err}");
+    std::fs::write(dir.path().join("tokenizer.json"), b"{}").unwrap();
+    let f = ModelFiles::in_dir(dir.path()).unwrap();
+    assert_eq!(f.program, dir.path().join("model.pte"));
+    assert_eq!(f.tokenizer_config, None);
+    std::fs::write(dir.path().join("tokenizer_config.json"), b"{}").unwrap();
+    assert!(ModelFiles::in_dir(dir.path())
+        .unwrap()
+        .tokenizer_config
+        .is_some());
+    std::fs::write(dir.path().join("other.pte"), b"").unwrap();
+    assert!(ModelFiles::in_dir(dir.path()).is_err());
+}
