@@ -2,6 +2,7 @@
 //! `VulkanDelegateHeader`): where the VK00 flatbuffer and the raw constant region lie.
 
 use super::{VulkanError, VulkanHeader};
+use crate::fb;
 
 /// Header bytes as written; the serializer pads it to 32 before the flatbuffer.
 pub const HEADER_LEN: usize = 30;
@@ -11,13 +12,8 @@ fn header_err<T>(what: impl Into<String>) -> Result<T, VulkanError> {
     Err(VulkanError::Header(what.into()))
 }
 
-fn field<const N: usize>(blob: &[u8], at: usize) -> [u8; N] {
-    let mut a = [0u8; N];
-    // Callers only read within the first HEADER_LEN bytes, which `parse` checked exist.
-    if let Some(s) = blob.get(at..at + N) {
-        a.copy_from_slice(s);
-    }
-    a
+fn read<T>(r: fb::Result<T>) -> Result<T, VulkanError> {
+    r.map_err(|e| VulkanError::Header(e.to_string()))
 }
 
 /// Reads and checks the header against the blob's length.
@@ -29,21 +25,23 @@ pub fn parse(blob: &[u8]) -> Result<VulkanHeader, VulkanError> {
         ));
     }
     // Bytes 0..4 are zero padding so the magic sits where a flatbuffer identifier would.
-    let magic: [u8; 4] = field(blob, 4);
-    if &magic != MAGIC {
+    let magic = &blob[4..8];
+    if magic != MAGIC {
         return header_err(format!(
             "magic is {:?}, expected \"VH00\"",
-            String::from_utf8_lossy(&magic)
+            String::from_utf8_lossy(magic)
         ));
     }
-    let len = u16::from_le_bytes(field(blob, 8)) as usize;
+    let len = read(fb::read_u16(blob, 8))? as usize;
     if len != HEADER_LEN {
-        return header_err(format!("declares a {len}-byte header, expected {HEADER_LEN}"));
+        return header_err(format!(
+            "declares a {len}-byte header, expected {HEADER_LEN}"
+        ));
     }
-    let fb_offset = u32::from_le_bytes(field(blob, 10)) as u64;
-    let fb_size = u32::from_le_bytes(field(blob, 14)) as u64;
-    let bytes_offset = u32::from_le_bytes(field(blob, 18)) as u64;
-    let bytes_size = u64::from_le_bytes(field(blob, 22));
+    let fb_offset = read(fb::read_u32(blob, 10))? as u64;
+    let fb_size = read(fb::read_u32(blob, 14))? as u64;
+    let bytes_offset = read(fb::read_u32(blob, 18))? as u64;
+    let bytes_size = read(fb::read_u64(blob, 22))?;
     let blob_len = blob.len() as u64;
 
     if fb_size == 0 {
@@ -140,15 +138,18 @@ mod tests {
 
     #[test]
     fn rejects_regions_outside_the_blob_or_overlapping() {
-        let cases = [
-            (VulkanHeader { flatbuffer_size: 0, ..GOOD }, "size is 0"),
-            (VulkanHeader { flatbuffer_offset: 8, ..GOOD }, "outside"),
-            (VulkanHeader { flatbuffer_size: 200, ..GOOD }, "outside"),
-            (VulkanHeader { bytes_offset: 100, ..GOOD }, "inside the flatbuffer"),
-            (VulkanHeader { bytes_size: 17, ..GOOD }, "past the end"),
-            (VulkanHeader { bytes_size: u64::MAX as usize, ..GOOD }, "past the end"),
+        type Edit = fn(&mut VulkanHeader);
+        let cases: [(Edit, &str); 6] = [
+            (|h| h.flatbuffer_size = 0, "size is 0"),
+            (|h| h.flatbuffer_offset = 8, "outside"),
+            (|h| h.flatbuffer_size = 200, "outside"),
+            (|h| h.bytes_offset = 100, "inside the flatbuffer"),
+            (|h| h.bytes_size = 17, "past the end"),
+            (|h| h.bytes_size = usize::MAX, "past the end"),
         ];
-        for (h, want) in cases {
+        for (edit, want) in cases {
+            let mut h = GOOD;
+            edit(&mut h);
             let m = msg(parse(&blob(&h, 160)));
             assert!(m.contains(want), "{h:?}: {m}");
         }
