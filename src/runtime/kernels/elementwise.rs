@@ -370,7 +370,8 @@ pub fn erf(x: f64) -> f64 {
             term *= -x2 / n;
             let add = term / (2.0 * n + 1.0);
             sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
+            // `<=`: at x = 0 every term is 0 and `<` would never end the loop.
+            if add.abs() <= 1e-17 * sum.abs() {
                 break;
             }
         }

@@ -1,0 +1,39 @@
+// Writes `value` into a KV cache along one axis at `start`, read from the syms buffer at run time
+// so that decode steps at different positions replay one recording. One invocation per element
+// of value; an update that does not fit the cache writes nothing (the reference reports it).
+
+struct Params {
+    n: u32,
+    inner: u32,
+    value_len: u32,
+    cache_len: u32,
+    start_slot: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+override WG: u32 = 256u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> syms: array<i32>;
+@group(0) @binding(2) var<storage, read_write> cache: array<u32>;
+@group(0) @binding(3) var<storage, read> value: array<u32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.x + wg.y * nwg.x) * WG + lid;
+    if i >= p.n {
+        return;
+    }
+    let start = syms[p.start_slot];
+    if start < 0 || u32(start) + p.value_len > p.cache_len {
+        return;
+    }
+    let row = p.value_len * p.inner;
+    let o = i / row;
+    let r = (i % row) / p.inner;
+    let k = i % p.inner;
+    cache[(o * p.cache_len + u32(start) + r) * p.inner + k] = value[i];
+}

@@ -1,0 +1,83 @@
+// Batched a[.., M, K] @ b[.., K, N] with broadcast batch dims (up to 4). 64x64 output tiles,
+// 16-deep K slices in shared memory; one workgroup z-slice per batch entry.
+
+struct Params {
+    m: u32,
+    k: u32,
+    n: u32,
+    batch_rank: u32,
+    batch_shape: vec4<u32>,
+    // Matrix strides (in elements) of a and b per batch dim; 0 where broadcast.
+    a_strides: vec4<u32>,
+    b_strides: vec4<u32>,
+}
+
+const BM = 64u;
+const BN = 64u;
+const BK = 16u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read> a: array<f32>;
+@group(0) @binding(4) var<storage, read> b: array<f32>;
+
+var<workgroup> as_: array<f32, 1024>; // [BK][BM]
+var<workgroup> bs: array<f32, 1024>; // [BK][BN]
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    var rem = wg.z;
+    var ao = 0u;
+    var bo = 0u;
+    for (var d = i32(p.batch_rank) - 1; d >= 0; d--) {
+        let c = rem % p.batch_shape[d];
+        rem = rem / p.batch_shape[d];
+        ao += c * p.a_strides[d];
+        bo += c * p.b_strides[d];
+    }
+    let yo = wg.z * p.m * p.n;
+    var acc: array<vec4<f32>, 4>;
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        for (var e = t; e < BM * BK; e += 256u) {
+            let r = e / BK;
+            let kk = e % BK;
+            var av = 0.0;
+            if m0 + r < p.m && k0 + kk < p.k {
+                av = a[ao + (m0 + r) * p.k + k0 + kk];
+            }
+            as_[kk * BM + r] = av;
+            // b is row-major in N: consecutive invocations read consecutive n.
+            let kb = e / BN;
+            let c = e % BN;
+            var bv = 0.0;
+            if k0 + kb < p.k && n0 + c < p.n {
+                bv = b[bo + (k0 + kb) * p.n + n0 + c];
+            }
+            bs[kb * BN + c] = bv;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            let av = vec4<f32>(as_[kk * BM + lid.y * 4u], as_[kk * BM + lid.y * 4u + 1u],
+                               as_[kk * BM + lid.y * 4u + 2u], as_[kk * BM + lid.y * 4u + 3u]);
+            let bv = vec4<f32>(bs[kk * BN + lid.x * 4u], bs[kk * BN + lid.x * 4u + 1u],
+                               bs[kk * BN + lid.x * 4u + 2u], bs[kk * BN + lid.x * 4u + 3u]);
+            acc[0] += av.x * bv;
+            acc[1] += av.y * bv;
+            acc[2] += av.z * bv;
+            acc[3] += av.w * bv;
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let m = m0 + lid.y * 4u + i;
+        for (var j = 0u; j < 4u; j++) {
+            let n = n0 + lid.x * 4u + j;
+            if m < p.m && n < p.n {
+                y[yo + m * p.n + n] = acc[i][j];
+            }
+        }
+    }
+}

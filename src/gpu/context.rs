@@ -1,0 +1,405 @@
+//! The device: adapter choice, device creation with the optional features we use, the limits we
+//! plan against, and the caches every executor on this device shares (shader modules, bind group
+//! layouts, pipelines keyed by kernel, entry point and `override` constants).
+
+use super::GpuError;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// WGSL sources by `OpKind::name()`; one file per op family.
+fn kernel_source(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "elementwise" => include_str!("../../kernels/elementwise.wgsl"),
+        "rms_norm" => include_str!("../../kernels/rms_norm.wgsl"),
+        "linear" => include_str!("../../kernels/linear.wgsl"),
+        "matmul" => include_str!("../../kernels/matmul.wgsl"),
+        "embedding" => include_str!("../../kernels/embedding.wgsl"),
+        "softmax" => include_str!("../../kernels/softmax.wgsl"),
+        "reduce" => include_str!("../../kernels/reduce.wgsl"),
+        "rope" => include_str!("../../kernels/rope.wgsl"),
+        "sdpa" => include_str!("../../kernels/sdpa.wgsl"),
+        "cache_update" => include_str!("../../kernels/cache_update.wgsl"),
+        "layout" => include_str!("../../kernels/layout.wgsl"),
+        "full" => include_str!("../../kernels/full.wgsl"),
+        _ => return None,
+    })
+}
+
+/// How a context is opened.
+#[derive(Debug, Clone, Default)]
+pub struct ContextOptions {
+    /// Plan as if the device's largest storage binding were at most this many bytes. Tests use
+    /// it to force the row splitting of big weights on any device.
+    pub max_storage_binding: Option<u64>,
+    /// Backends to try; `None` means every one wgpu offers here (`WGPU_BACKEND` still applies).
+    pub backends: Option<wgpu::Backends>,
+}
+
+/// What `pteria inspect` and the catalog show about the GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterSummary {
+    pub name: String,
+    /// `vulkan`, `metal`, `dx12`, `gl`.
+    pub backend: String,
+    pub driver: String,
+    pub driver_info: String,
+    /// `discrete`, `integrated`, `virtual`, `cpu`, `other`.
+    pub device_type: String,
+    /// Subgroup sizes the adapter reports, when it has subgroup operations.
+    pub subgroup_sizes: Option<(u32, u32)>,
+    pub shader_f16: bool,
+    /// The largest storage binding the executor plans with (after `ContextOptions`).
+    pub max_storage_binding: u64,
+}
+
+impl fmt::Display for AdapterSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}, {}", self.name, self.backend, self.device_type)?;
+        if !self.driver.is_empty() {
+            write!(f, ", {} {}", self.driver, self.driver_info)?;
+        }
+        write!(f, ", max binding {} MiB)", self.max_storage_binding >> 20)
+    }
+}
+
+/// One binding slot of a kernel's bind group layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Slot {
+    Uniform,
+    Read,
+    Write,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PipelineKey {
+    kernel: &'static str,
+    entry: &'static str,
+    /// `override` name and value bits, in the order given.
+    constants: Vec<(&'static str, u64)>,
+    slots: Vec<Slot>,
+}
+
+#[derive(Clone)]
+pub(crate) struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// An open GPU device and the caches shared by every executor on it.
+pub struct Context {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    summary: AdapterSummary,
+    limits: wgpu::Limits,
+    features: wgpu::Features,
+    max_binding: u64,
+    /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
+    /// handler panics, which an engine must never do.
+    uncaptured: Arc<Mutex<Vec<String>>>,
+    modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
+    layouts: Mutex<HashMap<Vec<Slot>, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    pipelines: Mutex<HashMap<PipelineKey, Pipeline>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these caches half-written: each insert is one call.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn backend_name(b: wgpu::Backend) -> &'static str {
+    match b {
+        wgpu::Backend::Vulkan => "vulkan",
+        wgpu::Backend::Metal => "metal",
+        wgpu::Backend::Dx12 => "dx12",
+        wgpu::Backend::Gl => "gl",
+        wgpu::Backend::BrowserWebGpu => "webgpu",
+        _ => "other",
+    }
+}
+
+fn device_type_name(t: wgpu::DeviceType) -> &'static str {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => "discrete",
+        wgpu::DeviceType::IntegratedGpu => "integrated",
+        wgpu::DeviceType::VirtualGpu => "virtual",
+        wgpu::DeviceType::Cpu => "cpu",
+        wgpu::DeviceType::Other => "other",
+    }
+}
+
+impl Context {
+    /// Opens the best adapter wgpu finds (Vulkan, Metal, DX12 or GL). No adapter, or a device
+    /// that cannot be created, is an error value: the caller falls back to the CPU executor.
+    pub fn new() -> Result<Context, GpuError> {
+        Context::with_options(ContextOptions::default())
+    }
+
+    pub fn with_options(opts: ContextOptions) -> Result<Context, GpuError> {
+        let open = |backends: wgpu::Backends| {
+            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+            desc.backends = backends;
+            let instance = wgpu::Instance::new(desc.with_env());
+            pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                apply_limit_buckets: false,
+            }))
+        };
+        // GL only when no Vulkan/Metal/DX12 adapter exists: probing EGL is slow and noisy.
+        let adapter = match opts.backends {
+            Some(b) => open(b),
+            None => open(wgpu::Backends::PRIMARY).or_else(|_| open(wgpu::Backends::SECONDARY)),
+        }
+        .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
+        let info = adapter.get_info();
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        let features = adapter.features() & wanted;
+        // Ask for everything the adapter offers: weights want the largest bindings and buffers,
+        // kernels up to eight storage bindings.
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("pteria"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| {
+            GpuError::Device(format!(
+                "{} ({}): {e}",
+                info.name,
+                backend_name(info.backend)
+            ))
+        })?;
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            lock(&sink).push(e.to_string())
+        }));
+        let device_max = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let max_binding = opts
+            .max_storage_binding
+            .map_or(device_max, |m| m.min(device_max))
+            & !15;
+        let summary = AdapterSummary {
+            name: info.name.clone(),
+            backend: backend_name(info.backend).into(),
+            driver: info.driver.clone(),
+            driver_info: info.driver_info.clone(),
+            device_type: device_type_name(info.device_type).into(),
+            subgroup_sizes: features
+                .contains(wgpu::Features::SUBGROUP)
+                .then_some((info.subgroup_min_size, info.subgroup_max_size)),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            max_storage_binding: max_binding,
+        };
+        Ok(Context {
+            device,
+            queue,
+            summary,
+            limits,
+            features,
+            max_binding,
+            uncaptured,
+            modules: Mutex::default(),
+            layouts: Mutex::default(),
+            pipelines: Mutex::default(),
+        })
+    }
+
+    pub fn adapter(&self) -> &AdapterSummary {
+        &self.summary
+    }
+
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    pub fn features(&self) -> wgpu::Features {
+        self.features
+    }
+
+    /// The largest storage binding the executor plans with.
+    pub fn max_storage_binding(&self) -> u64 {
+        self.max_binding
+    }
+
+    pub(crate) fn max_workgroups(&self) -> u32 {
+        self.limits.max_compute_workgroups_per_dimension
+    }
+
+    /// Errors wgpu reported outside an error scope since the last call, as one error.
+    pub(crate) fn take_errors(&self) -> Result<(), GpuError> {
+        let errs = std::mem::take(&mut *lock(&self.uncaptured));
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(GpuError::Device(errs.join("; ")))
+        }
+    }
+
+    /// Runs `f` inside a validation and out-of-memory error scope; `Err` is what it raised.
+    pub(crate) fn scoped<T>(&self, f: impl FnOnce() -> T) -> Result<T, String> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let v = f();
+        let errs = [
+            pollster::block_on(validation.pop()),
+            pollster::block_on(oom.pop()),
+        ];
+        match errs.into_iter().flatten().next() {
+            None => Ok(v),
+            Some(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Device-to-device copy bandwidth in bytes per second (read + write counted once each):
+    /// the yardstick for memory-bound kernels such as the decode mat-vec.
+    pub fn copy_bandwidth(&self, bytes: u64, iterations: u32) -> Result<f64, GpuError> {
+        let bytes = bytes.min(self.max_binding).max(4) & !3;
+        let make = || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bandwidth"),
+                size: bytes,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let (a, b) = self.scoped(|| (make(), make())).map_err(GpuError::Device)?;
+        let run = |n: u32| -> Result<std::time::Duration, GpuError> {
+            let t = std::time::Instant::now();
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            for i in 0..n {
+                let (src, dst) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+                enc.copy_buffer_to_buffer(src, 0, dst, 0, bytes);
+            }
+            self.queue.submit([enc.finish()]);
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| GpuError::Device(e.to_string()))?;
+            Ok(t.elapsed())
+        };
+        run(2)?;
+        let dt = run(iterations.max(1))?;
+        self.take_errors()?;
+        Ok(2.0 * bytes as f64 * iterations.max(1) as f64 / dt.as_secs_f64())
+    }
+
+    fn layout(&self, slots: &[Slot]) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+        let mut cache = lock(&self.layouts);
+        if let Some(l) = cache.get(slots) {
+            return l.clone();
+        }
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match s {
+                        Slot::Uniform => wgpu::BufferBindingType::Uniform,
+                        Slot::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                        Slot::Write => wgpu::BufferBindingType::Storage { read_only: false },
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let bgl = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: None,
+                entries: &entries,
+            });
+        let pl = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        cache.insert(slots.to_vec(), (bgl.clone(), pl.clone()));
+        (bgl, pl)
+    }
+
+    /// The pipeline for one entry point of a kernel, specialised by `override` constants.
+    pub(crate) fn pipeline(
+        &self,
+        kernel: &'static str,
+        entry: &'static str,
+        constants: &[(&'static str, f64)],
+        slots: &[Slot],
+    ) -> Result<Pipeline, GpuError> {
+        let key = PipelineKey {
+            kernel,
+            entry,
+            constants: constants.iter().map(|(k, v)| (*k, v.to_bits())).collect(),
+            slots: slots.to_vec(),
+        };
+        if let Some(p) = lock(&self.pipelines).get(&key) {
+            return Ok(p.clone());
+        }
+        let shader_err = |msg: String| GpuError::Shader { kernel, entry, msg };
+        let module = {
+            let mut modules = lock(&self.modules);
+            match modules.get(kernel) {
+                Some(m) => m.clone(),
+                None => {
+                    let src =
+                        kernel_source(kernel).ok_or_else(|| shader_err("no such kernel".into()))?;
+                    let m = self
+                        .scoped(|| {
+                            self.device
+                                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                                    label: Some(kernel),
+                                    source: wgpu::ShaderSource::Wgsl(src.into()),
+                                })
+                        })
+                        .map_err(shader_err)?;
+                    modules.insert(kernel, m.clone());
+                    m
+                }
+            }
+        };
+        let (bgl, pl) = self.layout(slots);
+        let pipeline = self
+            .scoped(|| {
+                self.device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(entry),
+                        layout: Some(&pl),
+                        module: &module,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions {
+                            constants,
+                            // Kernels initialise the shared memory they read.
+                            zero_initialize_workgroup_memory: false,
+                        },
+                        cache: None,
+                    })
+            })
+            .map_err(|e| shader_err(format!("{e} (constants {constants:?})")))?;
+        let p = Pipeline {
+            pipeline,
+            layout: bgl,
+        };
+        lock(&self.pipelines).insert(key, p.clone());
+        Ok(p)
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.summary)
+            .finish()
+    }
+}

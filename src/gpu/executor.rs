@@ -1,0 +1,609 @@
+//! Runs a graph on the GPU. At load: plan memory, upload constants once, zero the states. Per
+//! call: plan shapes (`ir::infer_shapes`); the first call with a shape signature records every
+//! dispatch (pipeline, bind group, grid), later calls replay the recording. Host symbols reach
+//! kernels through one small syms buffer written each call, so decode steps at different positions
+//! replay the same recording. One call is one submit: input writes, all dispatches, the copies of
+//! the outputs into a mappable buffer, then one wait.
+//!
+//! wgpu has no reusable compute command buffers, so a replay still encodes one
+//! `set_pipeline`/`set_bind_group`/`dispatch` triple per kernel from the recording, without any
+//! lookups, allocation or validation of our own.
+
+use super::context::{Context, Slot};
+use super::memory::{elem_bytes, padded, BufferKind, MemoryPlan, MemoryReport, Repr};
+use super::ops::{self, Env, Res, Step};
+use super::GpuError;
+use crate::ir::{infer_shapes, Graph, InputValue, Int, Io, IrError, Node, OpKind, Plan, Role};
+use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
+use crate::runtime::{DType, HostTensor};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Recordings kept per executor (least recently used goes first): a decode signature, a few
+/// prefill lengths.
+const MAX_RECORDINGS: usize = 32;
+/// Uniform parameter slots: 256 bytes is the largest offset alignment WebGPU allows.
+const PARAM_SLOT: u64 = 256;
+const PARAM_BUFFER: u64 = 64 * 1024;
+/// Parameter memory past which all recordings are dropped and rebuilt on demand.
+const PARAM_BUDGET: u64 = 64 << 20;
+/// Constants are uploaded in pieces of this size, with a flush every few, to bound staging memory.
+const UPLOAD_PIECE: usize = 64 << 20;
+
+struct Dispatch {
+    pipeline: wgpu::ComputePipeline,
+    bind_group: wgpu::BindGroup,
+    groups: [u32; 3],
+}
+
+struct Recording {
+    dispatches: Vec<Dispatch>,
+    /// (source buffer, bytes, offset in `readback`).
+    copies: Vec<(usize, u64, u64)>,
+    /// Per graph output: offset in `readback` and shape.
+    outputs: Vec<(u64, Vec<usize>)>,
+    readback: Option<wgpu::Buffer>,
+    readback_size: u64,
+    last_used: u64,
+}
+
+/// Counters for tests and logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecutorStats {
+    /// Recordings made (a new shape signature, or one evicted earlier).
+    pub recordings: usize,
+    /// Calls served by an existing recording.
+    pub replays: usize,
+    /// Dispatches in the last call.
+    pub last_dispatches: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct BindKey {
+    slots: Vec<Slot>,
+    params: (usize, u64),
+    buffers: Vec<usize>,
+}
+
+/// Runs one IR graph on the GPU; State tensors (KV caches) live on the device across calls.
+pub struct GpuExecutor {
+    ctx: Arc<Context>,
+    graph: Graph,
+    mem: MemoryPlan,
+    /// The plan's buffers, then the dummy, then the syms buffer.
+    buffers: Vec<wgpu::Buffer>,
+    dummy: usize,
+    syms: usize,
+    literals: Vec<i64>,
+    literal_slot: HashMap<i64, u32>,
+    params: Vec<wgpu::Buffer>,
+    param_slots: HashMap<Vec<u32>, (usize, u64)>,
+    param_used: u64,
+    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
+    recordings: HashMap<Vec<Vec<usize>>, Recording>,
+    clock: u64,
+    stats: ExecutorStats,
+}
+
+fn ints_of(kind: &OpKind) -> Vec<Int> {
+    match kind {
+        OpKind::Rope { start, .. }
+        | OpKind::Sdpa { start, .. }
+        | OpKind::CacheUpdate { start, .. } => vec![*start],
+        OpKind::Slice { start, .. } => vec![*start],
+        OpKind::Select { index, .. } => vec![*index],
+        _ => Vec::new(),
+    }
+}
+
+/// A tensor's elements in its GPU representation, as bytes padded to whole words.
+fn to_repr(repr: Repr, dtype: DType, data: &[u8]) -> Vec<u8> {
+    let mut v = match repr {
+        Repr::F32 if dtype == DType::F32 => data.to_vec(),
+        Repr::F32 => bytemuck::cast_slice(&to_f32(dtype, data)).to_vec(),
+        Repr::I32 => to_i64(dtype, data)
+            .into_iter()
+            .flat_map(|x| (x.clamp(i32::MIN as i64, i32::MAX as i64) as i32).to_le_bytes())
+            .collect(),
+        Repr::Raw => data.to_vec(),
+    };
+    v.resize(v.len().div_ceil(4) * 4, 0);
+    v
+}
+
+fn from_repr(repr: Repr, dtype: DType, bytes: &[u8], numel: usize) -> Vec<u8> {
+    match repr {
+        Repr::F32 if dtype == DType::F32 => bytes[..numel * 4].to_vec(),
+        Repr::F32 => {
+            let f: Vec<f32> = bytes[..numel * 4]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            from_f32(dtype, &f)
+        }
+        Repr::I32 => {
+            let i: Vec<i64> = bytes[..numel * 4]
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect();
+            from_i64(dtype, &i)
+        }
+        Repr::Raw => bytes[..numel * dtype.size()].to_vec(),
+    }
+}
+
+impl GpuExecutor {
+    /// Plans memory and uploads constants. Every op the GPU cannot run is listed in one
+    /// `GpuError::Unsupported`.
+    pub fn new(ctx: Arc<Context>, graph: Graph) -> Result<Self, GpuError> {
+        graph.validate()?;
+        let (mem, mut problems) = MemoryPlan::new(&graph, ctx.max_storage_binding());
+        for (n, node) in graph.nodes.iter().enumerate() {
+            let Node::Op(op) = node else { continue };
+            let mut why = ops::check(&graph, &mem, op);
+            if why.is_none() && !matches!(op.kind, OpKind::CacheUpdate { .. }) {
+                // A kernel cannot read and write one buffer (wgpu forbids the aliasing).
+                let roots: Vec<usize> = op.inputs.iter().map(|&t| mem.root[t]).collect();
+                if op.outputs.iter().any(|&o| roots.contains(&mem.root[o]))
+                    && ops::alias(&graph, op).is_none()
+                {
+                    why = Some("writes a tensor it reads".into());
+                }
+            }
+            if let Some(why) = why {
+                problems.push(format!("node {n} ({}): {why}", op.kind.label()));
+            }
+        }
+        for (k, io) in graph.inputs.iter().enumerate() {
+            if let Io::Tensor(t) = io {
+                if mem.repr[*t] == Repr::Raw {
+                    problems.push(format!("input {k}: packed weights must be constants"));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Err(GpuError::Unsupported(problems));
+        }
+
+        let n_syms = graph.sym_names.len();
+        let mut literals = Vec::new();
+        let mut literal_slot = HashMap::new();
+        for op in graph.ops() {
+            for i in ints_of(&op.kind) {
+                if let Int::Lit(v) = i {
+                    literal_slot.entry(v).or_insert_with(|| {
+                        literals.push(v);
+                        (n_syms + literals.len() - 1) as u32
+                    });
+                }
+            }
+        }
+
+        let device = &ctx.device;
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let mut buffers = ctx
+            .scoped(|| {
+                mem.buffers
+                    .iter()
+                    .map(|spec| {
+                        device.create_buffer(&wgpu::BufferDescriptor {
+                            label: None,
+                            size: spec.size,
+                            usage,
+                            mapped_at_creation: false,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .map_err(|e| {
+                GpuError::Device(format!("allocating {} bytes: {e}", mem.report().total()))
+            })?;
+        let small = |label| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: padded(((n_syms + literals.len()) * 4) as u64),
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        buffers.push(small("dummy"));
+        buffers.push(small("syms"));
+        let mut ex = GpuExecutor {
+            dummy: buffers.len() - 2,
+            syms: buffers.len() - 1,
+            ctx,
+            graph,
+            mem,
+            buffers,
+            literals,
+            literal_slot,
+            params: Vec::new(),
+            param_slots: HashMap::new(),
+            param_used: 0,
+            bind_groups: HashMap::new(),
+            recordings: HashMap::new(),
+            clock: 0,
+            stats: ExecutorStats::default(),
+        };
+        ex.upload_constants()?;
+        Ok(ex)
+    }
+
+    fn upload_constants(&mut self) -> Result<(), GpuError> {
+        let mut pending = 0usize;
+        for (i, spec) in self.mem.buffers.iter().enumerate() {
+            let (t, range) = match &spec.kind {
+                BufferKind::Constant { tensor, range } => (*tensor, range.clone()),
+                BufferKind::State(t) => (*t, 0..self.mem.bytes(*t, &self.graph)),
+                _ => continue,
+            };
+            let def = &self.graph.tensors[t];
+            let blob = match &def.role {
+                Role::Constant(b) | Role::State(Some(b)) => b,
+                // wgpu zero-fills new buffers: a state without an initial value is ready.
+                _ => continue,
+            };
+            let repr = self.mem.repr[t];
+            let (eb, ds) = (elem_bytes(repr, def.dtype.size()), def.dtype.size() as u64);
+            let (e0, e1) = (range.start / eb, range.end / eb);
+            // Pieces of whole elements, converted one at a time.
+            let per_piece = (UPLOAD_PIECE as u64 / eb.max(ds)).max(1);
+            let mut e = e0;
+            while e < e1 {
+                let end = (e + per_piece).min(e1);
+                let src = &blob[(e * ds) as usize..(end * ds) as usize];
+                let bytes = to_repr(repr, def.dtype, src);
+                self.ctx
+                    .queue
+                    .write_buffer(&self.buffers[i], (e - e0) * eb, &bytes);
+                pending += bytes.len();
+                if pending >= 4 * UPLOAD_PIECE {
+                    self.flush()?;
+                    pending = 0;
+                }
+                e = end;
+            }
+        }
+        self.flush()
+    }
+
+    /// Submits pending writes and waits, so staging memory is released.
+    fn flush(&self) -> Result<(), GpuError> {
+        self.ctx.queue.submit([]);
+        self.ctx
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        self.ctx.take_errors()
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    pub fn memory(&self) -> MemoryReport {
+        self.mem.report()
+    }
+
+    pub fn stats(&self) -> ExecutorStats {
+        self.stats
+    }
+
+    /// Runs one call; returns the graph outputs, as `ir::cpu::CpuExecutor::run` does.
+    pub fn run(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>, GpuError> {
+        let plan = infer_shapes(&self.graph, inputs)?;
+        self.clock += 1;
+        if self.recordings.contains_key(&plan.shapes) {
+            self.stats.replays += 1;
+        } else {
+            if self.param_used > PARAM_BUDGET {
+                self.recordings.clear();
+                self.bind_groups.clear();
+                self.param_slots.clear();
+                self.param_used = 0;
+            }
+            if self.recordings.len() >= MAX_RECORDINGS {
+                let oldest = self
+                    .recordings
+                    .iter()
+                    .min_by_key(|(_, r)| r.last_used)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    self.recordings.remove(&k);
+                }
+            }
+            let rec = self.record(&plan)?;
+            self.recordings.insert(plan.shapes.clone(), rec);
+            self.stats.recordings += 1;
+        }
+
+        let queue = &self.ctx.queue;
+        for (io, v) in self.graph.inputs.iter().zip(inputs) {
+            if let (Io::Tensor(t), InputValue::Tensor { data, .. }) = (io, v) {
+                let Some(&b) = self.mem.place[self.mem.root[*t]].first() else {
+                    continue;
+                };
+                if data.is_empty() {
+                    continue;
+                }
+                let def = &self.graph.tensors[*t];
+                if self.mem.repr[*t] == Repr::F32 && def.dtype == DType::F32 {
+                    queue.write_buffer(&self.buffers[b], 0, data);
+                } else {
+                    queue.write_buffer(
+                        &self.buffers[b],
+                        0,
+                        &to_repr(self.mem.repr[*t], def.dtype, data),
+                    );
+                }
+            }
+        }
+        let syms: Vec<i32> = plan
+            .syms
+            .iter()
+            .chain(&self.literals)
+            .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+            .collect();
+        if !syms.is_empty() {
+            queue.write_buffer(&self.buffers[self.syms], 0, bytemuck::cast_slice(&syms));
+        }
+
+        let Some(rec) = self.recordings.get_mut(&plan.shapes) else {
+            return Err(GpuError::Device("recording missing after insert".into()));
+        };
+        rec.last_used = self.clock;
+        self.stats.last_dispatches = rec.dispatches.len();
+        let device = &self.ctx.device;
+        let mut enc =
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
+            });
+            for d in &rec.dispatches {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+        }
+        if let Some(rb) = &rec.readback {
+            for &(src, bytes, off) in &rec.copies {
+                enc.copy_buffer_to_buffer(&self.buffers[src], 0, rb, off, bytes);
+            }
+        }
+        queue.submit([enc.finish()]);
+
+        let mut host = vec![0u8; rec.readback_size as usize];
+        if let Some(rb) = &rec.readback {
+            let slice = rb.slice(..);
+            let (tx, rx) = std::sync::mpsc::channel();
+            slice.map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| GpuError::Device(e.to_string()))?;
+            match rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(GpuError::Device(format!("reading outputs back: {e}"))),
+                Err(_) => return Err(GpuError::Device("reading outputs back: no answer".into())),
+            }
+            {
+                let view = slice
+                    .get_mapped_range()
+                    .map_err(|e| GpuError::Device(format!("reading outputs back: {e}")))?;
+                let n = host.len();
+                host.copy_from_slice(&view[..n]);
+            }
+            rb.unmap();
+        }
+        self.ctx.take_errors()?;
+
+        let mut outs = Vec::with_capacity(self.graph.outputs.len());
+        for (&t, (off, shape)) in self.graph.outputs.iter().zip(&rec.outputs) {
+            let def = &self.graph.tensors[t];
+            let numel: usize = shape.iter().product();
+            let bytes = &host[*off as usize..];
+            outs.push(HostTensor {
+                dtype: def.dtype,
+                sizes: shape.clone(),
+                data: from_repr(self.mem.repr[t], def.dtype, bytes, numel),
+            });
+        }
+        Ok(outs)
+    }
+
+    fn record(&mut self, plan: &Plan) -> Result<Recording, GpuError> {
+        let mut steps: Vec<(usize, Step)> = Vec::new();
+        {
+            let slot = |i: Int| -> u32 {
+                match i {
+                    Int::Sym(s) => s as u32,
+                    Int::Lit(v) => self.literal_slot.get(&v).copied().unwrap_or(0),
+                }
+            };
+            let env = Env {
+                graph: &self.graph,
+                plan,
+                mem: &self.mem,
+                slot: &slot,
+                max_groups: self.ctx.max_workgroups(),
+            };
+            for (n, node) in self.graph.nodes.iter().enumerate() {
+                let Node::Op(op) = node else { continue };
+                let built = ops::build(&env, op).map_err(|msg| IrError::Node {
+                    node: n,
+                    op: op.kind.label(),
+                    msg,
+                })?;
+                steps.extend(built.into_iter().map(|s| (n, s)));
+            }
+        }
+        let mut dispatches = Vec::with_capacity(steps.len());
+        for (n, s) in &steps {
+            dispatches.push(self.dispatch(*n, s)?);
+        }
+
+        let mut copies = Vec::new();
+        let mut outputs = Vec::new();
+        let mut size = 0u64;
+        for &t in &self.graph.outputs {
+            let shape = plan.shapes[t].clone();
+            let def = &self.graph.tensors[t];
+            let bytes = shape.iter().product::<usize>() as u64
+                * elem_bytes(self.mem.repr[t], def.dtype.size());
+            outputs.push((size, shape));
+            let mut left = bytes.div_ceil(4) * 4;
+            for &b in &self.mem.place[self.mem.root[t]] {
+                if left == 0 {
+                    break;
+                }
+                let n = left.min(self.mem.buffers[b].size);
+                copies.push((b, n, size));
+                size += n;
+                left -= n;
+            }
+        }
+        let readback = (size > 0).then(|| {
+            self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        Ok(Recording {
+            dispatches,
+            copies,
+            outputs,
+            readback,
+            readback_size: size,
+            last_used: 0,
+        })
+    }
+
+    fn resolve(&self, node: usize, r: Res) -> Result<usize, GpuError> {
+        let missing =
+            |what: String| GpuError::Device(format!("node {node}: {what} has no GPU buffer"));
+        match r {
+            Res::Dummy => Ok(self.dummy),
+            Res::Scratch(k) => self.mem.scratch[node]
+                .get(k)
+                .copied()
+                .ok_or_else(|| missing(format!("scratch {k}"))),
+            Res::Tensor(t) => {
+                let place = &self.mem.place[self.mem.root[t]];
+                match place.as_slice() {
+                    [b] => Ok(*b),
+                    _ => Err(missing(format!(
+                        "tensor {t} `{}`",
+                        self.graph.tensors[t].name
+                    ))),
+                }
+            }
+            Res::Chunk(t, c) => self.mem.place[self.mem.root[t]]
+                .get(c)
+                .copied()
+                .ok_or_else(|| missing(format!("chunk {c} of tensor {t}"))),
+        }
+    }
+
+    fn param_slot(&mut self, params: &[u32]) -> Result<(usize, u64), GpuError> {
+        if let Some(&s) = self.param_slots.get(params) {
+            return Ok(s);
+        }
+        if params.len() * 4 > PARAM_SLOT as usize {
+            return Err(GpuError::Device(format!(
+                "{} bytes of kernel parameters",
+                params.len() * 4
+            )));
+        }
+        let per_buffer = PARAM_BUFFER / PARAM_SLOT;
+        let index = self.param_slots.len() as u64;
+        let (buf, off) = (
+            (index / per_buffer) as usize,
+            (index % per_buffer) * PARAM_SLOT,
+        );
+        if buf == self.params.len() {
+            self.params
+                .push(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("params"),
+                    size: PARAM_BUFFER,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }));
+        }
+        self.ctx
+            .queue
+            .write_buffer(&self.params[buf], off, bytemuck::cast_slice(params));
+        self.param_slots.insert(params.to_vec(), (buf, off));
+        self.param_used += PARAM_SLOT;
+        Ok((buf, off))
+    }
+
+    fn dispatch(&mut self, node: usize, s: &Step) -> Result<Dispatch, GpuError> {
+        let mut slots = vec![Slot::Uniform, Slot::Read, Slot::Write];
+        slots.extend(s.inputs.iter().map(|_| Slot::Read));
+        let pipeline = self.ctx.pipeline(s.kernel, s.entry, &s.constants, &slots)?;
+        let mut buffers = vec![self.syms, self.resolve(node, s.out)?];
+        for &r in &s.inputs {
+            buffers.push(self.resolve(node, r)?);
+        }
+        let params = self.param_slot(&s.params)?;
+        let key = BindKey {
+            slots,
+            params,
+            buffers,
+        };
+        let bind_group = match self.bind_groups.get(&key) {
+            Some(bg) => bg.clone(),
+            None => {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &self.params[params.0],
+                        offset: params.1,
+                        size: wgpu::BufferSize::new(PARAM_SLOT),
+                    }),
+                }];
+                for (i, &b) in key.buffers.iter().enumerate() {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: self.buffers[b].as_entire_binding(),
+                    });
+                }
+                let bg = self
+                    .ctx
+                    .scoped(|| {
+                        self.ctx
+                            .device
+                            .create_bind_group(&wgpu::BindGroupDescriptor {
+                                label: None,
+                                layout: &pipeline.layout,
+                                entries: &entries,
+                            })
+                    })
+                    .map_err(|e| {
+                        GpuError::Device(format!(
+                            "node {node}: binding {} `{}`: {e}",
+                            s.kernel, s.entry
+                        ))
+                    })?;
+                self.bind_groups.insert(key, bg.clone());
+                bg
+            }
+        };
+        Ok(Dispatch {
+            pipeline: pipeline.pipeline,
+            bind_group,
+            groups: s.groups,
+        })
+    }
+}

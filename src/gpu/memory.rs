@@ -1,0 +1,385 @@
+//! Where every tensor lives on the GPU, decided once at load from the graph's upper-bound shapes.
+//!
+//! - Representation: kernels compute in f32 and i32 only, so float tensors of any width are held
+//!   as f32 and integer/bool tensors as i32 (converted at upload and readback); packed 4/8-bit
+//!   weights stay raw bytes, read as u32 words by `linear` and `embedding`.
+//! - Constants get their own buffers, uploaded once; States get persistent buffers (zero, or their
+//!   initial value); each Input gets a buffer at its max size, written every call.
+//! - Activations share a pool: each alias root lives from the op that writes it to its last
+//!   reader, and takes the smallest free pooled buffer that fits (allocation before release, so an
+//!   op never reads and writes one buffer). Reshape outputs, and cache updates' outputs, alias
+//!   their input.
+//! - Weights larger than one storage binding (a 262144x1536 f32 table is 1.5 GiB; lavapipe binds
+//!   128 MiB) are split by rows into several buffers; `linear` and `embedding` run one dispatch per
+//!   chunk, each writing its own output columns or ids. A weight's scales and biases split at the
+//!   same rows. Any other tensor past the limit makes the graph unsupported.
+
+use super::ops;
+use crate::ir::{Graph, Node, OpKind, Role, TensorId};
+
+/// How a tensor's elements are held on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Repr {
+    F32,
+    I32,
+    /// Packed quantized weight bytes.
+    Raw,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum BufferKind {
+    /// Bytes `range` of the tensor's GPU representation.
+    Constant {
+        tensor: TensorId,
+        range: std::ops::Range<u64>,
+    },
+    State(TensorId),
+    Input,
+    Pool,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct BufferSpec {
+    pub size: u64,
+    pub kind: BufferKind,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct MemoryPlan {
+    pub repr: Vec<Repr>,
+    /// The tensor whose storage this one shares (itself when it owns storage).
+    pub root: Vec<TensorId>,
+    /// Per root: rows per chunk when split (with the bytes of one row), else `None`.
+    pub split: Vec<Option<(usize, u64)>>,
+    /// Per root: its buffers, one per chunk; empty for tensors nothing reads.
+    pub place: Vec<Vec<usize>>,
+    /// Per node: op-private scratch buffers.
+    pub scratch: Vec<Vec<usize>>,
+    pub buffers: Vec<BufferSpec>,
+}
+
+/// Bytes per element of a representation, given the IR dtype's size.
+pub(crate) fn elem_bytes(repr: Repr, dtype_size: usize) -> u64 {
+    match repr {
+        Repr::Raw => dtype_size as u64,
+        _ => 4,
+    }
+}
+
+/// Buffer sizes are rounded up to 16 bytes: kernels read some tensors as `array<vec4<f32>>`.
+pub(crate) fn padded(bytes: u64) -> u64 {
+    bytes.max(16).div_ceil(16) * 16
+}
+
+/// Byte totals by role, for `inspect` and logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    pub constants: u64,
+    pub states: u64,
+    pub inputs: u64,
+    pub activations: u64,
+}
+
+impl MemoryReport {
+    pub fn total(&self) -> u64 {
+        self.constants + self.states + self.inputs + self.activations
+    }
+}
+
+impl MemoryPlan {
+    pub fn bytes(&self, t: TensorId, g: &Graph) -> u64 {
+        g.tensors[t].max_numel() as u64 * elem_bytes(self.repr[t], g.tensors[t].dtype.size())
+    }
+
+    pub fn report(&self) -> MemoryReport {
+        let mut r = MemoryReport::default();
+        for b in &self.buffers {
+            match b.kind {
+                BufferKind::Constant { .. } => r.constants += b.size,
+                BufferKind::State(_) => r.states += b.size,
+                BufferKind::Input => r.inputs += b.size,
+                BufferKind::Pool => r.activations += b.size,
+            }
+        }
+        r
+    }
+
+    /// Plans storage, with a line for every tensor that cannot be placed (the plan is then only
+    /// good for reporting).
+    pub fn new(g: &Graph, max_binding: u64) -> (MemoryPlan, Vec<String>) {
+        let nt = g.tensors.len();
+        let mut errors = Vec::new();
+        let mut root: Vec<TensorId> = (0..nt).collect();
+        for node in &g.nodes {
+            if let Node::Op(op) = node {
+                if let Some((out, input)) = ops::alias(g, op) {
+                    root[out] = root[input];
+                }
+            }
+        }
+        // Representation per root, from dtype and from being read as a packed weight.
+        let mut repr: Vec<Repr> = g
+            .tensors
+            .iter()
+            .map(|t| {
+                if t.dtype.is_float() {
+                    Repr::F32
+                } else {
+                    Repr::I32
+                }
+            })
+            .collect();
+        for op in g.ops() {
+            if let Some(t) = ops::packed_weight(op) {
+                repr[root[t]] = Repr::Raw;
+            }
+        }
+        for t in 0..nt {
+            repr[t] = repr[root[t]];
+        }
+        let plan_bytes = |t: TensorId, repr: &[Repr]| {
+            g.tensors[t].max_numel() as u64 * elem_bytes(repr[t], g.tensors[t].dtype.size())
+        };
+        let mut bytes = vec![0u64; nt];
+        for t in 0..nt {
+            let b = plan_bytes(t, &repr);
+            bytes[root[t]] = bytes[root[t]].max(b);
+        }
+
+        // Row splitting: a group (a weight and its scales/biases) splits at the same rows; a
+        // tensor in several groups (a tied embedding) takes the smallest chunk of any of them.
+        let groups: Vec<Vec<TensorId>> = g
+            .ops()
+            .map(ops::weight_tensors)
+            .filter(|v| !v.is_empty())
+            .collect();
+        let row_bytes = |t: TensorId| -> Option<(usize, u64)> {
+            match g.tensors[t].max_shape.as_slice() {
+                [r, c] => Some((
+                    *r,
+                    *c as u64 * elem_bytes(repr[t], g.tensors[t].dtype.size()),
+                )),
+                _ => None,
+            }
+        };
+        let mut split: Vec<Option<(usize, u64)>> = vec![None; nt];
+        for group in &groups {
+            if !group.iter().any(|&t| bytes[root[t]] > max_binding) {
+                continue;
+            }
+            for &t in group {
+                let Some((rows, rb)) = row_bytes(t) else {
+                    errors.push(format!(
+                        "tensor {t} `{}` is too large to bind and is not 2-D",
+                        g.tensors[t].name
+                    ));
+                    continue;
+                };
+                if rb > max_binding {
+                    errors.push(format!(
+                        "tensor {t} `{}`: one row of {rb} bytes exceeds the device's {max_binding}-byte storage binding",
+                        g.tensors[t].name
+                    ));
+                    continue;
+                }
+                let per = ((max_binding / rb.max(1)) as usize).min(rows.max(1));
+                let r = root[t];
+                split[r] = Some(match split[r] {
+                    Some((p, b)) if b != rb => {
+                        errors.push(format!(
+                            "tensor {t} `{}` is split with two row sizes",
+                            g.tensors[t].name
+                        ));
+                        (p, b)
+                    }
+                    Some((p, b)) => (p.min(per), b),
+                    None => (per, rb),
+                });
+            }
+        }
+        // Members of one group must agree on rows per chunk: settle on the minimum.
+        loop {
+            let mut changed = false;
+            for group in &groups {
+                let min = group
+                    .iter()
+                    .filter_map(|&t| split[root[t]].map(|s| s.0))
+                    .min();
+                let Some(min) = min else { continue };
+                for &t in group {
+                    let r = root[t];
+                    match split[r] {
+                        Some((p, b)) if p != min => {
+                            split[r] = Some((min, b));
+                            changed = true;
+                        }
+                        None => {
+                            if let Some((_, rb)) = row_bytes(t) {
+                                split[r] = Some((min, rb));
+                                changed = true;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+
+        // Who reads what, and when.
+        let never = usize::MAX;
+        let mut first_write = vec![never; nt];
+        let mut last_read = vec![0usize; nt];
+        let mut used = vec![false; nt];
+        for (n, node) in g.nodes.iter().enumerate() {
+            let Node::Op(op) = node else { continue };
+            let weights = ops::weight_tensors(op);
+            for &t in &op.inputs {
+                let r = root[t];
+                used[r] = true;
+                last_read[r] = last_read[r].max(n);
+                if split[r].is_some() && !weights.contains(&t) {
+                    errors.push(format!(
+                        "tensor {t} `{}` is split by rows (too large to bind) but {} reads it whole",
+                        g.tensors[t].name,
+                        op.kind.label()
+                    ));
+                }
+            }
+            for &t in &op.outputs {
+                let r = root[t];
+                used[r] = true;
+                first_write[r] = first_write[r].min(n);
+            }
+        }
+        for (k, &t) in g.outputs.iter().enumerate() {
+            let r = root[t];
+            used[r] = true;
+            last_read[r] = never;
+            if split[r].is_some() && !matches!(g.tensors[r].role, Role::Constant(_)) {
+                errors.push(format!("output {k} is too large to bind"));
+            }
+        }
+        for t in 0..nt {
+            if root[t] == t && used[t] && split[t].is_none() && bytes[t] > max_binding {
+                errors.push(format!(
+                    "tensor {t} `{}` needs {} bytes, more than the device's {max_binding}-byte storage binding",
+                    g.tensors[t].name, bytes[t]
+                ));
+            }
+        }
+
+        let mut buffers = Vec::new();
+        let mut place: Vec<Vec<usize>> = vec![Vec::new(); nt];
+        let mut pooled = Vec::new();
+        for t in 0..nt {
+            if root[t] != t || !used[t] {
+                continue;
+            }
+            let size = bytes[t];
+            match &g.tensors[t].role {
+                Role::Constant(_) => {
+                    let chunk = split[t]
+                        .map_or(size.max(1), |(rows, rb)| rows as u64 * rb)
+                        .max(1);
+                    let mut start = 0;
+                    while start < size.max(1) {
+                        let end = (start + chunk).min(size);
+                        place[t].push(buffers.len());
+                        buffers.push(BufferSpec {
+                            size: padded(end - start),
+                            kind: BufferKind::Constant {
+                                tensor: t,
+                                range: start..end,
+                            },
+                        });
+                        start += chunk;
+                    }
+                }
+                Role::State(_) => {
+                    place[t].push(buffers.len());
+                    buffers.push(BufferSpec {
+                        size: padded(size),
+                        kind: BufferKind::State(t),
+                    });
+                }
+                Role::Input(_) => {
+                    place[t].push(buffers.len());
+                    buffers.push(BufferSpec {
+                        size: padded(size),
+                        kind: BufferKind::Input,
+                    });
+                }
+                Role::Activation => pooled.push(t),
+            }
+        }
+
+        // Liveness-ordered pool: at each node, allocate what it writes (and its scratch), then
+        // release what it read last.
+        let mut scratch: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
+        let mut free: Vec<usize> = Vec::new();
+        let take = |size: u64, buffers: &mut Vec<BufferSpec>, free: &mut Vec<usize>| -> usize {
+            let size = padded(size);
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, &b)| buffers[b].size >= size)
+                .min_by_key(|(_, &b)| buffers[b].size)
+                .map(|(i, _)| i);
+            match best {
+                Some(i) => free.swap_remove(i),
+                None => {
+                    buffers.push(BufferSpec {
+                        size,
+                        kind: BufferKind::Pool,
+                    });
+                    buffers.len() - 1
+                }
+            }
+        };
+        // Activations nothing writes (a malformed graph) still get storage, live throughout.
+        for &t in &pooled {
+            if first_write[t] == never {
+                place[t].push(take(bytes[t], &mut buffers, &mut free));
+            }
+        }
+        for (n, node) in g.nodes.iter().enumerate() {
+            let Node::Op(op) = node else { continue };
+            for &t in &pooled {
+                if first_write[t] == n {
+                    place[t].push(take(bytes[t], &mut buffers, &mut free));
+                }
+            }
+            for s in ops::scratch_bytes(g, op) {
+                scratch[n].push(take(s, &mut buffers, &mut free));
+            }
+            free.extend(scratch[n].iter().copied());
+            for &t in &pooled {
+                if first_write[t] != never && last_read[t].max(first_write[t]) == n {
+                    free.extend(place[t].iter().copied());
+                }
+            }
+        }
+        let plan = MemoryPlan {
+            repr,
+            root,
+            split,
+            place,
+            scratch,
+            buffers,
+        };
+        (plan, errors)
+    }
+}
+
+/// Whether an op's output should alias its input rather than be copied.
+pub(crate) fn aliases(g: &Graph, kind: &OpKind, out: TensorId, input: TensorId) -> bool {
+    let out_state = matches!(g.tensors[out].role, Role::State(_));
+    match kind {
+        OpKind::Reshape { .. } => !out_state,
+        OpKind::CacheUpdate { .. } => !out_state || out == input,
+        _ => false,
+    }
+}

@@ -1,0 +1,34 @@
+//! The GPU executor: runs an `ir::Graph` through wgpu with Pteria's WGSL kernels (`kernels/`, one
+//! file per op family, found by `OpKind::name()`).
+//!
+//! `context` opens the device and caches pipelines; `memory` decides where each tensor lives;
+//! `ops` turns one IR op into kernel dispatches; `executor` records a whole call once per shape
+//! signature and replays it. The CPU executor (`ir::cpu`) is the reference every kernel is tested
+//! against, and the fallback when `Context::new` finds no usable GPU.
+
+mod context;
+mod executor;
+mod memory;
+mod ops;
+
+pub use context::{AdapterSummary, Context, ContextOptions};
+pub use executor::{ExecutorStats, GpuExecutor};
+pub use memory::MemoryReport;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU adapter: {0}")]
+    NoAdapter(String),
+    #[error("GPU device: {0}")]
+    Device(String),
+    #[error("the GPU executor does not support this graph:\n  {}", .0.join("\n  "))]
+    Unsupported(Vec<String>),
+    #[error("kernel `{kernel}` entry `{entry}`: {msg}")]
+    Shader {
+        kernel: &'static str,
+        entry: &'static str,
+        msg: String,
+    },
+    #[error(transparent)]
+    Ir(#[from] crate::ir::IrError),
+}

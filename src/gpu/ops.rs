@@ -1,0 +1,1141 @@
+//! One IR op → kernel dispatches. Each op family has one builder here and one WGSL file in
+//! `kernels/` (found by `OpKind::name()`); a builder picks the entry point, the `override`
+//! constants that specialise it, the uniform parameters for this call's shapes, the buffers to
+//! bind, and the grid. Host symbols that are positions (rope/sdpa/cache `start`, slice start,
+//! select index) are not baked in: kernels read them from the syms buffer by slot, so one
+//! recording serves every decode position.
+//!
+//! Binding convention of every kernel: 0 = uniform params, 1 = syms (i32), 2 = output, 3.. =
+//! inputs in the order given. Entry points that statically reference a binding they do not use
+//! in some variant get a 16-byte dummy there.
+
+use super::memory::{aliases, MemoryPlan, Repr};
+use crate::ir::{
+    AttnLayout, BinaryOp, DType, Graph, Int, Op, OpKind, Plan, RopeStyle, TensorId, UnaryOp, Weight,
+};
+
+/// Tensors of rank up to this many dims are supported (uniform arrays of two vec4).
+pub(crate) const MAX_RANK: usize = 8;
+
+/// A buffer a dispatch binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Res {
+    /// The tensor's storage (through its alias root), whole.
+    Tensor(TensorId),
+    /// Chunk `c` of a weight split by rows (chunk 0 of an unsplit one is the whole tensor).
+    Chunk(TensorId, usize),
+    /// Scratch buffer `k` of the op being built.
+    Scratch(usize),
+    Dummy,
+}
+
+/// One kernel dispatch.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub kernel: &'static str,
+    pub entry: &'static str,
+    pub constants: Vec<(&'static str, f64)>,
+    pub params: Vec<u32>,
+    pub out: Res,
+    pub inputs: Vec<Res>,
+    pub groups: [u32; 3],
+}
+
+/// What a builder may ask about the graph and this call.
+pub(crate) struct Env<'a> {
+    pub graph: &'a Graph,
+    pub plan: &'a Plan,
+    pub mem: &'a MemoryPlan,
+    /// Slot of an `Int` in the syms buffer: symbols first, then the graph's literals.
+    pub slot: &'a dyn Fn(Int) -> u32,
+    pub max_groups: u32,
+}
+
+impl Env<'_> {
+    fn shape(&self, t: TensorId) -> &[usize] {
+        &self.plan.shapes[t]
+    }
+    fn numel(&self, t: TensorId) -> usize {
+        self.shape(t).iter().product()
+    }
+    fn int(&self, t: TensorId) -> bool {
+        self.mem.repr[t] == Repr::I32
+    }
+    fn out_int(&self, t: TensorId) -> bool {
+        !self.graph.tensors[t].dtype.is_float()
+    }
+    /// Rows per chunk and chunk count of a weight tensor with `rows` rows.
+    fn chunks(&self, t: TensorId, rows: usize) -> (usize, usize) {
+        match self.mem.split[self.mem.root[t]] {
+            Some((per, _)) => (per, rows.div_ceil(per).max(1)),
+            None => (rows.max(1), 1),
+        }
+    }
+    /// A grid of `n` workgroups, folded into y when x would pass the device limit; kernels
+    /// linearise it as `wg.x + wg.y * nwg.x` and bound-check.
+    fn grid(&self, n: usize, z: usize) -> [u32; 3] {
+        let max = self.max_groups as usize;
+        if n <= max {
+            [n as u32, 1, z as u32]
+        } else {
+            [max as u32, n.div_ceil(max) as u32, z as u32]
+        }
+    }
+}
+
+/// Uniform parameters in WGSL struct order: scalars are 4 bytes, arrays start 16-aligned.
+#[derive(Default)]
+struct P(Vec<u32>);
+
+impl P {
+    fn u(mut self, v: usize) -> Self {
+        self.0.push(v as u32);
+        self
+    }
+    fn i(mut self, v: i64) -> Self {
+        self.0
+            .push(v.clamp(i32::MIN as i64, i32::MAX as i64) as i32 as u32);
+        self
+    }
+    fn f(mut self, v: f32) -> Self {
+        self.0.push(v.to_bits());
+        self
+    }
+    /// `array<vec4<u32>, 2>` (or `vec4<u32>` with `n` = 4).
+    fn arr(mut self, v: &[usize], n: usize) -> Self {
+        while self.0.len() % 4 != 0 {
+            self.0.push(0);
+        }
+        self.0
+            .extend((0..n).map(|i| v.get(i).copied().unwrap_or(0) as u32));
+        self
+    }
+    fn pad(mut self) -> Self {
+        while self.0.len() % 4 != 0 {
+            self.0.push(0);
+        }
+        self
+    }
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    crate::runtime::kernels::strides(shape)
+}
+
+/// Strides of `src` broadcast over `out` (right-aligned, 0 on broadcast dims).
+fn broadcast_strides(src: &[usize], out: &[usize]) -> Vec<usize> {
+    let st = strides(src);
+    let off = out.len() - src.len().min(out.len());
+    (0..out.len())
+        .map(|d| {
+            if d < off {
+                0
+            } else {
+                let j = d - off;
+                if src[j] == 1 {
+                    0
+                } else {
+                    st[j]
+                }
+            }
+        })
+        .collect()
+}
+
+fn b(v: bool) -> f64 {
+    v as u32 as f64
+}
+
+const WG: usize = 256;
+
+/// The output of an op that shares its input's storage instead of being computed.
+pub(crate) fn alias(g: &Graph, op: &Op) -> Option<(TensorId, TensorId)> {
+    let (out, input) = (*op.outputs.first()?, *op.inputs.first()?);
+    match op.kind {
+        OpKind::Reshape { .. } | OpKind::CacheUpdate { .. } if aliases(g, &op.kind, out, input) => {
+            Some((out, input))
+        }
+        _ => None,
+    }
+}
+
+/// The packed 4/8-bit weight an op reads as raw bytes.
+pub(crate) fn packed_weight(op: &Op) -> Option<TensorId> {
+    match op.kind {
+        OpKind::Linear {
+            weight: Weight::Q4 { .. } | Weight::Q8 { .. },
+            ..
+        } => op.inputs.get(1).copied(),
+        OpKind::Embedding {
+            weight: Weight::Q4 { .. } | Weight::Q8 { .. },
+        } => op.inputs.first().copied(),
+        _ => None,
+    }
+}
+
+/// Weight tensors an op reads by rows (and so may read split into chunks).
+pub(crate) fn weight_tensors(op: &Op) -> Vec<TensorId> {
+    match &op.kind {
+        OpKind::Linear { weight, .. } => op
+            .inputs
+            .iter()
+            .skip(1)
+            .take(weight.tensor_count())
+            .copied()
+            .collect(),
+        OpKind::Embedding { weight } => op
+            .inputs
+            .iter()
+            .take(weight.tensor_count())
+            .copied()
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Op-private temporaries, at their max size.
+pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
+    match op.kind {
+        OpKind::Linear {
+            act_quant: true, ..
+        } => vec![g.tensors[op.inputs[0]].max_numel() as u64 * 4],
+        _ => Vec::new(),
+    }
+}
+
+/// Why the GPU executor cannot run an op, if it cannot; checked for every op at load.
+pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
+    let t = |i: usize| op.inputs.get(i).copied();
+    let rank_ok = op
+        .inputs
+        .iter()
+        .chain(&op.outputs)
+        .all(|&t| g.tensors[t].max_shape.len() <= MAX_RANK);
+    if !rank_ok {
+        return Some(format!("tensors of rank above {MAX_RANK}"));
+    }
+    let n_in = |n: usize| {
+        (op.inputs.len() < n).then(|| format!("needs {n} inputs, has {}", op.inputs.len()))
+    };
+    if op.outputs.is_empty() {
+        return Some("has no output".into());
+    }
+    let out = op.outputs[0];
+    let raw = packed_weight(op);
+    for &i in &op.inputs {
+        if mem.repr[i] == Repr::Raw && Some(i) != raw {
+            return Some(format!(
+                "reads packed weight `{}` as a tensor",
+                g.tensors[i].name
+            ));
+        }
+    }
+    if let Some(w) = raw {
+        if !matches!(g.tensors[mem.root[w]].role, crate::ir::Role::Constant(_)) {
+            return Some("packed weights must be constants".into());
+        }
+    }
+    let float_in = |idx: &[usize]| -> Option<String> {
+        idx.iter()
+            .filter_map(|&i| t(i))
+            .find(|&i| mem.repr[i] != Repr::F32)
+            .map(|i| format!("integer input `{}`", g.tensors[i].name))
+    };
+    let float_out = || (!g.tensors[out].dtype.is_float()).then(|| "integer output".to_string());
+    match &op.kind {
+        OpKind::Unary(_)
+        | OpKind::Cast
+        | OpKind::Copy
+        | OpKind::Clamp { .. }
+        | OpKind::BinaryScalar { .. } => n_in(1),
+        OpKind::Binary(_) => n_in(2),
+        OpKind::Where => n_in(3),
+        OpKind::RmsNorm { .. } => n_in(1).or_else(|| float_in(&[0, 1])).or_else(float_out),
+        OpKind::Softmax | OpKind::Mean { .. } => {
+            n_in(1).or_else(|| float_in(&[0])).or_else(float_out)
+        }
+        OpKind::Rope { .. } => n_in(3).or_else(|| float_in(&[0, 1, 2])).or_else(float_out),
+        OpKind::Sdpa { .. } => n_in(3)
+            .or_else(|| float_in(&[0, 1, 2, 3]))
+            .or_else(float_out)
+            .or_else(|| {
+                let r = |i: usize| g.tensors[op.inputs[i]].max_shape.len();
+                (r(0) != 4 || r(1) != 4 || r(2) != 4).then(|| "q, k, v must be 4-D".to_string())
+            }),
+        OpKind::Linear {
+            weight, has_bias, ..
+        } => {
+            let need = 1 + weight.tensor_count() + *has_bias as usize;
+            let mut idx = vec![0];
+            if *weight != Weight::F32 {
+                idx.extend([2, 3]);
+            } else {
+                idx.push(1);
+            }
+            if *has_bias {
+                idx.push(1 + weight.tensor_count());
+            }
+            n_in(need).or_else(|| float_in(&idx)).or_else(float_out)
+        }
+        OpKind::Embedding { weight } => {
+            let idx: Vec<usize> = if *weight == Weight::F32 {
+                vec![0]
+            } else {
+                vec![1, 2]
+            };
+            n_in(weight.tensor_count() + 1)
+                .or_else(|| float_in(&idx))
+                .or_else(float_out)
+        }
+        OpKind::MatMul => n_in(2)
+            .or_else(|| float_in(&[0, 1]))
+            .or_else(float_out)
+            .or_else(|| {
+                let r = g.tensors[out].max_shape.len();
+                (r > 6).then(|| "more than 4 batch dims".to_string())
+            }),
+        OpKind::CacheUpdate { .. } => n_in(2).or_else(|| {
+            (mem.repr[op.inputs[0]] != mem.repr[op.inputs[1]])
+                .then(|| "cache and value differ in type".to_string())
+        }),
+        OpKind::Reshape { .. }
+        | OpKind::Permute { .. }
+        | OpKind::Slice { .. }
+        | OpKind::Select { .. }
+        | OpKind::Expand { .. } => n_in(1),
+        OpKind::Concat { .. } => n_in(1),
+        OpKind::IndexSelect { .. } => n_in(2),
+        OpKind::Full { .. } => None,
+    }
+}
+
+fn step(
+    kernel: &'static str,
+    entry: &'static str,
+    constants: Vec<(&'static str, f64)>,
+    params: P,
+    out: Res,
+    inputs: Vec<Res>,
+    groups: [u32; 3],
+) -> Step {
+    Step {
+        kernel,
+        entry,
+        constants,
+        params: params.pad().0,
+        out,
+        inputs,
+        groups,
+    }
+}
+
+/// `(CONVERT code)` for moving a tensor of representation `from` into output tensor `to`;
+/// `bool_ne` converts to bool as `x != 0` (cast/copy) instead of by truncation.
+fn convert(env: &Env, from: TensorId, to: TensorId, bool_ne: bool) -> u32 {
+    let (fi, ti) = (env.int(from), env.out_int(to));
+    if bool_ne && env.graph.tensors[to].dtype == DType::Bool {
+        return if fi { 4 } else { 3 };
+    }
+    match (fi, ti) {
+        (true, false) => 1,
+        (false, true) => 2,
+        _ => 0,
+    }
+}
+
+/// A strided copy: `src` elements at `src_strides` over `shape` into `dst_strides`.
+#[allow(clippy::too_many_arguments)]
+fn gather(
+    env: &Env,
+    x: TensorId,
+    out: TensorId,
+    shape: &[usize],
+    src_strides: &[usize],
+    dst_strides: &[usize],
+    dst_base: usize,
+    dynamic: Option<(Int, usize, usize)>,
+    conv: u32,
+) -> Vec<Step> {
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return Vec::new();
+    }
+    let (slot, dn, ds) = match dynamic {
+        Some((v, n, s)) => ((env.slot)(v), n, s),
+        None => (u32::MAX, 0, 0),
+    };
+    let params = P::default()
+        .u(n)
+        .u(shape.len())
+        .u(0)
+        .u(dst_base)
+        .u(slot as usize)
+        .i(dn as i64)
+        .u(ds)
+        .u(0)
+        .arr(shape, 8)
+        .arr(src_strides, 8)
+        .arr(dst_strides, 8);
+    vec![step(
+        "layout",
+        "gather",
+        vec![("CONVERT", conv as f64)],
+        params,
+        Res::Tensor(out),
+        vec![Res::Tensor(x)],
+        env.grid(n.div_ceil(WG), 1),
+    )]
+}
+
+fn is_cmp(op: BinaryOp) -> bool {
+    op.is_comparison()
+}
+
+/// The dispatches of one op for this call's shapes.
+pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
+    let out = op.outputs[0];
+    let oshape = env.shape(out).to_vec();
+    let n = env.numel(out);
+    let x = op.inputs.first().copied().unwrap_or(out);
+    let out_float = !env.out_int(out);
+    let ew = |entry: &'static str,
+              constants: Vec<(&'static str, f64)>,
+              params: P,
+              inputs: Vec<Res>|
+     -> Vec<Step> {
+        if n == 0 {
+            return Vec::new();
+        }
+        vec![step(
+            "elementwise",
+            entry,
+            constants,
+            params,
+            Res::Tensor(out),
+            inputs,
+            env.grid(n.div_ceil(WG), 1),
+        )]
+    };
+    let ew_params = |shapes: &[&[usize]]| -> (bool, P) {
+        let bcast = shapes.iter().any(|s| *s != oshape.as_slice());
+        let mut p = P::default()
+            .u(n)
+            .u(oshape.len())
+            .f(0.0)
+            .i(0)
+            .f(0.0)
+            .f(0.0)
+            .i(0)
+            .i(0)
+            .arr(&oshape, 8);
+        for k in 0..3 {
+            p = match shapes.get(k) {
+                Some(s) => p.arr(&broadcast_strides(s, &oshape), 8),
+                None => p.arr(&[], 8),
+            };
+        }
+        (bcast, p)
+    };
+    Ok(match &op.kind {
+        OpKind::Unary(u) => {
+            let int_math = !out_float
+                && matches!(
+                    u,
+                    UnaryOp::Neg | UnaryOp::Abs | UnaryOp::LogicalNot | UnaryOp::Square
+                );
+            let c = vec![
+                ("OP", *u as u32 as f64),
+                ("A_INT", b(env.int(x))),
+                ("OUT_INT", b(!out_float)),
+                ("INT_MATH", b(int_math)),
+            ];
+            ew("unary", c, ew_params(&[]).1, vec![Res::Tensor(x)])
+        }
+        OpKind::Binary(bo) => {
+            let (a, bb) = (op.inputs[0], op.inputs[1]);
+            let int_math = env.int(a) && env.int(bb) && (!out_float || is_cmp(*bo));
+            let (bcast, p) = ew_params(&[env.shape(a), env.shape(bb)]);
+            let c = vec![
+                ("OP", *bo as u32 as f64),
+                ("A_INT", b(env.int(a))),
+                ("B_INT", b(env.int(bb))),
+                ("OUT_INT", b(!out_float)),
+                ("INT_MATH", b(int_math)),
+                ("BCAST", b(bcast)),
+            ];
+            ew("binary", c, p, vec![Res::Tensor(a), Res::Tensor(bb)])
+        }
+        OpKind::BinaryScalar {
+            op: bo,
+            scalar,
+            scalar_first,
+        } => {
+            // The reference takes an integral scalar as an integer only for integer tensors
+            // and outputs; it computes in integers exactly then.
+            let s_int = *scalar == scalar.trunc() && env.int(x) && !out_float;
+            let p = P::default().u(n).u(0).f(*scalar as f32).i(*scalar as i64);
+            let c = vec![
+                ("OP", *bo as u32 as f64),
+                ("A_INT", b(env.int(x))),
+                ("OUT_INT", b(!out_float)),
+                ("INT_MATH", b(s_int)),
+                ("SCALAR", if *scalar_first { 2.0 } else { 1.0 }),
+            ];
+            ew(
+                "binary",
+                c,
+                p.f(0.0).f(0.0).i(0).i(0),
+                vec![Res::Tensor(x), Res::Dummy],
+            )
+        }
+        OpKind::Where => {
+            let (c, a, bb) = (op.inputs[0], op.inputs[1], op.inputs[2]);
+            let (bcast, p) = ew_params(&[env.shape(c), env.shape(a), env.shape(bb)]);
+            let k = vec![
+                ("A_INT", b(env.int(c))),
+                ("B_INT", b(env.int(a))),
+                ("C_INT", b(env.int(bb))),
+                ("OUT_INT", b(!out_float)),
+                ("INT_MATH", b(!out_float)),
+                ("BCAST", b(bcast)),
+            ];
+            ew(
+                "where_select",
+                k,
+                p,
+                vec![Res::Tensor(c), Res::Tensor(a), Res::Tensor(bb)],
+            )
+        }
+        OpKind::Clamp { min, max } => {
+            let (lo, hi) = (
+                min.unwrap_or(f64::NEG_INFINITY),
+                max.unwrap_or(f64::INFINITY),
+            );
+            let p = P::default()
+                .u(n)
+                .u(0)
+                .f(0.0)
+                .i(0)
+                .f(lo as f32)
+                .f(hi as f32)
+                .i(lo as i64)
+                .i(hi as i64);
+            let c = vec![("A_INT", b(env.int(x))), ("OUT_INT", b(!out_float))];
+            ew("clamp_range", c, p, vec![Res::Tensor(x)])
+        }
+        OpKind::Cast => {
+            let c = vec![
+                ("A_INT", b(env.int(x))),
+                ("OUT_INT", b(!out_float)),
+                ("OUT_BOOL", b(env.graph.tensors[out].dtype == DType::Bool)),
+            ];
+            ew("convert", c, P::default().u(n), vec![Res::Tensor(x)])
+        }
+        OpKind::Copy => gather(
+            env,
+            x,
+            out,
+            &[n],
+            &[1],
+            &[1],
+            0,
+            None,
+            convert(env, x, out, true),
+        ),
+        OpKind::RmsNorm { eps } => {
+            let d = *oshape.last().ok_or("rms_norm of a scalar")?;
+            let rows = n.checked_div(d).unwrap_or(0);
+            let has_w = op.inputs.len() > 1;
+            let w = if has_w {
+                Res::Tensor(op.inputs[1])
+            } else {
+                Res::Dummy
+            };
+            if rows == 0 {
+                return Ok(Vec::new());
+            }
+            vec![step(
+                "rms_norm",
+                "main",
+                vec![("HAS_W", b(has_w))],
+                P::default().u(rows).u(d).f(*eps),
+                Res::Tensor(out),
+                vec![Res::Tensor(x), w],
+                env.grid(rows, 1),
+            )]
+        }
+        OpKind::Softmax => {
+            let d = *oshape.last().ok_or("softmax of a scalar")?;
+            let rows = n.checked_div(d).unwrap_or(0);
+            if rows == 0 {
+                return Ok(Vec::new());
+            }
+            vec![step(
+                "softmax",
+                "main",
+                vec![],
+                P::default().u(rows).u(d),
+                Res::Tensor(out),
+                vec![Res::Tensor(x)],
+                env.grid(rows, 1),
+            )]
+        }
+        OpKind::Mean { dims, .. } => {
+            let xs = env.shape(x).to_vec();
+            let st = strides(&xs);
+            let kept: Vec<usize> = (0..xs.len()).filter(|d| !dims.contains(d)).collect();
+            let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
+            let n_out: usize = kept.iter().map(|&d| xs[d]).product();
+            let n_red: usize = dims.iter().map(|&d| xs[d]).product();
+            if n_out == 0 {
+                return Ok(Vec::new());
+            }
+            let p = P::default()
+                .u(n_out)
+                .u(n_red)
+                .u(kept.len())
+                .u(dims.len())
+                .arr(&pick(&kept, &xs), 8)
+                .arr(&pick(&kept, &st), 8)
+                .arr(&pick(dims, &xs), 8)
+                .arr(&pick(dims, &st), 8);
+            vec![step(
+                "reduce",
+                "mean",
+                vec![],
+                p,
+                Res::Tensor(out),
+                vec![Res::Tensor(x)],
+                env.grid(n_out, 1),
+            )]
+        }
+        OpKind::Linear {
+            weight,
+            act_quant,
+            has_bias,
+        } => linear(env, op, *weight, *act_quant, *has_bias)?,
+        OpKind::MatMul => matmul(env, op)?,
+        OpKind::Embedding { weight } => embedding(env, op, *weight)?,
+        OpKind::Rope {
+            style,
+            rotary,
+            seq_dim,
+            start,
+        } => {
+            let xs = env.shape(x);
+            let d = *xs.last().ok_or("rope of a scalar")?;
+            let half = rotary / 2;
+            let seq_len = *xs.get(*seq_dim).ok_or("rope seq_dim out of range")?;
+            let table_rows = env.numel(op.inputs[1]).checked_div(half).unwrap_or(0);
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let p = P::default()
+                .u(n)
+                .u(d)
+                .u(half)
+                .u(strides(xs)[*seq_dim])
+                .u(seq_len)
+                .u((env.slot)(*start) as usize)
+                .u(table_rows);
+            vec![step(
+                "rope",
+                "main",
+                vec![("INTERLEAVED", b(*style == RopeStyle::Interleaved))],
+                p,
+                Res::Tensor(out),
+                vec![
+                    Res::Tensor(x),
+                    Res::Tensor(op.inputs[1]),
+                    Res::Tensor(op.inputs[2]),
+                ],
+                env.grid(n.div_ceil(WG), 1),
+            )]
+        }
+        OpKind::Sdpa {
+            layout,
+            scale,
+            causal,
+            window,
+            softcap,
+            start,
+        } => sdpa(env, op, *layout, *scale, *causal, *window, *softcap, *start)?,
+        OpKind::CacheUpdate { axis, start } => {
+            let (cache, value) = (op.inputs[0], op.inputs[1]);
+            let (cs, vs) = (env.shape(cache).to_vec(), env.shape(value).to_vec());
+            if *axis >= cs.len() || vs.len() != cs.len() {
+                return Err(format!("update of {vs:?} does not fit cache {cs:?}"));
+            }
+            let inner: usize = cs[axis + 1..].iter().product();
+            let nv: usize = vs.iter().product();
+            let mut steps = Vec::new();
+            if nv > 0 {
+                let p = P::default()
+                    .u(nv)
+                    .u(inner)
+                    .u(vs[*axis])
+                    .u(cs[*axis])
+                    .u((env.slot)(*start) as usize);
+                steps.push(step(
+                    "cache_update",
+                    "main",
+                    vec![],
+                    p,
+                    Res::Tensor(cache),
+                    vec![Res::Tensor(value)],
+                    env.grid(nv.div_ceil(WG), 1),
+                ));
+            }
+            if !aliases(env.graph, &op.kind, out, cache) {
+                steps.extend(gather(env, cache, out, &[n], &[1], &[1], 0, None, 0));
+            }
+            steps
+        }
+        OpKind::Reshape { .. } => {
+            if aliases(env.graph, &op.kind, out, x) {
+                Vec::new()
+            } else {
+                gather(env, x, out, &[n], &[1], &[1], 0, None, 0)
+            }
+        }
+        OpKind::Permute { perm } => {
+            let st = strides(env.shape(x));
+            let src: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+            gather(
+                env,
+                x,
+                out,
+                &oshape,
+                &src,
+                &strides(&oshape),
+                0,
+                None,
+                convert(env, x, out, false),
+            )
+        }
+        OpKind::Slice {
+            dim,
+            start,
+            step: stp,
+            ..
+        } => {
+            let xs = env.shape(x);
+            let mut st = strides(xs);
+            let base = st[*dim];
+            st[*dim] *= stp;
+            let dynamic = Some((*start, xs[*dim], base));
+            gather(
+                env,
+                x,
+                out,
+                &oshape,
+                &st,
+                &strides(&oshape),
+                0,
+                dynamic,
+                convert(env, x, out, false),
+            )
+        }
+        OpKind::Select { dim, index } => {
+            let xs = env.shape(x);
+            let mut st = strides(xs);
+            let base = st.remove(*dim);
+            let dynamic = Some((*index, xs[*dim], base));
+            gather(
+                env,
+                x,
+                out,
+                &oshape,
+                &st,
+                &strides(&oshape),
+                0,
+                dynamic,
+                convert(env, x, out, false),
+            )
+        }
+        OpKind::Concat { dim } => {
+            let ost = strides(&oshape);
+            let mut at = 0;
+            let mut steps = Vec::new();
+            for &part in &op.inputs {
+                let ps = env.shape(part).to_vec();
+                steps.extend(gather(
+                    env,
+                    part,
+                    out,
+                    &ps,
+                    &strides(&ps),
+                    &ost,
+                    at * ost[*dim],
+                    None,
+                    convert(env, part, out, false),
+                ));
+                at += ps[*dim];
+            }
+            steps
+        }
+        OpKind::Expand { .. } => {
+            let src = broadcast_strides(env.shape(x), &oshape);
+            gather(
+                env,
+                x,
+                out,
+                &oshape,
+                &src,
+                &strides(&oshape),
+                0,
+                None,
+                convert(env, x, out, false),
+            )
+        }
+        OpKind::IndexSelect { dim } => {
+            let xs = env.shape(x);
+            let idx = op.inputs[1];
+            let inner: usize = xs[dim + 1..].iter().product();
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let p = P::default().u(n).u(inner).u(env.numel(idx)).u(xs[*dim]);
+            vec![step(
+                "layout",
+                "index_select",
+                vec![("IDX_INT", b(env.int(idx)))],
+                p,
+                Res::Tensor(out),
+                vec![Res::Tensor(x), Res::Tensor(idx)],
+                env.grid(n.div_ceil(WG), 1),
+            )]
+        }
+        OpKind::Full { value, .. } => {
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let bits = if out_float {
+                (*value as f32).to_bits()
+            } else {
+                (*value as i64).clamp(i32::MIN as i64, i32::MAX as i64) as i32 as u32
+            };
+            vec![step(
+                "full",
+                "main",
+                vec![],
+                P::default().u(n).u(bits as usize),
+                Res::Tensor(out),
+                vec![],
+                env.grid(n.div_ceil(WG), 1),
+            )]
+        }
+    })
+}
+
+/// Packed words hold 8 nibbles or 4 bytes; the mat-vec kernel needs whole words per row and per
+/// group.
+fn matvec_aligned(weight: Weight, k: usize) -> bool {
+    match weight {
+        Weight::F32 => true,
+        Weight::Q4 { group } => group % 8 == 0 && k % 8 == 0 && k % group == 0,
+        Weight::Q8 { group } => group % 4 == 0 && k % 4 == 0 && k % group == 0,
+    }
+}
+
+/// Outputs per workgroup of `matvec_q` (its `ROWS`).
+const MATVEC_ROWS: usize = 8;
+
+/// Rows of x up to which the mat-vec kernel (weights re-read per row) beats the tiled one.
+const MATVEC_MAX_M: usize = 8;
+
+fn linear(
+    env: &Env,
+    op: &Op,
+    weight: Weight,
+    act_quant: bool,
+    has_bias: bool,
+) -> Result<Vec<Step>, String> {
+    let out = op.outputs[0];
+    let x = op.inputs[0];
+    let xs = env.shape(x);
+    let k = *xs.last().ok_or("linear of a scalar")?;
+    let nn = *env.shape(out).last().ok_or("linear output is a scalar")?;
+    let m = env.numel(x).checked_div(k).unwrap_or(0);
+    if m == 0 || nn == 0 {
+        return Ok(Vec::new());
+    }
+    let wc = weight.tensor_count();
+    let w = op.inputs[1];
+    let (kind, group) = match weight {
+        Weight::F32 => (0, 32),
+        Weight::Q4 { group } => (1, group),
+        Weight::Q8 { group } => (2, group),
+    };
+    if group == 0 || (kind != 0 && k % group != 0) {
+        return Err(format!("K={k} is not a multiple of the group size {group}"));
+    }
+    let mut steps = Vec::new();
+    let mut xsrc = Res::Tensor(x);
+    if act_quant {
+        steps.push(step(
+            "linear",
+            "act_quant",
+            vec![("WG", WG as f64)],
+            P::default().u(m).u(0).u(k).u(0).u(0).u(0),
+            Res::Scratch(0),
+            vec![Res::Tensor(x)],
+            env.grid(m, 1),
+        ));
+        xsrc = Res::Scratch(0);
+    }
+    let (per, count) = env.chunks(w, nn);
+    let bias = if has_bias {
+        Res::Tensor(op.inputs[1 + wc])
+    } else {
+        Res::Dummy
+    };
+    let matvec = m <= MATVEC_MAX_M && matvec_aligned(weight, k);
+    let (tpr, rpw) = (32usize, 8usize);
+    for c in 0..count {
+        let n0 = c * per;
+        let nc = per.min(nn - n0);
+        let q = |i: usize| {
+            if kind == 0 {
+                Res::Dummy
+            } else {
+                Res::Chunk(op.inputs[i], c)
+            }
+        };
+        let inputs = vec![xsrc, Res::Chunk(w, c), q(2), q(3), bias];
+        let p = P::default().u(m).u(nc).u(k).u(nn).u(n0).u(k / group);
+        let mut consts = vec![
+            ("KIND", kind as f64),
+            ("GROUP", group as f64),
+            ("HAS_BIAS", b(has_bias)),
+        ];
+        if matvec && kind == 0 {
+            consts.extend([
+                ("TPR", tpr as f64),
+                ("RPW", rpw as f64),
+                ("WG", (tpr * rpw) as f64),
+            ]);
+            steps.push(step(
+                "linear",
+                "matvec_f32",
+                consts,
+                p,
+                Res::Tensor(out),
+                inputs,
+                env.grid(nc.div_ceil(rpw), m),
+            ));
+        } else if matvec {
+            // Enough invocations to cover a row's words, at most 256.
+            let words = k / if kind == 1 { 8 } else { 4 };
+            let wg = words.next_power_of_two().clamp(32, 256);
+            consts.push(("WG", wg as f64));
+            steps.push(step(
+                "linear",
+                "matvec_q",
+                consts,
+                p,
+                Res::Tensor(out),
+                inputs,
+                env.grid(nc.div_ceil(MATVEC_ROWS), m),
+            ));
+        } else {
+            let groups = [nc.div_ceil(64) as u32, m.div_ceil(64) as u32, 1];
+            if groups[0] > env.max_groups || groups[1] > env.max_groups {
+                return Err(format!(
+                    "linear of {m}x{k} by {nn} rows needs too many workgroups"
+                ));
+            }
+            steps.push(step(
+                "linear",
+                "tiled",
+                consts,
+                p,
+                Res::Tensor(out),
+                inputs,
+                groups,
+            ));
+        }
+    }
+    Ok(steps)
+}
+
+fn matmul(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
+    let (a, bt, out) = (op.inputs[0], op.inputs[1], op.outputs[0]);
+    let (as_, bs, os) = (
+        env.shape(a).to_vec(),
+        env.shape(bt).to_vec(),
+        env.shape(out).to_vec(),
+    );
+    let (m, k, n) = (as_[as_.len() - 2], as_[as_.len() - 1], bs[bs.len() - 1]);
+    let batch = &os[..os.len() - 2];
+    if batch.len() > 4 {
+        return Err("more than 4 batch dims".into());
+    }
+    let nb: usize = batch.iter().product();
+    if nb == 0 || m == 0 || n == 0 {
+        return Ok(Vec::new());
+    }
+    let mat_strides = |s: &[usize], mat: usize| -> Vec<usize> {
+        broadcast_strides(&s[..s.len() - 2], batch)
+            .iter()
+            .map(|v| v * mat)
+            .collect()
+    };
+    let p = P::default()
+        .u(m)
+        .u(k)
+        .u(n)
+        .u(batch.len())
+        .arr(batch, 4)
+        .arr(&mat_strides(&as_, m * k), 4)
+        .arr(&mat_strides(&bs, k * n), 4);
+    let groups = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, nb as u32];
+    if groups.iter().any(|&g| g > env.max_groups) {
+        return Err(format!("matmul {as_:?} x {bs:?} needs too many workgroups"));
+    }
+    Ok(vec![step(
+        "matmul",
+        "main",
+        vec![],
+        p,
+        Res::Tensor(out),
+        vec![Res::Tensor(a), Res::Tensor(bt)],
+        groups,
+    )])
+}
+
+fn embedding(env: &Env, op: &Op, weight: Weight) -> Result<Vec<Step>, String> {
+    let out = op.outputs[0];
+    let wc = weight.tensor_count();
+    let w = op.inputs[0];
+    let ids = op.inputs[wc];
+    let cols = *env
+        .shape(out)
+        .last()
+        .ok_or("embedding output is a scalar")?;
+    let rows = env.shape(w).first().copied().unwrap_or(0);
+    let n = env.numel(ids) * cols;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let (kind, group) = match weight {
+        Weight::F32 => (0, 32),
+        Weight::Q4 { group } => (1, group),
+        Weight::Q8 { group } => (2, group),
+    };
+    if group == 0 || (kind != 0 && cols % group != 0) {
+        return Err(format!(
+            "{cols} columns are not a multiple of the group size {group}"
+        ));
+    }
+    let (per, count) = env.chunks(w, rows);
+    let consts = vec![
+        ("KIND", kind as f64),
+        ("GROUP", group as f64),
+        ("IDS_INT", b(env.int(ids))),
+    ];
+    Ok((0..count)
+        .map(|c| {
+            let q = |i: usize| {
+                if kind == 0 {
+                    Res::Dummy
+                } else {
+                    Res::Chunk(op.inputs[i], c)
+                }
+            };
+            let p = P::default()
+                .u(n)
+                .u(cols)
+                .u(c * per)
+                .u(per.min(rows - c * per))
+                .u(rows)
+                .u(cols / group);
+            step(
+                "embedding",
+                "main",
+                consts.clone(),
+                p,
+                Res::Tensor(out),
+                vec![Res::Chunk(w, c), Res::Tensor(ids), q(1), q(2)],
+                env.grid(n.div_ceil(WG), 1),
+            )
+        })
+        .collect())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sdpa(
+    env: &Env,
+    op: &Op,
+    layout: AttnLayout,
+    scale: f32,
+    causal: bool,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    start: Int,
+) -> Result<Vec<Step>, String> {
+    let (q, k, v, out) = (op.inputs[0], op.inputs[1], op.inputs[2], op.outputs[0]);
+    let (qs, ks) = (env.shape(q).to_vec(), env.shape(k).to_vec());
+    let (&[bq, q1, q2, d], &[bk, k1, k2, kd]) = (qs.as_slice(), ks.as_slice()) else {
+        return Err(format!("sdpa needs 4-D q and k, got {qs:?} / {ks:?}"));
+    };
+    let ((s, hq), (cl, hkv)) = match layout {
+        AttnLayout::Bshd => ((q1, q2), (k1, k2)),
+        AttnLayout::Bhsd => ((q2, q1), (k2, k1)),
+    };
+    if bk != bq || kd != d || hkv == 0 || hq % hkv != 0 || env.shape(v) != ks.as_slice() {
+        return Err(format!("q {qs:?} does not fit k/v {ks:?}"));
+    }
+    if bq * s * hq * d == 0 {
+        return Ok(Vec::new());
+    }
+    // Element strides of (batch, position, head).
+    let (qst, kst) = match layout {
+        AttnLayout::Bshd => ([s * hq * d, hq * d, d], [cl * hkv * d, hkv * d, d]),
+        AttnLayout::Bhsd => ([hq * s * d, d, s * d], [hkv * cl * d, d, cl * d]),
+    };
+    let mask = op.inputs.get(3).copied();
+    let mask_stride = match mask {
+        Some(mt) => match env.shape(mt) {
+            [ms0, ms1] if *ms0 >= s => *ms1,
+            other => return Err(format!("mask {other:?} must be [S >= {s}, kv_len]")),
+        },
+        None => 0,
+    };
+    let p = P::default()
+        .u(s)
+        .u(hq)
+        .u(hq / hkv)
+        .u(d)
+        .u(cl)
+        .u((env.slot)(start) as usize)
+        .u(window.unwrap_or(0).min(i32::MAX as usize))
+        .u(mask_stride)
+        .arr(&qst, 4)
+        .arr(&kst, 4)
+        .f(scale)
+        .f(softcap.unwrap_or(1.0));
+    let consts = vec![
+        ("WG", 64.0),
+        ("DMAX", d as f64),
+        ("CAUSAL", b(causal)),
+        ("WINDOW", b(window.is_some())),
+        ("SOFTCAP", b(softcap.is_some())),
+        ("HAS_MASK", b(mask.is_some())),
+    ];
+    let inputs = vec![
+        Res::Tensor(q),
+        Res::Tensor(k),
+        Res::Tensor(v),
+        mask.map_or(Res::Dummy, Res::Tensor),
+    ];
+    Ok(vec![step(
+        "sdpa",
+        "main",
+        consts,
+        p,
+        Res::Tensor(out),
+        inputs,
+        env.grid(s * hq, bq),
+    )])
+}

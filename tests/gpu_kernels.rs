@@ -1,0 +1,1218 @@
+//! Every GPU kernel and op variant against the CPU reference (`ir::cpu::CpuExecutor`) on the same
+//! tiny graphs, with random data of awkward sizes; then record/replay, KV state across calls,
+//! weight splitting past the storage binding limit, and the unsupported-op report.
+//!
+//! Runs on any wgpu adapter; without a GPU, lavapipe (Debian `mesa-vulkan-drivers`) provides a
+//! CPU Vulkan one. No adapter at all fails every test with the reason, unless
+//! PTERIA_NO_GPU_TESTS=1 is set.
+
+use pteria::gpu::{Context, ContextOptions, GpuError, GpuExecutor};
+use pteria::ir::cpu::CpuExecutor;
+use pteria::ir::{
+    AttnLayout, BinaryOp, DType, Graph, InputValue, Int, Io, OpKind, Role, RopeStyle, TensorId,
+    UnaryOp, Weight,
+};
+use pteria::pte::{Blob, Bytes};
+use pteria::runtime::HostTensor;
+use std::sync::{Arc, OnceLock};
+
+fn open(opts: ContextOptions) -> Option<Arc<Context>> {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!("PTERIA_NO_GPU_TESTS=1: skipping a GPU test");
+        return None;
+    }
+    match Context::with_options(opts) {
+        Ok(c) => Some(Arc::new(c)),
+        Err(e) => panic!(
+            "no GPU adapter for the GPU tests ({e}). Install lavapipe (Debian: mesa-vulkan-drivers) \
+             or set PTERIA_NO_GPU_TESTS=1 to skip them"
+        ),
+    }
+}
+
+/// One device for the whole file: adapters are slow to open.
+fn ctx() -> Option<Arc<Context>> {
+    static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
+    CTX.get_or_init(|| open(ContextOptions::default())).clone()
+}
+
+/// A device that plans with a 64 KiB storage binding, so modest weights must be split.
+fn small_binding_ctx() -> Option<Arc<Context>> {
+    static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        open(ContextOptions {
+            max_storage_binding: Some(64 << 10),
+            ..Default::default()
+        })
+    })
+    .clone()
+}
+
+/// xorshift64*: deterministic, so a failure reproduces.
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn floats(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn ints(&mut self, n: usize, lo: i64, hi: i64) -> Vec<i64> {
+        (0..n)
+            .map(|_| lo + (self.next() % (hi - lo + 1) as u64) as i64)
+            .collect()
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn i64_bytes(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn blob(bytes: Vec<u8>) -> Blob {
+    Blob::whole(Arc::new(Bytes::Owned(bytes)))
+}
+
+/// A graph under construction plus the values of its inputs.
+#[derive(Default)]
+struct T {
+    g: Graph,
+    inputs: Vec<Val>,
+}
+
+#[derive(Clone)]
+enum Val {
+    Tensor(Vec<usize>, Vec<u8>),
+    Sym(i64),
+}
+
+impl T {
+    fn input(
+        &mut self,
+        dtype: DType,
+        max_shape: &[usize],
+        shape: &[usize],
+        data: Vec<u8>,
+    ) -> TensorId {
+        let k = self.g.inputs.len();
+        let t = self
+            .g
+            .add_tensor(format!("in{k}"), dtype, max_shape.to_vec(), Role::Input(k));
+        self.g.inputs.push(Io::Tensor(t));
+        self.inputs.push(Val::Tensor(shape.to_vec(), data));
+        t
+    }
+    fn input_f(&mut self, shape: &[usize], v: &[f32]) -> TensorId {
+        self.input(DType::F32, shape, shape, f32_bytes(v))
+    }
+    fn input_i(&mut self, shape: &[usize], v: &[i64]) -> TensorId {
+        self.input(DType::I64, shape, shape, i64_bytes(v))
+    }
+    fn sym(&mut self, name: &str, v: i64) -> usize {
+        let s = self.g.add_sym(name);
+        self.g.inputs.push(Io::Sym(s));
+        self.inputs.push(Val::Sym(v));
+        s
+    }
+    fn constant(&mut self, dtype: DType, shape: &[usize], data: Vec<u8>) -> TensorId {
+        let n = self.g.tensors.len();
+        self.g.add_tensor(
+            format!("c{n}"),
+            dtype,
+            shape.to_vec(),
+            Role::Constant(blob(data)),
+        )
+    }
+    fn const_f(&mut self, shape: &[usize], v: &[f32]) -> TensorId {
+        self.constant(DType::F32, shape, f32_bytes(v))
+    }
+    fn act(&mut self, dtype: DType, shape: &[usize]) -> TensorId {
+        let n = self.g.tensors.len();
+        self.g
+            .add_tensor(format!("a{n}"), dtype, shape.to_vec(), Role::Activation)
+    }
+    /// Adds an op whose output is a new activation, returns the output.
+    fn op(
+        &mut self,
+        kind: OpKind,
+        inputs: Vec<TensorId>,
+        dtype: DType,
+        shape: &[usize],
+    ) -> TensorId {
+        let o = self.act(dtype, shape);
+        self.g.op(kind, inputs, vec![o]);
+        o
+    }
+    fn out(&mut self, t: TensorId) {
+        self.g.outputs.push(t);
+    }
+}
+
+fn values(vals: &[Val]) -> Vec<InputValue<'_>> {
+    vals.iter()
+        .map(|v| match v {
+            Val::Tensor(shape, data) => InputValue::Tensor {
+                shape: shape.clone(),
+                data,
+            },
+            Val::Sym(s) => InputValue::Sym(*s),
+        })
+        .collect()
+}
+
+/// Largest error of `got` against `want`, relative to `|want| + floor · max|want|`.
+fn rel_error(got: &[f32], want: &[f32], floor: f32) -> f32 {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            if g.is_nan() && w.is_nan() || g == w {
+                0.0
+            } else {
+                (g - w).abs() / (w.abs() + floor * scale).max(1e-30)
+            }
+        })
+        .fold(0f32, f32::max)
+}
+
+fn compare(what: &str, got: &[HostTensor], want: &[HostTensor], tol: f32, floor: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: output count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.dtype, w.dtype, "{what}: output {i} dtype");
+        assert_eq!(g.sizes, w.sizes, "{what}: output {i} shape");
+        if w.dtype.is_float() {
+            let (gv, wv) = (g.to_f32().unwrap(), w.to_f32().unwrap());
+            let e = rel_error(&gv, &wv, floor);
+            assert!(
+                e <= tol,
+                "{what}: output {i}: relative error {e:e} > {tol:e}\n got {:?}\nwant {:?}",
+                &gv[..gv.len().min(8)],
+                &wv[..wv.len().min(8)]
+            );
+        } else {
+            assert_eq!(
+                g.to_i64().unwrap(),
+                w.to_i64().unwrap(),
+                "{what}: output {i}"
+            );
+        }
+    }
+}
+
+/// Runs the graph on both executors and compares; returns the GPU executor for more calls.
+fn check_on(ctx: Arc<Context>, what: &str, t: &T, tol: f32, floor: f32) -> GpuExecutor {
+    let mut cpu = CpuExecutor::new(t.g.clone()).unwrap_or_else(|e| panic!("{what}: cpu: {e}"));
+    let mut gpu = GpuExecutor::new(ctx, t.g.clone()).unwrap_or_else(|e| panic!("{what}: gpu: {e}"));
+    let vals = values(&t.inputs);
+    let want = cpu
+        .run(&vals)
+        .unwrap_or_else(|e| panic!("{what}: cpu run: {e}"));
+    let got = gpu
+        .run(&vals)
+        .unwrap_or_else(|e| panic!("{what}: gpu run: {e}"));
+    compare(what, &got, &want, tol, floor);
+    gpu
+}
+
+fn check(what: &str, t: &T, tol: f32, floor: f32) {
+    if let Some(ctx) = ctx() {
+        check_on(ctx, what, t, tol, floor);
+    }
+}
+
+const TOL: f32 = 1e-4;
+
+#[test]
+fn context_reports_the_adapter() {
+    let Some(ctx) = ctx() else { return };
+    let a = ctx.adapter();
+    assert!(!a.name.is_empty());
+    assert!(a.max_storage_binding >= 16 << 20, "{a}");
+    eprintln!("GPU tests run on: {a}");
+}
+
+#[test]
+fn unary_ops_match_cpu() {
+    use UnaryOp::*;
+    let ops = [
+        Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Sin, Cos, Sigmoid, Silu, Gelu, GeluTanh, Relu,
+        Square, Reciprocal, Floor, Ceil, LogicalNot,
+    ];
+    let shape = [3, 37, 11];
+    let n = 3 * 37 * 11;
+    let mut rng = Rng::new(1);
+    for u in ops {
+        let mut v = rng.floats(n, 6.0);
+        if matches!(u, Log | Sqrt | Rsqrt | Reciprocal) {
+            v.iter_mut().for_each(|x| *x = x.abs() + 0.05);
+        }
+        v[0] = 0.0;
+        v[1] = -12.0;
+        let mut t = T::default();
+        let x = t.input_f(&shape, &v);
+        let y = t.op(OpKind::Unary(u), vec![x], DType::F32, &shape);
+        t.out(y);
+        check(&format!("{u:?}"), &t, TOL, 1e-3);
+    }
+    // Integer paths, and a float op with an integer output (truncation).
+    for u in [Neg, Abs, Square, LogicalNot, Exp] {
+        let mut t = T::default();
+        let x = t.input_i(&[5, 13], &rng.ints(65, -9, 9));
+        let y = t.op(OpKind::Unary(u), vec![x], DType::I64, &[5, 13]);
+        t.out(y);
+        check(&format!("{u:?} i64"), &t, 0.0, 0.0);
+    }
+}
+
+#[test]
+fn binary_ops_broadcast_and_match_cpu() {
+    use BinaryOp::*;
+    let ops = [
+        Add, Sub, Mul, Div, Pow, Max, Min, Eq, Ne, Lt, Le, Gt, Ge, And, Or,
+    ];
+    let mut rng = Rng::new(2);
+    for b in ops {
+        let mut t = T::default();
+        let mut av = rng.floats(4 * 37, 3.0);
+        let mut bv = rng.floats(5, 3.0);
+        if b == Pow {
+            av.iter_mut().for_each(|x| *x = x.abs() + 0.1);
+        }
+        // Some equal elements for the comparisons.
+        av[0] = bv[0];
+        bv[1] = 0.0;
+        let a = t.input_f(&[4, 1, 37], &av);
+        let bb = t.input_f(&[5, 1], &bv);
+        let dt = if b.is_comparison() {
+            DType::Bool
+        } else {
+            DType::F32
+        };
+        let y = t.op(OpKind::Binary(b), vec![a, bb], dt, &[4, 5, 37]);
+        t.out(y);
+        check(&format!("{b:?}"), &t, TOL, 1e-3);
+
+        let mut t = T::default();
+        let a = t.input_i(&[3, 7], &rng.ints(21, -20, 20));
+        let bi = rng.ints(7, -4, 4);
+        let bb = t.input(
+            DType::I32,
+            &[7],
+            &[7],
+            bi.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect(),
+        );
+        let dt = if b.is_comparison() {
+            DType::Bool
+        } else {
+            DType::I64
+        };
+        let y = t.op(OpKind::Binary(b), vec![a, bb], dt, &[3, 7]);
+        t.out(y);
+        check(&format!("{b:?} int"), &t, 0.0, 0.0);
+    }
+    // Mixed: an integer tensor plus a float one computes in float.
+    let mut t = T::default();
+    let a = t.input_i(&[6], &[1, 2, 3, 4, 5, 6]);
+    let bb = t.input_f(&[2, 1], &[0.5, -1.25]);
+    let y = t.op(OpKind::Binary(Mul), vec![a, bb], DType::F32, &[2, 6]);
+    t.out(y);
+    check("mixed mul", &t, TOL, 0.0);
+}
+
+#[test]
+fn scalar_where_clamp_cast_match_cpu() {
+    let mut rng = Rng::new(3);
+    let v = rng.floats(301, 4.0);
+    for (op, sf, dt) in [
+        (BinaryOp::Sub, true, DType::F32),
+        (BinaryOp::Div, false, DType::F32),
+        (BinaryOp::Pow, false, DType::F32),
+        (BinaryOp::Gt, false, DType::Bool),
+    ] {
+        let mut t = T::default();
+        let x = t.input_f(&[301], &v);
+        let y = t.op(
+            OpKind::BinaryScalar {
+                op,
+                scalar: 2.0,
+                scalar_first: sf,
+            },
+            vec![x],
+            dt,
+            &[301],
+        );
+        t.out(y);
+        check(&format!("{op:?} scalar"), &t, TOL, 1e-3);
+    }
+    let mut t = T::default();
+    let x = t.input_i(&[9], &[-7, -3, -1, 0, 1, 2, 5, 9, 13]);
+    let y = t.op(
+        OpKind::BinaryScalar {
+            op: BinaryOp::Div,
+            scalar: 2.0,
+            scalar_first: false,
+        },
+        vec![x],
+        DType::I64,
+        &[9],
+    );
+    let z = t.op(
+        OpKind::BinaryScalar {
+            op: BinaryOp::Mul,
+            scalar: 0.5,
+            scalar_first: false,
+        },
+        vec![x],
+        DType::F32,
+        &[9],
+    );
+    t.out(y);
+    t.out(z);
+    check("int scalar", &t, 0.0, 0.0);
+
+    let mut t = T::default();
+    let c = t.input(DType::Bool, &[3, 1], &[3, 1], vec![1, 0, 1]);
+    let a = t.input_f(&[3, 40], &rng.floats(120, 1.0));
+    let b = t.input_f(&[40], &rng.floats(40, 1.0));
+    let y = t.op(OpKind::Where, vec![c, a, b], DType::F32, &[3, 40]);
+    t.out(y);
+    check("where", &t, 0.0, 0.0);
+
+    let mut t = T::default();
+    let x = t.input_f(&[301], &v);
+    let xi = t.input_i(&[7], &[-9, -2, 0, 1, 2, 3, 100]);
+    let y = t.op(
+        OpKind::Clamp {
+            min: Some(-1.5),
+            max: Some(2.0),
+        },
+        vec![x],
+        DType::F32,
+        &[301],
+    );
+    let y2 = t.op(
+        OpKind::Clamp {
+            min: None,
+            max: Some(0.25),
+        },
+        vec![x],
+        DType::F32,
+        &[301],
+    );
+    let yi = t.op(
+        OpKind::Clamp {
+            min: Some(-1.5),
+            max: Some(2.5),
+        },
+        vec![xi],
+        DType::I64,
+        &[7],
+    );
+    let c1 = t.op(OpKind::Cast, vec![x], DType::I64, &[301]);
+    let c2 = t.op(OpKind::Cast, vec![xi], DType::F32, &[7]);
+    let c3 = t.op(OpKind::Cast, vec![x], DType::Bool, &[301]);
+    let c4 = t.op(OpKind::Cast, vec![x], DType::F16, &[301]);
+    for o in [y, y2, yi, c1, c2, c3, c4] {
+        t.out(o);
+    }
+    check("clamp and cast", &t, 0.0, 0.0);
+}
+
+#[test]
+fn norms_and_reductions_match_cpu() {
+    let mut rng = Rng::new(4);
+    for (rows, d, weight) in [
+        (5, 1537, true),
+        (70, 7, false),
+        (1, 256, true),
+        (3, 1000, false),
+    ] {
+        let mut t = T::default();
+        let x = t.input_f(&[rows, d], &rng.floats(rows * d, 3.0));
+        let mut ins = vec![x];
+        if weight {
+            ins.push(t.const_f(&[d], &rng.floats(d, 2.0)));
+        }
+        let y = t.op(OpKind::RmsNorm { eps: 1e-6 }, ins, DType::F32, &[rows, d]);
+        let s = t.op(OpKind::Softmax, vec![x], DType::F32, &[rows, d]);
+        t.out(y);
+        t.out(s);
+        check(&format!("rms_norm/softmax {rows}x{d}"), &t, TOL, 1e-3);
+    }
+    let mut t = T::default();
+    let x = t.input_f(&[3, 45, 7], &rng.floats(3 * 45 * 7, 2.0));
+    let a = t.op(
+        OpKind::Mean {
+            dims: vec![1],
+            keepdim: true,
+        },
+        vec![x],
+        DType::F32,
+        &[3, 1, 7],
+    );
+    let b = t.op(
+        OpKind::Mean {
+            dims: vec![0, 2],
+            keepdim: false,
+        },
+        vec![x],
+        DType::F32,
+        &[45],
+    );
+    let c = t.op(
+        OpKind::Mean {
+            dims: vec![2],
+            keepdim: false,
+        },
+        vec![x],
+        DType::F32,
+        &[3, 45],
+    );
+    t.out(a);
+    t.out(b);
+    t.out(c);
+    check("mean", &t, TOL, 1e-2);
+}
+
+/// Packs a `[rows, cols]` quantized weight as the IR stores it, with random scales and biases.
+fn quant_weight(t: &mut T, rng: &mut Rng, w: Weight, rows: usize, cols: usize) -> Vec<TensorId> {
+    match w {
+        Weight::F32 => vec![t.const_f(&[rows, cols], &rng.floats(rows * cols, 0.5))],
+        Weight::Q4 { group } | Weight::Q8 { group } => {
+            let g = cols / group;
+            let packed = match w {
+                Weight::Q4 { .. } => {
+                    t.constant(DType::U8, &[rows, cols / 2], rng.bytes(rows * cols / 2))
+                }
+                _ => t.constant(DType::I8, &[rows, cols], rng.bytes(rows * cols)),
+            };
+            let s: Vec<f32> = rng
+                .floats(rows * g, 0.02)
+                .iter()
+                .map(|v| v.abs() + 0.001)
+                .collect();
+            let scales = t.const_f(&[rows, g], &s);
+            let biases = t.const_f(&[rows, g], &rng.floats(rows * g, 0.1));
+            vec![packed, scales, biases]
+        }
+    }
+}
+
+fn linear_graph(
+    rng: &mut Rng,
+    w: Weight,
+    m: usize,
+    k: usize,
+    n: usize,
+    bias: bool,
+    act_quant: bool,
+) -> T {
+    let mut t = T::default();
+    let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+    let mut ins = vec![x];
+    ins.extend(quant_weight(&mut t, rng, w, n, k));
+    if bias {
+        ins.push(t.const_f(&[n], &rng.floats(n, 1.0)));
+    }
+    let y = t.op(
+        OpKind::Linear {
+            weight: w,
+            act_quant,
+            has_bias: bias,
+        },
+        ins,
+        DType::F32,
+        &[m, n],
+    );
+    t.out(y);
+    t
+}
+
+#[test]
+fn linear_variants_match_cpu() {
+    let mut rng = Rng::new(5);
+    let cases = [
+        // (weight, M, K, N, bias, act_quant)
+        (Weight::F32, 1, 37, 29, false, false),
+        (Weight::F32, 3, 100, 70, true, false),
+        (Weight::F32, 37, 100, 70, true, false),
+        (Weight::F32, 65, 19, 131, false, false),
+        (Weight::Q4 { group: 32 }, 1, 256, 300, false, false),
+        (Weight::Q4 { group: 32 }, 5, 96, 37, true, false),
+        (Weight::Q4 { group: 32 }, 20, 160, 45, false, false),
+        (Weight::Q4 { group: 128 }, 1, 384, 77, true, false),
+        (Weight::Q4 { group: 128 }, 70, 256, 65, false, false),
+        (Weight::Q8 { group: 32 }, 1, 224, 101, false, false),
+        (Weight::Q8 { group: 128 }, 33, 256, 50, true, false),
+        (Weight::Q8 { group: 128 }, 2, 128, 9, false, false),
+        (Weight::Q4 { group: 32 }, 1, 256, 100, false, true),
+        (Weight::Q4 { group: 32 }, 17, 128, 33, true, true),
+        (Weight::Q8 { group: 32 }, 4, 64, 31, false, true),
+    ];
+    for (w, m, k, n, bias, aq) in cases {
+        let t = linear_graph(&mut rng, w, m, k, n, bias, aq);
+        check(
+            &format!("linear {w:?} {m}x{k}->{n} bias={bias} act_quant={aq}"),
+            &t,
+            TOL,
+            0.05,
+        );
+    }
+}
+
+#[test]
+fn linear_at_gemma_e2b_sizes_matches_cpu() {
+    let mut rng = Rng::new(6);
+    for (w, m) in [
+        (Weight::F32, 1),
+        (Weight::Q4 { group: 32 }, 1),
+        (Weight::Q4 { group: 32 }, 9),
+        (Weight::Q8 { group: 128 }, 1),
+    ] {
+        let t = linear_graph(&mut rng, w, m, 1536, 6144, false, false);
+        check(&format!("linear {w:?} {m}x1536->6144"), &t, TOL, 0.05);
+    }
+}
+
+#[test]
+fn weights_past_the_binding_limit_are_split_by_rows() {
+    let Some(ctx) = small_binding_ctx() else {
+        return;
+    };
+    let mut rng = Rng::new(7);
+    // f32 300x100 = 117 KiB, Q8 700x128 = 87 KiB, Q4 1500x128 = 94 KiB: all past 64 KiB.
+    for (w, m, k, n) in [
+        (Weight::F32, 1, 100, 300),
+        (Weight::F32, 12, 100, 300),
+        (Weight::Q8 { group: 32 }, 1, 128, 700),
+        (Weight::Q4 { group: 32 }, 1, 128, 1500),
+        (Weight::Q4 { group: 32 }, 10, 128, 1500),
+    ] {
+        let t = linear_graph(&mut rng, w, m, k, n, true, false);
+        check_on(
+            ctx.clone(),
+            &format!("split linear {w:?} {m}x{k}->{n}"),
+            &t,
+            TOL,
+            0.05,
+        );
+    }
+    // A tied table: one embedding and the logits linear read the same split constant.
+    for w in [
+        Weight::F32,
+        Weight::Q4 { group: 32 },
+        Weight::Q8 { group: 64 },
+    ] {
+        let (rows, cols) = (1000, 128);
+        let mut t = T::default();
+        let ids = t.input_i(&[2, 3], &[0, 999, 500, 1, 998, 250]);
+        let mut ins = quant_weight(&mut t, &mut rng, w, rows, cols);
+        let tensors = ins.clone();
+        ins.push(ids);
+        let e = t.op(
+            OpKind::Embedding { weight: w },
+            ins,
+            DType::F32,
+            &[2, 3, cols],
+        );
+        let mut lin = vec![e];
+        lin.extend(tensors);
+        let y = t.op(
+            OpKind::Linear {
+                weight: w,
+                act_quant: false,
+                has_bias: false,
+            },
+            lin,
+            DType::F32,
+            &[2, 3, rows],
+        );
+        t.out(e);
+        t.out(y);
+        check_on(
+            ctx.clone(),
+            &format!("split tied embedding {w:?}"),
+            &t,
+            TOL,
+            0.05,
+        );
+    }
+}
+
+#[test]
+fn a_tensor_too_large_to_bind_is_reported() {
+    let Some(ctx) = small_binding_ctx() else {
+        return;
+    };
+    let mut t = T::default();
+    let x = t.input_f(&[200, 100], &[0.0; 20000]);
+    let y = t.op(OpKind::Softmax, vec![x], DType::F32, &[200, 100]);
+    t.out(y);
+    match GpuExecutor::new(ctx, t.g) {
+        Err(GpuError::Unsupported(why)) => {
+            assert!(why.iter().any(|w| w.contains("storage binding")), "{why:?}")
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("an 80 KB activation should not fit a 64 KiB binding"),
+    }
+}
+
+#[test]
+fn matmul_with_broadcast_batches_matches_cpu() {
+    let mut rng = Rng::new(8);
+    for (a, b, o) in [
+        (vec![2, 3, 37, 19], vec![19, 23], vec![2, 3, 37, 23]),
+        (vec![1, 3, 5, 70], vec![2, 1, 70, 66], vec![2, 3, 5, 66]),
+        (vec![1, 65], vec![65, 130], vec![1, 130]),
+    ] {
+        let mut t = T::default();
+        let an: usize = a.iter().product();
+        let bn: usize = b.iter().product();
+        let x = t.input_f(&a, &rng.floats(an, 1.0));
+        let y = t.input_f(&b, &rng.floats(bn, 1.0));
+        let z = t.op(OpKind::MatMul, vec![x, y], DType::F32, &o);
+        t.out(z);
+        check(&format!("matmul {a:?} x {b:?}"), &t, TOL, 0.05);
+    }
+}
+
+#[test]
+fn embedding_variants_match_cpu() {
+    let mut rng = Rng::new(9);
+    for w in [
+        Weight::F32,
+        Weight::Q4 { group: 32 },
+        Weight::Q4 { group: 128 },
+        Weight::Q8 { group: 32 },
+        Weight::Q8 { group: 128 },
+    ] {
+        let (rows, cols) = (300, 256);
+        let mut t = T::default();
+        let mut ins = quant_weight(&mut t, &mut rng, w, rows, cols);
+        let ids = t.input_i(&[2, 5], &rng.ints(10, 0, 299));
+        ins.push(ids);
+        let e = t.op(
+            OpKind::Embedding { weight: w },
+            ins,
+            DType::F32,
+            &[2, 5, cols],
+        );
+        t.out(e);
+        check(&format!("embedding {w:?}"), &t, TOL, 1e-3);
+    }
+}
+
+#[test]
+fn rope_styles_and_positions_match_cpu() {
+    let mut rng = Rng::new(10);
+    let (max_pos, rotary) = (40, 12);
+    for style in [RopeStyle::Half, RopeStyle::Interleaved] {
+        for (shape, seq_dim) in [(vec![1, 5, 3, 16], 1), (vec![2, 3, 4, 12], 2)] {
+            let mut t = T::default();
+            let n: usize = shape.iter().product();
+            let x = t.input_f(&shape, &rng.floats(n, 2.0));
+            let cos = t.const_f(
+                &[max_pos, rotary / 2],
+                &rng.floats(max_pos * rotary / 2, 1.0),
+            );
+            let sin = t.const_f(
+                &[max_pos, rotary / 2],
+                &rng.floats(max_pos * rotary / 2, 1.0),
+            );
+            let start = t.sym("start", 7);
+            let kind = OpKind::Rope {
+                style,
+                rotary,
+                seq_dim,
+                start: Int::Sym(start),
+            };
+            let y = t.op(kind, vec![x, cos, sin], DType::F32, &shape);
+            t.out(y);
+            check(&format!("rope {style:?} {shape:?}"), &t, TOL, 1e-3);
+        }
+    }
+}
+
+struct AttnCase {
+    layout: AttnLayout,
+    b: usize,
+    s: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    cache: usize,
+    start: i64,
+    causal: bool,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    mask: bool,
+}
+
+fn attn_shape(layout: AttnLayout, b: usize, s: usize, h: usize, d: usize) -> Vec<usize> {
+    match layout {
+        AttnLayout::Bshd => vec![b, s, h, d],
+        AttnLayout::Bhsd => vec![b, h, s, d],
+    }
+}
+
+#[test]
+fn sdpa_variants_match_cpu() {
+    let mut rng = Rng::new(11);
+    let base = AttnCase {
+        layout: AttnLayout::Bshd,
+        b: 1,
+        s: 3,
+        hq: 4,
+        hkv: 2,
+        d: 64,
+        cache: 100,
+        start: 70,
+        causal: true,
+        window: None,
+        softcap: None,
+        mask: false,
+    };
+    let cases = [
+        AttnCase { ..base },
+        AttnCase {
+            layout: AttnLayout::Bhsd,
+            ..base
+        },
+        AttnCase {
+            causal: false,
+            b: 2,
+            d: 80,
+            ..base
+        },
+        AttnCase {
+            window: Some(9),
+            ..base
+        },
+        AttnCase {
+            window: Some(20),
+            causal: false,
+            s: 5,
+            start: 10,
+            ..base
+        },
+        AttnCase {
+            softcap: Some(5.0),
+            mask: true,
+            layout: AttnLayout::Bhsd,
+            ..base
+        },
+        AttnCase {
+            s: 1,
+            start: 0,
+            hkv: 1,
+            d: 33,
+            ..base
+        },
+        AttnCase {
+            s: 17,
+            start: 0,
+            cache: 17,
+            hkv: 4,
+            mask: true,
+            causal: false,
+            ..base
+        },
+        AttnCase {
+            s: 1,
+            start: 99,
+            d: 256,
+            ..base
+        },
+    ];
+    for c in cases {
+        let mut t = T::default();
+        let qs = attn_shape(c.layout, c.b, c.s, c.hq, c.d);
+        let ks = attn_shape(c.layout, c.b, c.cache, c.hkv, c.d);
+        let qn: usize = qs.iter().product();
+        let kn: usize = ks.iter().product();
+        let q = t.input_f(&qs, &rng.floats(qn, 1.0));
+        let k = t.input_f(&ks, &rng.floats(kn, 1.0));
+        let v = t.input_f(&ks, &rng.floats(kn, 1.0));
+        let start = t.sym("start", c.start);
+        let mut ins = vec![q, k, v];
+        if c.mask {
+            let kv = c.start as usize + c.s;
+            let mut m = rng.floats(c.s * (kv + 2), 2.0);
+            m[1] = f32::NEG_INFINITY;
+            ins.push(t.input_f(&[c.s, kv + 2], &m));
+        }
+        let kind = OpKind::Sdpa {
+            layout: c.layout,
+            scale: 1.0 / (c.d as f32).sqrt(),
+            causal: c.causal,
+            window: c.window,
+            softcap: c.softcap,
+            start: Int::Sym(start),
+        };
+        let y = t.op(kind, ins, DType::F32, &qs);
+        t.out(y);
+        let what = format!(
+            "sdpa {:?} b={} s={} hq={} hkv={} d={} start={} causal={} window={:?} softcap={:?} mask={}",
+            c.layout, c.b, c.s, c.hq, c.hkv, c.d, c.start, c.causal, c.window, c.softcap, c.mask
+        );
+        check(&what, &t, TOL, 1e-2);
+    }
+}
+
+#[test]
+fn layout_ops_match_cpu() {
+    let mut rng = Rng::new(12);
+    let mut t = T::default();
+    let xs = [3, 5, 7];
+    let x = t.input_f(&xs, &rng.floats(105, 1.0));
+    let xi = t.input_i(&[4, 6], &rng.ints(24, -50, 50));
+    let ids = t.input_i(&[4], &[2, 0, 2, 1]);
+    let s = t.sym("s", 1);
+    let neg = t.sym("neg", -2);
+    let p = t.op(
+        OpKind::Permute {
+            perm: vec![2, 0, 1],
+        },
+        vec![x],
+        DType::F32,
+        &[7, 3, 5],
+    );
+    let sl = t.op(
+        OpKind::Slice {
+            dim: 1,
+            start: Int::Sym(s),
+            end: Int::Lit(5),
+            step: 2,
+        },
+        vec![x],
+        DType::F32,
+        &[3, 2, 7],
+    );
+    let sl2 = t.op(
+        OpKind::Slice {
+            dim: 2,
+            start: Int::Lit(-3),
+            end: Int::Lit(100),
+            step: 1,
+        },
+        vec![x],
+        DType::F32,
+        &[3, 5, 3],
+    );
+    let se = t.op(
+        OpKind::Select {
+            dim: 1,
+            index: Int::Sym(neg),
+        },
+        vec![x],
+        DType::F32,
+        &[3, 7],
+    );
+    let se2 = t.op(
+        OpKind::Select {
+            dim: 0,
+            index: Int::Lit(2),
+        },
+        vec![xi],
+        DType::I64,
+        &[6],
+    );
+    let cc = t.op(
+        OpKind::Concat { dim: 1 },
+        vec![x, sl, x],
+        DType::F32,
+        &[3, 12, 7],
+    );
+    let ex = t.op(
+        OpKind::Expand {
+            shape: vec![2, 4, 6],
+        },
+        vec![xi],
+        DType::I64,
+        &[2, 4, 6],
+    );
+    let is = t.op(
+        OpKind::IndexSelect { dim: 0 },
+        vec![x, ids],
+        DType::F32,
+        &[4, 5, 7],
+    );
+    let is2 = t.op(
+        OpKind::IndexSelect { dim: 1 },
+        vec![xi, ids],
+        DType::I64,
+        &[4, 4],
+    );
+    let cp = t.op(OpKind::Copy, vec![xi], DType::F32, &[4, 6]);
+    let cb = t.op(OpKind::Copy, vec![x], DType::Bool, &[3, 5, 7]);
+    let fl = t.op(
+        OpKind::Full {
+            value: 2.5,
+            shape: vec![Int::Lit(3), Int::Sym(s)],
+        },
+        vec![],
+        DType::F32,
+        &[3, 4],
+    );
+    let fi = t.op(
+        OpKind::Full {
+            value: -3.0,
+            shape: vec![Int::Lit(5)],
+        },
+        vec![],
+        DType::I32,
+        &[5],
+    );
+    let rs = t.op(
+        OpKind::Reshape {
+            shape: vec![Int::Lit(-1), Int::Lit(7)],
+        },
+        vec![p],
+        DType::F32,
+        &[15, 7],
+    );
+    let after = t.op(OpKind::Unary(UnaryOp::Neg), vec![rs], DType::F32, &[15, 7]);
+    for o in [
+        p, sl, sl2, se, se2, cc, ex, is, is2, cp, cb, fl, fi, rs, after,
+    ] {
+        t.out(o);
+    }
+    check("layout", &t, 0.0, 0.0);
+}
+
+/// One attention layer's decode path: k/v written into State caches at `start`, then attention
+/// over the first `start + S` rows. Returns the graph and its caches.
+fn decode_graph(layout: AttnLayout, cache: usize, h: usize, d: usize, s_max: usize) -> T {
+    let mut t = T::default();
+    let xs = attn_shape(layout, 1, s_max, h, d);
+    let n: usize = xs.iter().product();
+    let q = t.input(DType::F32, &xs, &xs, vec![0; n * 4]);
+    let k = t.input(DType::F32, &xs, &xs, vec![0; n * 4]);
+    let v = t.input(DType::F32, &xs, &xs, vec![0; n * 4]);
+    let start = t.sym("start", 0);
+    let cs = attn_shape(layout, 1, cache, h, d);
+    let kc =
+        t.g.add_tensor("k_cache", DType::F32, cs.clone(), Role::State(None));
+    let vc =
+        t.g.add_tensor("v_cache", DType::F32, cs.clone(), Role::State(None));
+    let axis = match layout {
+        AttnLayout::Bshd => 1,
+        AttnLayout::Bhsd => 2,
+    };
+    let ku = t.op(
+        OpKind::CacheUpdate {
+            axis,
+            start: Int::Sym(start),
+        },
+        vec![kc, k],
+        DType::F32,
+        &cs,
+    );
+    let vu = t.op(
+        OpKind::CacheUpdate {
+            axis,
+            start: Int::Sym(start),
+        },
+        vec![vc, v],
+        DType::F32,
+        &cs,
+    );
+    let kind = OpKind::Sdpa {
+        layout,
+        scale: 0.125,
+        causal: true,
+        window: None,
+        softcap: None,
+        start: Int::Sym(start),
+    };
+    let o = t.op(kind, vec![q, ku, vu], DType::F32, &xs);
+    t.out(o);
+    t
+}
+
+fn set_step(
+    t: &mut T,
+    rng: &mut Rng,
+    layout: AttnLayout,
+    s: usize,
+    h: usize,
+    d: usize,
+    start: i64,
+) {
+    let shape = attn_shape(layout, 1, s, h, d);
+    for i in 0..3 {
+        t.inputs[i] = Val::Tensor(shape.clone(), f32_bytes(&rng.floats(s * h * d, 1.0)));
+    }
+    t.inputs[3] = Val::Sym(start);
+}
+
+#[test]
+fn decode_steps_replay_one_recording_and_keep_the_kv_cache() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(13);
+    for layout in [AttnLayout::Bshd, AttnLayout::Bhsd] {
+        let (cache, h, d) = (40, 2, 32);
+        let mut t = decode_graph(layout, cache, h, d, 8);
+        let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+        let mut gpu = GpuExecutor::new(ctx.clone(), t.g.clone()).unwrap();
+        // Prefill 7 positions, then 6 decode steps.
+        let mut pos = 0;
+        for (step, s) in [7usize, 1, 1, 1, 1, 1, 1].into_iter().enumerate() {
+            set_step(&mut t, &mut rng, layout, s, h, d, pos);
+            let vals = values(&t.inputs);
+            let want = cpu.run(&vals).unwrap();
+            let got = gpu.run(&vals).unwrap();
+            compare(
+                &format!("{layout:?} step {step} at {pos}"),
+                &got,
+                &want,
+                TOL,
+                1e-2,
+            );
+            pos += s as i64;
+        }
+        let st = gpu.stats();
+        assert_eq!(
+            st.recordings, 2,
+            "{layout:?}: one recording for prefill, one for every decode step: {st:?}"
+        );
+        assert_eq!(st.replays, 5, "{layout:?}: {st:?}");
+    }
+}
+
+#[test]
+fn same_shapes_record_once_and_new_shapes_record_again() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(14);
+    let mut t = T::default();
+    let x = t.input(
+        DType::F32,
+        &[8, 64],
+        &[3, 64],
+        f32_bytes(&rng.floats(192, 1.0)),
+    );
+    let w = t.const_f(&[64], &rng.floats(64, 1.0));
+    let n = t.op(
+        OpKind::RmsNorm { eps: 1e-5 },
+        vec![x, w],
+        DType::F32,
+        &[8, 64],
+    );
+    let y = t.op(OpKind::Unary(UnaryOp::Silu), vec![n], DType::F32, &[8, 64]);
+    t.out(y);
+    let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+    let mut gpu = GpuExecutor::new(ctx, t.g.clone()).unwrap();
+    for rows in [3, 3, 5, 3] {
+        t.inputs[0] = Val::Tensor(vec![rows, 64], f32_bytes(&rng.floats(rows * 64, 1.0)));
+        let vals = values(&t.inputs);
+        compare(
+            "replay",
+            &gpu.run(&vals).unwrap(),
+            &cpu.run(&vals).unwrap(),
+            TOL,
+            1e-3,
+        );
+    }
+    let st = gpu.stats();
+    assert_eq!(
+        (st.recordings, st.replays, st.last_dispatches),
+        (2, 2, 2),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn unsupported_ops_are_listed_together() {
+    let Some(ctx) = ctx() else { return };
+    let mut t = T::default();
+    let x = t.input_i(&[4, 4], &[0; 16]);
+    let a = t.op(OpKind::Softmax, vec![x], DType::F32, &[4, 4]);
+    let b = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![x], DType::F32, &[4, 4]);
+    t.out(a);
+    t.out(b);
+    match GpuExecutor::new(ctx, t.g) {
+        Err(GpuError::Unsupported(why)) => {
+            assert_eq!(why.len(), 2, "{why:?}");
+            assert!(
+                why[0].contains("softmax") && why[1].contains("rms_norm"),
+                "{why:?}"
+            );
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("integer softmax should be unsupported"),
+    }
+}
+
+/// Decode mat-vec throughput against the device's copy bandwidth. Run on a real GPU with
+/// `cargo test --release --test gpu_kernels -- --ignored --nocapture bench`.
+#[test]
+#[ignore]
+fn bench_decode_matvec_bandwidth() {
+    let Some(ctx) = ctx() else { return };
+    let copy = ctx.copy_bandwidth(256 << 20, 20).unwrap();
+    eprintln!("{}\ncopy: {:.0} GB/s", ctx.adapter(), copy / 1e9);
+    let mut rng = Rng::new(15);
+    let (k, n) = (4096, 14336);
+    for (w, layers) in [
+        (Weight::F32, 6),
+        (Weight::Q8 { group: 128 }, 12),
+        (Weight::Q4 { group: 32 }, 16),
+        (Weight::Q4 { group: 128 }, 16),
+    ] {
+        let mut t = T::default();
+        let x = t.input_f(&[1, k], &rng.floats(k, 1.0));
+        let mut bytes = 0usize;
+        let mut last = x;
+        for _ in 0..layers {
+            let ws = quant_weight(&mut t, &mut rng, w, n, k);
+            bytes += ws
+                .iter()
+                .map(|&t2| t.g.tensors[t2].max_bytes())
+                .sum::<usize>();
+            let mut ins = vec![x];
+            ins.extend(ws);
+            last = t.op(
+                OpKind::Linear {
+                    weight: w,
+                    act_quant: false,
+                    has_bias: false,
+                },
+                ins,
+                DType::F32,
+                &[1, n],
+            );
+        }
+        t.out(last);
+        let mut gpu = GpuExecutor::new(ctx.clone(), t.g.clone()).unwrap();
+        let vals = values(&t.inputs);
+        gpu.run(&vals).unwrap();
+        let iters = 20;
+        let t0 = std::time::Instant::now();
+        for _ in 0..iters {
+            gpu.run(&vals).unwrap();
+        }
+        let per_call = t0.elapsed().as_secs_f64() / iters as f64;
+        let bw = bytes as f64 / per_call;
+        eprintln!(
+            "linear {w:?} 1x{k}->{n} x{layers}: {:.1} us/layer, {:.0} GB/s = {:.0}% of copy",
+            per_call / layers as f64 * 1e6,
+            bw / 1e9,
+            100.0 * bw / copy
+        );
+    }
+}
