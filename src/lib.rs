@@ -7,6 +7,8 @@ pub mod catalog;
 pub mod download;
 pub mod fb;
 pub mod frontend;
+pub mod gpu;
 pub mod ir;
+pub mod llm;
 pub mod pte;
 pub mod runtime;

@@ -105,7 +105,22 @@ pub fn describe(p: &Program) -> Result<String> {
             .sum();
         writeln!(s, "    constant tensors: {}", fmt_bytes(consts))?;
         for (i, d) in m.delegates.iter().enumerate() {
-            writeln!(s, "    delegate {i}: backend {} ({} blob)", d.id, fmt_bytes(d.data.len()))?;
+            writeln!(
+                s,
+                "    delegate {i}: backend {} ({} blob)",
+                d.id,
+                fmt_bytes(d.data.len())
+            )?;
+            match pteria::frontend::delegate_histogram(d, &p.named_data) {
+                Some(Ok(hist)) => {
+                    writeln!(s, "      blob ops:")?;
+                    for (k, n) in &hist {
+                        writeln!(s, "        {n:4} x {k}")?;
+                    }
+                }
+                Some(Err(e)) => writeln!(s, "      blob does not parse: {e}")?,
+                None => writeln!(s, "      (no front end reads this backend's format)")?,
+            }
             for (k, v) in &d.compile_specs {
                 writeln!(s, "      compile spec {k}: {} bytes", v.len())?;
             }

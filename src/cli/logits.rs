@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use pteria::pte::Program;
-use pteria::runtime::{BackendRegistry, DType, HostTensor, Method, Output};
+use pteria::runtime::{DType, HostTensor, Method, Output};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -34,7 +34,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     let ptds: Vec<&std::path::Path> = a.ptd.iter().map(|p| p.as_path()).collect();
     let program = Program::open(&a.file, &ptds)?;
-    let mut method = Method::load(&program, &a.method, &BackendRegistry::default())?;
+    let backends = pteria::frontend::backends(pteria::runtime::delegate::cpu_executor());
+    let mut method = Method::load(&program, &a.method, &backends)?;
     let steps = run_steps(&mut method, &a.prompt, &a.decode)?;
     let json = serde_json::json!({ "steps": steps });
     println!("{json}");

@@ -4,3 +4,52 @@
 pub mod mlx;
 pub mod vulkan;
 pub mod xnnpack;
+
+use crate::pte::{BackendDelegate, NamedData};
+use std::collections::BTreeMap;
+
+/// The node/op histogram of a delegate blob in a format we read, for `inspect`; `None` for a
+/// backend id no front end knows.
+pub fn delegate_histogram(
+    d: &BackendDelegate,
+    named: &NamedData,
+) -> Option<Result<BTreeMap<String, usize>, String>> {
+    Some(match d.id.as_str() {
+        "VulkanBackend" => vulkan::parse(&d.data, named)
+            .map(|g| g.op_histogram())
+            .map_err(|e| e.to_string()),
+        "MLXBackend" => mlx::parse(&d.data, named)
+            .map(|g| g.node_histogram())
+            .map_err(|e| e.to_string()),
+        "XnnpackBackend" => xnnpack::parse(&d.data, named)
+            .map(|g| g.node_histogram())
+            .map_err(|e| e.to_string()),
+        _ => return None,
+    })
+}
+
+/// The Vulkan delegate format as an IR front end.
+pub struct VulkanFrontEnd;
+
+impl crate::runtime::delegate::FrontEnd for VulkanFrontEnd {
+    fn backend_id(&self) -> &'static str {
+        vulkan::BACKEND_ID
+    }
+    fn lower(&self, d: &BackendDelegate, named: &NamedData) -> Result<crate::ir::Graph, String> {
+        let vk = vulkan::parse(&d.data, named).map_err(|e| e.to_string())?;
+        let mut g = vulkan::lower::lower(&vk)?;
+        crate::ir::passes::optimize(&mut g);
+        Ok(g)
+    }
+}
+
+/// A registry with every delegate format we can lower, each executed by `make`.
+pub fn backends(
+    make: crate::runtime::delegate::ExecutorFactory,
+) -> crate::runtime::BackendRegistry {
+    use crate::runtime::delegate::IrBackend;
+    use std::sync::Arc;
+    let mut r = crate::runtime::BackendRegistry::default();
+    r.register(Arc::new(IrBackend::new(Arc::new(VulkanFrontEnd), make)));
+    r
+}

@@ -21,11 +21,8 @@ use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PteError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
     #[error("malformed flatbuffer in {context}: {source}")]
     Flatbuffer {
         context: String,
@@ -73,9 +70,9 @@ impl Deref for Bytes {
 
 impl Bytes {
     pub fn map(path: &Path) -> Result<Arc<Bytes>> {
-        let io = |source| PteError::Io {
+        let io = |cause| PteError::Io {
             path: path.display().to_string(),
-            source,
+            cause,
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();

@@ -1,0 +1,889 @@
+//! Lowers a parsed `VkGraph` into the IR. Each Vulkan operator name maps to IR ops in one match
+//! arm; packed weights are re-expressed in the IR's canonical quantized form at load (derived
+//! constants), and KV-cache constants become persistent `State` tensors.
+
+use super::schema::{OperatorCall, VkDataType, VkGraph, VkValue};
+use crate::ir::{
+    self, AttnLayout, BinaryOp, DType, Graph, Int, Io, OpKind, Role, SymArith, SymOp, TensorId,
+    UnaryOp, Weight,
+};
+use crate::pte::{Blob, Bytes};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// What a Vulkan value became in the IR.
+#[derive(Debug, Clone)]
+enum Mapped {
+    Tensor(TensorId),
+    Sym(usize),
+    Int(i64),
+    Double(f64),
+    Bool(bool),
+    Str(String),
+    IntList(Vec<i64>),
+    List(Vec<usize>),
+    Null,
+}
+
+fn dtype(d: VkDataType) -> Result<DType, String> {
+    Ok(match d {
+        VkDataType::Float32 | VkDataType::Float64 => DType::F32,
+        VkDataType::Float16 => DType::F16,
+        VkDataType::Int32 | VkDataType::Int64 => DType::I32,
+        VkDataType::Int8 => DType::I8,
+        VkDataType::Uint8 => DType::U8,
+        VkDataType::Bool => DType::Bool,
+        VkDataType::Unset => return Err("tensor with an unset data type".into()),
+    })
+}
+
+fn owned(bytes: Vec<u8>) -> Blob {
+    Blob::whole(Arc::new(Bytes::Owned(bytes)))
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Normalises the spellings exports use (`aten.x.default`, bare fused names, `et_vk.` prefixes).
+fn canonical(name: &str) -> &str {
+    let n = name.strip_prefix("llama.").unwrap_or(name);
+    n.strip_prefix("et_vk.")
+        .map_or(n, |r| if r.starts_with("gemma_") { r } else { n })
+}
+
+struct Lower<'a> {
+    vk: &'a VkGraph,
+    g: Graph,
+    map: Vec<Mapped>,
+}
+
+/// Lowers the whole graph; an error lists every unsupported operator at once.
+pub fn lower(vk: &VkGraph) -> Result<Graph, String> {
+    let unsupported: BTreeSet<&str> = vk
+        .chain
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|n| !supported(canonical(n)))
+        .collect();
+    if !unsupported.is_empty() {
+        return Err(format!(
+            "VulkanBackend operators not supported yet: {}",
+            unsupported.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let mut l = Lower {
+        vk,
+        g: Graph::default(),
+        map: vec![Mapped::Null; vk.values.len()],
+    };
+    l.values()?;
+    for (i, call) in vk.chain.iter().enumerate() {
+        l.op(call)
+            .map_err(|e| format!("VkGraph operator call {i} (`{}`): {e}", call.name))?;
+    }
+    for (k, &id) in vk.input_ids.iter().enumerate() {
+        let io = match &l.map[id] {
+            Mapped::Tensor(t) => {
+                l.g.tensors[*t].role = Role::Input(k);
+                Io::Tensor(*t)
+            }
+            Mapped::Sym(s) => Io::Sym(*s),
+            _ => {
+                return Err(format!(
+                    "VkGraph input {k} is neither a tensor nor a SymInt"
+                ))
+            }
+        };
+        l.g.inputs.push(io);
+    }
+    for &id in &vk.output_ids {
+        l.g.outputs.push(l.tensor(id)?);
+    }
+    Ok(l.g)
+}
+
+fn supported(n: &str) -> bool {
+    matches!(
+        n,
+        "sym_size.int"
+            | "add"
+            | "sub"
+            | "mul"
+            | "floordiv"
+            | "et_vk.select_as_symint.default"
+            | "aten.embedding.default"
+            | "aten.view_copy.default"
+            | "aten._unsafe_view.default"
+            | "aten.linear.default"
+            | "aten.mm.default"
+            | "aten.bmm.default"
+            | "aten.matmul.default"
+            | "et_vk.linear_q4gsw.default"
+            | "et_vk.linear_dq8ca_q4gsw.default"
+            | "torchao.choose_qparams_affine.default"
+            | "sdpa_with_kv_cache.default"
+            | "update_cache.default"
+            | "custom_sdpa.default"
+            | "aten.select_copy.int"
+            | "aten.slice_copy.Tensor"
+            | "aten.add.Tensor"
+            | "aten.sub.Tensor"
+            | "aten.mul.Tensor"
+            | "aten.div.Tensor"
+            | "aten.pow.Tensor_Scalar"
+            | "aten.mean.dim"
+            | "aten.rsqrt.default"
+            | "aten.sqrt.default"
+            | "aten.tanh.default"
+            | "aten.neg.default"
+            | "aten.cos.default"
+            | "aten.sin.default"
+            | "aten.exp.default"
+            | "aten.sigmoid.default"
+            | "aten.relu.default"
+            | "aten.abs.default"
+            | "aten.gelu.default"
+            | "aten.permute_copy.default"
+            | "aten.permute.default"
+            | "aten.unsqueeze_copy.default"
+            | "aten.squeeze_copy.dims"
+            | "aten.clone.default"
+            | "aten._to_copy.default"
+            | "dim_order_ops._to_dim_order_copy.default"
+            | "dim_order_ops._clone_dim_order.default"
+            | "aten.cat.default"
+            | "aten.expand_copy.default"
+            | "aten._softmax.default"
+            | "aten.where.self"
+            | "aten.index_select.default"
+            | "aten.clamp.default"
+            | "et_vk.rms_norm.default"
+            | "aten.rms_norm.default"
+    )
+}
+
+impl Lower<'_> {
+    fn values(&mut self) -> Result<(), String> {
+        // KV caches are constants in the blob that the attention ops update: make them State.
+        let mut caches = BTreeSet::new();
+        for c in &self.vk.chain {
+            match canonical(&c.name) {
+                "sdpa_with_kv_cache.default" => {
+                    caches.extend(c.args.get(3..5).into_iter().flatten().copied());
+                }
+                "update_cache.default" => caches.extend(c.args.get(1).copied()),
+                _ => {}
+            }
+        }
+        for (i, v) in self.vk.values.iter().enumerate() {
+            self.map[i] = match v {
+                VkValue::Null => Mapped::Null,
+                VkValue::Int(x) => Mapped::Int(*x),
+                VkValue::Double(x) => Mapped::Double(*x),
+                VkValue::Bool(x) => Mapped::Bool(*x),
+                VkValue::String(s) => Mapped::Str(s.clone()),
+                VkValue::IntList(l) => Mapped::IntList(l.clone()),
+                VkValue::ValueList(l) => Mapped::List(l.clone()),
+                VkValue::DoubleList(_) | VkValue::BoolList(_) => Mapped::Null,
+                VkValue::SymInt(_) => Mapped::Sym(self.g.add_sym(format!("v{i}"))),
+                VkValue::Tensor(t) => {
+                    let dt = dtype(t.datatype)?;
+                    let role = match t.constant_id {
+                        Some(c) => {
+                            let data = self.vk.constants[c].data.clone();
+                            if caches.contains(&i) {
+                                Role::State(Some(self.convert_const(t.datatype, &data)))
+                            } else {
+                                Role::Constant(self.convert_const(t.datatype, &data))
+                            }
+                        }
+                        None => Role::Activation,
+                    };
+                    Mapped::Tensor(self.g.add_tensor(format!("v{i}"), dt, t.dims.clone(), role))
+                }
+            };
+        }
+        Ok(())
+    }
+
+    /// 64-bit constants narrow to 32 bits (as the Vulkan runtime does); the rest stay zero-copy.
+    fn convert_const(&self, dt: VkDataType, data: &Blob) -> Blob {
+        match dt {
+            VkDataType::Float64 => owned(
+                data.chunks_exact(8)
+                    .flat_map(|c| (f64::from_le_bytes(c.try_into().unwrap()) as f32).to_le_bytes())
+                    .collect(),
+            ),
+            VkDataType::Int64 => owned(
+                data.chunks_exact(8)
+                    .flat_map(|c| (i64::from_le_bytes(c.try_into().unwrap()) as i32).to_le_bytes())
+                    .collect(),
+            ),
+            _ => data.clone(),
+        }
+    }
+
+    fn tensor(&self, id: usize) -> Result<TensorId, String> {
+        match self.map.get(id) {
+            Some(Mapped::Tensor(t)) => Ok(*t),
+            other => Err(format!("value {id} is {other:?}, expected a tensor")),
+        }
+    }
+
+    fn opt_tensor(&self, id: usize) -> Result<Option<TensorId>, String> {
+        match self.map.get(id) {
+            Some(Mapped::Null) => Ok(None),
+            _ => self.tensor(id).map(Some),
+        }
+    }
+
+    fn int(&self, id: usize) -> Result<Int, String> {
+        match self.map.get(id) {
+            Some(Mapped::Int(v)) => Ok(Int::Lit(*v)),
+            Some(Mapped::Sym(s)) => Ok(Int::Sym(*s)),
+            Some(Mapped::Bool(b)) => Ok(Int::Lit(*b as i64)),
+            other => Err(format!("value {id} is {other:?}, expected an integer")),
+        }
+    }
+
+    fn lit(&self, id: usize) -> Result<i64, String> {
+        match self.int(id)? {
+            Int::Lit(v) => Ok(v),
+            Int::Sym(_) => Err(format!("value {id} must be a constant integer")),
+        }
+    }
+
+    fn double(&self, id: usize) -> Result<f64, String> {
+        match self.map.get(id) {
+            Some(Mapped::Double(v)) => Ok(*v),
+            Some(Mapped::Int(v)) => Ok(*v as f64),
+            Some(Mapped::Bool(b)) => Ok(*b as i64 as f64),
+            other => Err(format!("value {id} is {other:?}, expected a number")),
+        }
+    }
+
+    fn boolean(&self, id: usize) -> Result<bool, String> {
+        match self.map.get(id) {
+            Some(Mapped::Bool(b)) => Ok(*b),
+            Some(Mapped::Int(v)) => Ok(*v != 0),
+            other => Err(format!("value {id} is {other:?}, expected a bool")),
+        }
+    }
+
+    /// A list of integers given as IntList or as ValueList of Int/SymInt values.
+    fn ints(&self, id: usize) -> Result<Vec<Int>, String> {
+        match self.map.get(id) {
+            Some(Mapped::IntList(l)) => Ok(l.iter().map(|&v| Int::Lit(v)).collect()),
+            Some(Mapped::List(l)) => l.iter().map(|&v| self.int(v)).collect(),
+            Some(Mapped::Int(v)) => Ok(vec![Int::Lit(*v)]),
+            other => Err(format!("value {id} is {other:?}, expected an integer list")),
+        }
+    }
+
+    fn rank(&self, t: TensorId) -> usize {
+        self.g.tensors[t].max_shape.len()
+    }
+
+    fn dim(&self, d: i64, rank: usize) -> Result<usize, String> {
+        let r = rank.max(1) as i64;
+        let x = if d < 0 { d + r } else { d };
+        if !(0..r).contains(&x) {
+            return Err(format!("dim {d} out of range for rank {rank}"));
+        }
+        Ok(x as usize)
+    }
+
+    /// A host symbol holding the current size of `t`'s dim `d`.
+    fn size_sym(&mut self, t: TensorId, d: usize) -> Int {
+        let s = self.g.add_sym(format!("size(t{t},{d})"));
+        self.g.nodes.push(ir::Node::Sym(SymOp::Size {
+            out: s,
+            tensor: t,
+            dim: d,
+        }));
+        Int::Sym(s)
+    }
+
+    fn out(&self, c: &OperatorCall) -> Result<TensorId, String> {
+        self.tensor(*c.args.last().ok_or("no output")?)
+    }
+
+    fn arg(c: &OperatorCall, i: usize) -> Result<usize, String> {
+        c.args
+            .get(i)
+            .copied()
+            .ok_or_else(|| format!("missing argument {i}"))
+    }
+
+    fn unary(&mut self, c: &OperatorCall, u: UnaryOp) -> Result<(), String> {
+        let (x, y) = (self.tensor(Self::arg(c, 0)?)?, self.out(c)?);
+        self.g.op(OpKind::Unary(u), vec![x], vec![y]);
+        Ok(())
+    }
+
+    /// `a ⊕ b` where b may be a tensor or a scalar value; `alpha` scales b for add/sub.
+    fn binary(
+        &mut self,
+        c: &OperatorCall,
+        op: BinaryOp,
+        alpha_arg: Option<usize>,
+    ) -> Result<(), String> {
+        let a = self.tensor(Self::arg(c, 0)?)?;
+        let y = self.out(c)?;
+        let alpha = match alpha_arg {
+            Some(i) if i + 1 < c.args.len() => self.double(c.args[i]).unwrap_or(1.0),
+            _ => 1.0,
+        };
+        let b_id = Self::arg(c, 1)?;
+        match &self.map[b_id] {
+            Mapped::Tensor(b) => {
+                let b = *b;
+                if alpha != 1.0 {
+                    let tmp = self.g.add_tensor(
+                        "alpha",
+                        self.g.tensors[b].dtype,
+                        self.g.tensors[b].max_shape.clone(),
+                        Role::Activation,
+                    );
+                    self.g.op(
+                        OpKind::BinaryScalar {
+                            op: BinaryOp::Mul,
+                            scalar: alpha,
+                            scalar_first: false,
+                        },
+                        vec![b],
+                        vec![tmp],
+                    );
+                    self.g.op(OpKind::Binary(op), vec![a, tmp], vec![y]);
+                } else {
+                    self.g.op(OpKind::Binary(op), vec![a, b], vec![y]);
+                }
+            }
+            _ => {
+                let s = self.double(b_id)? * alpha;
+                self.g.op(
+                    OpKind::BinaryScalar {
+                        op,
+                        scalar: s,
+                        scalar_first: false,
+                    },
+                    vec![a],
+                    vec![y],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Reshape `x` to `shape` (which may hold symbols) into `y`.
+    fn reshape(&mut self, x: TensorId, shape: Vec<Int>, y: TensorId) {
+        self.g.op(OpKind::Reshape { shape }, vec![x], vec![y]);
+    }
+
+    /// Symbolic sizes of every dim of `x`, with 1s for static unit dims.
+    fn dims_of(&mut self, x: TensorId) -> Vec<Int> {
+        let max = self.g.tensors[x].max_shape.clone();
+        (0..max.len())
+            .map(|d| {
+                if max[d] == 1 {
+                    Int::Lit(1)
+                } else {
+                    self.size_sym(x, d)
+                }
+            })
+            .collect()
+    }
+
+    /// q4gsw weights → canonical Q4: bytes as they are; scales `[K/g, Npad]` → `[N, K/g]`,
+    /// biases `-8·scale` (the +8 offset of the stored nibbles).
+    fn q4_weights(&mut self, w: usize, s: usize, group: usize) -> Result<[TensorId; 3], String> {
+        let wt = self.tensor(w)?;
+        let st = self.tensor(s)?;
+        let (n, k2) = match self.g.tensors[wt].max_shape[..] {
+            [n, k2] => (n, k2),
+            ref d => return Err(format!("q4gsw weight dims {d:?} are not [N, K/2]")),
+        };
+        let k = k2 * 2;
+        if group == 0 || k % group != 0 {
+            return Err(format!("group size {group} does not divide K = {k}"));
+        }
+        let groups = k / group;
+        let sdims = self.g.tensors[st].max_shape.clone();
+        let (srows, scols) = match sdims[..] {
+            [r, c] => (r, c),
+            _ => return Err(format!("q4gsw scales dims {sdims:?} are not 2-D")),
+        };
+        if srows < groups || scols < n {
+            return Err(format!("scales {sdims:?} do not cover [{groups}, {n}]"));
+        }
+        let Role::Constant(sb) = &self.g.tensors[st].role else {
+            return Err("q4gsw scales are not constant".into());
+        };
+        let sv = crate::runtime::tensor::to_f32(self.g.tensors[st].dtype, sb);
+        let mut scales = vec![0f32; n * groups];
+        for gi in 0..groups {
+            for row in 0..n {
+                scales[row * groups + gi] = sv[gi * scols + row];
+            }
+        }
+        let biases: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
+        let st2 = self.g.add_tensor(
+            format!("v{s}.scales"),
+            DType::F32,
+            vec![n, groups],
+            Role::Constant(owned(f32_bytes(&scales))),
+        );
+        let bt = self.g.add_tensor(
+            format!("v{s}.biases"),
+            DType::F32,
+            vec![n, groups],
+            Role::Constant(owned(f32_bytes(&biases))),
+        );
+        Ok([wt, st2, bt])
+    }
+
+    fn op(&mut self, c: &OperatorCall) -> Result<(), String> {
+        let a = |i: usize| Self::arg(c, i);
+        match canonical(&c.name) {
+            "sym_size.int" => {
+                let t = self.tensor(a(0)?)?;
+                let d = self.dim(self.lit(a(1)?)?, self.rank(t))?;
+                let Mapped::Sym(out) = self.map[a(2)?] else {
+                    return Err("sym_size output is not a SymInt".into());
+                };
+                self.g.nodes.push(ir::Node::Sym(SymOp::Size {
+                    out,
+                    tensor: t,
+                    dim: d,
+                }));
+            }
+            op @ ("add" | "sub" | "mul" | "floordiv") => {
+                let (x, y) = (self.int(a(0)?)?, self.int(a(1)?)?);
+                let Mapped::Sym(out) = self.map[a(2)?] else {
+                    return Err("symbolic op output is not a SymInt".into());
+                };
+                let op = match op {
+                    "add" => SymArith::Add,
+                    "sub" => SymArith::Sub,
+                    "mul" => SymArith::Mul,
+                    _ => SymArith::FloorDiv,
+                };
+                self.g.nodes.push(ir::Node::Sym(SymOp::Arith {
+                    out,
+                    op,
+                    a: x,
+                    b: y,
+                }));
+            }
+            "et_vk.select_as_symint.default" => {
+                let t = self.tensor(a(0)?)?;
+                let shape = self.g.tensors[t].max_shape.clone();
+                let d = self.dim(self.lit(a(1)?)?, shape.len())?;
+                let i = self.lit(a(2)?)?;
+                if shape.iter().enumerate().any(|(j, &s)| j != d && s != 1) {
+                    return Err(format!(
+                        "select_as_symint on {shape:?} along dim {d} needs every other dim to be 1"
+                    ));
+                }
+                if i < 0 {
+                    return Err("negative select index".into());
+                }
+                let Mapped::Sym(out) = self.map[a(3)?] else {
+                    return Err("output is not a SymInt".into());
+                };
+                self.g.nodes.push(ir::Node::Sym(SymOp::ReadInput {
+                    out,
+                    tensor: t,
+                    index: i as usize,
+                }));
+            }
+            "aten.embedding.default" => {
+                let (w, idx, y) = (self.tensor(a(0)?)?, self.tensor(a(1)?)?, self.out(c)?);
+                self.g.op(
+                    OpKind::Embedding {
+                        weight: Weight::F32,
+                    },
+                    vec![w, idx],
+                    vec![y],
+                );
+            }
+            "aten.view_copy.default" | "aten._unsafe_view.default" => {
+                let x = self.tensor(a(0)?)?;
+                let shape = self.ints(a(1)?)?;
+                let y = self.out(c)?;
+                self.reshape(x, shape, y);
+            }
+            "aten.linear.default" => {
+                let (x, w) = (self.tensor(a(0)?)?, self.tensor(a(1)?)?);
+                let b = self.opt_tensor(a(2)?)?;
+                let y = self.out(c)?;
+                let mut ins = vec![x, w];
+                ins.extend(b);
+                self.g.op(
+                    OpKind::Linear {
+                        weight: Weight::F32,
+                        act_quant: false,
+                        has_bias: b.is_some(),
+                    },
+                    ins,
+                    vec![y],
+                );
+            }
+            "aten.mm.default" | "aten.bmm.default" | "aten.matmul.default" => {
+                let (x, w, y) = (self.tensor(a(0)?)?, self.tensor(a(1)?)?, self.out(c)?);
+                self.g.op(OpKind::MatMul, vec![x, w], vec![y]);
+            }
+            "et_vk.linear_q4gsw.default" => {
+                let x = self.tensor(a(0)?)?;
+                let group = self.lit(a(3)?)? as usize;
+                let ws = self.q4_weights(a(1)?, a(2)?, group)?;
+                let b = if c.args.len() > 5 {
+                    self.opt_tensor(a(4)?)?
+                } else {
+                    None
+                };
+                let y = self.out(c)?;
+                let mut ins = vec![x];
+                ins.extend(ws);
+                ins.extend(b);
+                self.g.op(
+                    OpKind::Linear {
+                        weight: Weight::Q4 { group },
+                        act_quant: false,
+                        has_bias: b.is_some(),
+                    },
+                    ins,
+                    vec![y],
+                );
+            }
+            "et_vk.linear_dq8ca_q4gsw.default" => {
+                // (input, input_scales, input_zp, weights, weight_sums, weight_scales, group, bias?)
+                let x = self.tensor(a(0)?)?;
+                let group = self.lit(a(6)?)? as usize;
+                let ws = self.q4_weights(a(3)?, a(5)?, group)?;
+                let b = if c.args.len() > 8 {
+                    self.opt_tensor(a(7)?)?
+                } else {
+                    None
+                };
+                let y = self.out(c)?;
+                let mut ins = vec![x];
+                ins.extend(ws);
+                ins.extend(b);
+                self.g.op(
+                    OpKind::Linear {
+                        weight: Weight::Q4 { group },
+                        act_quant: true,
+                        has_bias: b.is_some(),
+                    },
+                    ins,
+                    vec![y],
+                );
+            }
+            // The per-row activation parameters are recomputed inside the dq8 linear.
+            "torchao.choose_qparams_affine.default" => {}
+            "sdpa_with_kv_cache.default" => {
+                // (q, k, v, k_cache, v_cache, start_pos, seq_len, mask?, dropout, is_causal, scale?)
+                let (q, k, v) = (
+                    self.tensor(a(0)?)?,
+                    self.tensor(a(1)?)?,
+                    self.tensor(a(2)?)?,
+                );
+                let (kc, vc) = (self.tensor(a(3)?)?, self.tensor(a(4)?)?);
+                let start = self.int(a(5)?)?;
+                let mask = self.opt_tensor(a(7)?)?;
+                let causal = self.boolean(a(9)?)?;
+                let d = *self.g.tensors[q].max_shape.last().ok_or("scalar query")?;
+                let scale = match self.map[a(10)?] {
+                    Mapped::Null => 1.0 / (d as f32).sqrt(),
+                    _ => self.double(a(10)?)? as f32,
+                };
+                let y = self.out(c)?;
+                self.g.op(
+                    OpKind::CacheUpdate { axis: 1, start },
+                    vec![kc, k],
+                    vec![kc],
+                );
+                self.g.op(
+                    OpKind::CacheUpdate { axis: 1, start },
+                    vec![vc, v],
+                    vec![vc],
+                );
+                let mut ins = vec![q, kc, vc];
+                ins.extend(mask);
+                self.g.op(
+                    OpKind::Sdpa {
+                        layout: AttnLayout::Bshd,
+                        scale,
+                        causal,
+                        window: None,
+                        softcap: None,
+                        start,
+                    },
+                    ins,
+                    vec![y],
+                );
+            }
+            "update_cache.default" => {
+                let (v, cache) = (self.tensor(a(0)?)?, self.tensor(a(1)?)?);
+                let start = self.int(a(2)?)?;
+                self.g.op(
+                    OpKind::CacheUpdate { axis: 1, start },
+                    vec![cache, v],
+                    vec![cache],
+                );
+            }
+            "custom_sdpa.default" => {
+                // (q, k_cache, v_cache, start_pos, mask?, dropout, is_causal, scale?)
+                let (q, kc, vc) = (
+                    self.tensor(a(0)?)?,
+                    self.tensor(a(1)?)?,
+                    self.tensor(a(2)?)?,
+                );
+                let start = self.int(a(3)?)?;
+                let mask = self.opt_tensor(a(4)?)?;
+                let causal = self.boolean(a(6)?)?;
+                let d = *self.g.tensors[q].max_shape.last().ok_or("scalar query")?;
+                let scale = match self.map[a(7)?] {
+                    Mapped::Null => 1.0 / (d as f32).sqrt(),
+                    _ => self.double(a(7)?)? as f32,
+                };
+                let y = self.out(c)?;
+                let mut ins = vec![q, kc, vc];
+                ins.extend(mask);
+                self.g.op(
+                    OpKind::Sdpa {
+                        layout: AttnLayout::Bshd,
+                        scale,
+                        causal,
+                        window: None,
+                        softcap: None,
+                        start,
+                    },
+                    ins,
+                    vec![y],
+                );
+            }
+            "aten.select_copy.int" => {
+                let x = self.tensor(a(0)?)?;
+                let d = self.dim(self.lit(a(1)?)?, self.rank(x))?;
+                let index = self.int(a(2)?)?;
+                let y = self.out(c)?;
+                self.g
+                    .op(OpKind::Select { dim: d, index }, vec![x], vec![y]);
+            }
+            "aten.slice_copy.Tensor" => {
+                let x = self.tensor(a(0)?)?;
+                let d = self.dim(self.lit(a(1)?)?, self.rank(x))?;
+                let start = match self.map[a(2)?] {
+                    Mapped::Null => Int::Lit(0),
+                    _ => self.int(a(2)?)?,
+                };
+                let end = match self.map[a(3)?] {
+                    Mapped::Null => Int::Lit(i64::MAX),
+                    _ => self.int(a(3)?)?,
+                };
+                let step = self.lit(a(4)?)?.max(1) as usize;
+                let y = self.out(c)?;
+                self.g.op(
+                    OpKind::Slice {
+                        dim: d,
+                        start,
+                        end,
+                        step,
+                    },
+                    vec![x],
+                    vec![y],
+                );
+            }
+            "aten.add.Tensor" => self.binary(c, BinaryOp::Add, Some(2))?,
+            "aten.sub.Tensor" => self.binary(c, BinaryOp::Sub, Some(2))?,
+            "aten.mul.Tensor" => self.binary(c, BinaryOp::Mul, None)?,
+            "aten.div.Tensor" => self.binary(c, BinaryOp::Div, None)?,
+            "aten.pow.Tensor_Scalar" => self.binary(c, BinaryOp::Pow, None)?,
+            "aten.mean.dim" => {
+                let x = self.tensor(a(0)?)?;
+                let r = self.rank(x);
+                let mut dims = self
+                    .ints(a(1)?)?
+                    .into_iter()
+                    .map(|d| match d {
+                        Int::Lit(v) => self.dim(v, r),
+                        Int::Sym(_) => Err("symbolic reduction dim".into()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                dims.sort_unstable();
+                let keepdim = self.boolean(a(2)?)?;
+                let y = self.out(c)?;
+                self.g.op(OpKind::Mean { dims, keepdim }, vec![x], vec![y]);
+            }
+            "aten.rsqrt.default" => self.unary(c, UnaryOp::Rsqrt)?,
+            "aten.sqrt.default" => self.unary(c, UnaryOp::Sqrt)?,
+            "aten.tanh.default" => self.unary(c, UnaryOp::Tanh)?,
+            "aten.neg.default" => self.unary(c, UnaryOp::Neg)?,
+            "aten.cos.default" => self.unary(c, UnaryOp::Cos)?,
+            "aten.sin.default" => self.unary(c, UnaryOp::Sin)?,
+            "aten.exp.default" => self.unary(c, UnaryOp::Exp)?,
+            "aten.sigmoid.default" => self.unary(c, UnaryOp::Sigmoid)?,
+            "aten.relu.default" => self.unary(c, UnaryOp::Relu)?,
+            "aten.abs.default" => self.unary(c, UnaryOp::Abs)?,
+            "aten.gelu.default" => {
+                let tanh =
+                    c.args.len() > 2 && matches!(&self.map[a(1)?], Mapped::Str(s) if s == "tanh");
+                self.unary(
+                    c,
+                    if tanh {
+                        UnaryOp::GeluTanh
+                    } else {
+                        UnaryOp::Gelu
+                    },
+                )?;
+            }
+            "aten.permute_copy.default" | "aten.permute.default" => {
+                let x = self.tensor(a(0)?)?;
+                let r = self.rank(x);
+                let perm = self
+                    .ints(a(1)?)?
+                    .into_iter()
+                    .map(|d| match d {
+                        Int::Lit(v) => self.dim(v, r),
+                        Int::Sym(_) => Err("symbolic permutation".into()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let y = self.out(c)?;
+                self.g.op(OpKind::Permute { perm }, vec![x], vec![y]);
+            }
+            "aten.unsqueeze_copy.default" => {
+                let x = self.tensor(a(0)?)?;
+                let d = self.dim(self.lit(a(1)?)?, self.rank(x) + 1)?;
+                let mut shape = self.dims_of(x);
+                shape.insert(d, Int::Lit(1));
+                let y = self.out(c)?;
+                self.reshape(x, shape, y);
+            }
+            "aten.squeeze_copy.dims" => {
+                let x = self.tensor(a(0)?)?;
+                let r = self.rank(x);
+                let dims: Vec<usize> = self
+                    .ints(a(1)?)?
+                    .into_iter()
+                    .map(|d| match d {
+                        Int::Lit(v) => self.dim(v, r),
+                        Int::Sym(_) => Err("symbolic squeeze dim".into()),
+                    })
+                    .collect::<Result<_, _>>()?;
+                let max = self.g.tensors[x].max_shape.clone();
+                let full = self.dims_of(x);
+                let shape = full
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| !(dims.contains(i) && max[*i] == 1))
+                    .map(|(_, s)| s)
+                    .collect();
+                let y = self.out(c)?;
+                self.reshape(x, shape, y);
+            }
+            "aten.clone.default"
+            | "aten._to_copy.default"
+            | "dim_order_ops._to_dim_order_copy.default"
+            | "dim_order_ops._clone_dim_order.default" => {
+                let (x, y) = (self.tensor(a(0)?)?, self.out(c)?);
+                let kind = if self.g.tensors[x].dtype == self.g.tensors[y].dtype {
+                    OpKind::Copy
+                } else {
+                    OpKind::Cast
+                };
+                self.g.op(kind, vec![x], vec![y]);
+            }
+            "aten.cat.default" => {
+                let Mapped::List(items) = self.map[a(0)?].clone() else {
+                    return Err("cat input is not a list".into());
+                };
+                let ins = items
+                    .iter()
+                    .map(|&i| self.tensor(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let r = ins.first().map_or(1, |&t| self.rank(t));
+                let d = self.dim(self.lit(a(1)?)?, r)?;
+                let y = self.out(c)?;
+                self.g.op(OpKind::Concat { dim: d }, ins, vec![y]);
+            }
+            "aten.expand_copy.default" => {
+                let x = self.tensor(a(0)?)?;
+                let y = self.out(c)?;
+                let req = self.ints(a(1)?)?;
+                let mut shape = Vec::new();
+                for (i, r) in req.iter().enumerate() {
+                    match r {
+                        Int::Lit(v) if *v >= 0 => shape.push(*v as usize),
+                        _ => shape.push(self.g.tensors[y].max_shape[i]),
+                    }
+                }
+                if req.iter().any(|r| !matches!(r, Int::Lit(v) if *v >= 0)) {
+                    return Err("expand to a dynamic size is not supported".into());
+                }
+                self.g.op(OpKind::Expand { shape }, vec![x], vec![y]);
+            }
+            "aten._softmax.default" => {
+                let x = self.tensor(a(0)?)?;
+                let d = self.dim(self.lit(a(1)?)?, self.rank(x))?;
+                if d + 1 != self.rank(x) {
+                    return Err("softmax over a dim other than the last".into());
+                }
+                let y = self.out(c)?;
+                self.g.op(OpKind::Softmax, vec![x], vec![y]);
+            }
+            "aten.where.self" => {
+                let (cnd, x, z, y) = (
+                    self.tensor(a(0)?)?,
+                    self.tensor(a(1)?)?,
+                    self.tensor(a(2)?)?,
+                    self.out(c)?,
+                );
+                self.g.op(OpKind::Where, vec![cnd, x, z], vec![y]);
+            }
+            "aten.index_select.default" => {
+                let x = self.tensor(a(0)?)?;
+                let d = self.dim(self.lit(a(1)?)?, self.rank(x))?;
+                let (idx, y) = (self.tensor(a(2)?)?, self.out(c)?);
+                self.g
+                    .op(OpKind::IndexSelect { dim: d }, vec![x, idx], vec![y]);
+            }
+            "aten.clamp.default" => {
+                let x = self.tensor(a(0)?)?;
+                let opt = |s: &Self, i: usize| -> Result<Option<f64>, String> {
+                    match s.map[i] {
+                        Mapped::Null => Ok(None),
+                        _ => s.double(i).map(Some),
+                    }
+                };
+                let (min, max) = (opt(self, a(1)?)?, opt(self, a(2)?)?);
+                let y = self.out(c)?;
+                self.g.op(OpKind::Clamp { min, max }, vec![x], vec![y]);
+            }
+            "et_vk.rms_norm.default" | "aten.rms_norm.default" => {
+                // et_vk.rms_norm(x, weight, eps); aten.rms_norm(x, normalized_shape, weight?, eps?)
+                let x = self.tensor(a(0)?)?;
+                let (w, eps) = if c.name.contains("aten.") {
+                    (
+                        self.opt_tensor(a(2)?)?,
+                        if c.args.len() > 4 {
+                            self.double(a(3)?)?
+                        } else {
+                            1e-6
+                        },
+                    )
+                } else {
+                    (self.opt_tensor(a(1)?)?, self.double(a(2)?)?)
+                };
+                let y = self.out(c)?;
+                let mut ins = vec![x];
+                ins.extend(w);
+                self.g.op(OpKind::RmsNorm { eps: eps as f32 }, ins, vec![y]);
+            }
+            other => return Err(format!("operator `{other}` has no lowering")),
+        }
+        Ok(())
+    }
+}
