@@ -5,6 +5,8 @@
 //   matvec_q   few rows of x (decode): a workgroup per 8 outputs, reading packed u32 words and
 //              vec4 activations; needs K % 8 == 0 (4-bit) or K % 4 == 0 (8-bit), which groups
 //              of a multiple of 8 guarantee.
+//   matvec_q_wide  the same reading 16-byte weight quads, for more bytes in flight per
+//              invocation; needs a quad inside one group (group % 32 for 4-bit, % 16 for 8-bit).
 //   matvec_f32 the same for f32 weights, coalesced scalar reads, any K.
 //   tiled      many rows (prefill): 64x64 output tiles, 16-deep K slices in shared memory.
 
@@ -34,6 +36,7 @@ override WG: u32 = 256u;
 @group(0) @binding(3) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> x4: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> w: array<u32>;
+@group(0) @binding(4) var<storage, read> w4: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
 @group(0) @binding(6) var<storage, read> biases: array<f32>;
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
@@ -116,43 +119,11 @@ fn finish(row: u32, m: u32, lane: u32, t: u32) {
 const ROWS = 8u;
 var<workgroup> red_rows: array<f32, ROWS * WG>;
 
-@compute @workgroup_size(WG)
-fn matvec_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) t: u32) {
-    let row0 = (wg.x + wg.y * nwg.x) * ROWS;
-    let m = wg.z;
-    // Elements per u32 word: 8 nibbles or 4 bytes; a group spans whole words.
-    let per_word = select(4u, 8u, KIND == 1u);
-    let words = p.k / per_word;
-    let xrow = m * p.k / 4u;
-    let rows = min(ROWS, p.n - min(row0, p.n));
-    var acc: array<f32, ROWS>;
-    for (var i = t; i < words; i += WG) {
-        let k0 = i * per_word;
-        let xa = x4[xrow + k0 / 4u];
-        var xb = vec4<f32>(0.0);
-        if KIND == 1u {
-            xb = x4[xrow + k0 / 4u + 1u];
-        }
-        let sx = dot(xa + xb, vec4<f32>(1.0));
-        for (var r = 0u; r < ROWS; r++) {
-            if r < rows {
-                let row = row0 + r;
-                let word = w[row * words + i];
-                var dq: f32;
-                if KIND == 1u {
-                    dq = dot(xa, nibbles(word, 0u)) + dot(xb, nibbles(word, 16u));
-                } else {
-                    dq = dot(xa, signed_bytes(word));
-                }
-                // Σ x·(s·q + b) = s·Σ x·q + b·Σ x over the word's elements, all in one group.
-                let g = row * p.groups + k0 / GROUP;
-                acc[r] += scales[g] * dq + biases[g] * sx;
-            }
-        }
-    }
-    for (var r = 0u; r < ROWS; r++) {
-        red_rows[r * WG + t] = acc[r];
+// Sums each row's per-invocation partials (shared-memory tree) and writes the ROWS outputs.
+fn reduce_and_store(t: u32, rows: u32, row0: u32, m: u32, acc_lo: vec4<f32>, acc_hi: vec4<f32>) {
+    for (var r = 0u; r < 4u; r++) {
+        red_rows[r * WG + t] = acc_lo[r];
+        red_rows[(r + 4u) * WG + t] = acc_hi[r];
     }
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s / 2u) {
@@ -170,6 +141,105 @@ fn matvec_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         }
         y[m * p.ldy + p.n0 + row0 + t] = v;
     }
+}
+
+// One row's share of a packed word: Σ x·(s·q + b) = s·Σ x·q + b·Σ x over the word's elements,
+// which all fall in one group.
+fn row_dot(row: u32, words: u32, i: u32, k0: u32, xa: vec4<f32>, xb: vec4<f32>, sx: f32) -> f32 {
+    let word = w[row * words + i];
+    var dq: f32;
+    if KIND == 1u {
+        dq = dot(xa, nibbles(word, 0u)) + dot(xb, nibbles(word, 16u));
+    } else {
+        dq = dot(xa, signed_bytes(word));
+    }
+    let g = row * p.groups + k0 / GROUP;
+    return scales[g] * dq + biases[g] * sx;
+}
+
+@compute @workgroup_size(WG)
+fn matvec_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) t: u32) {
+    let row0 = (wg.x + wg.y * nwg.x) * ROWS;
+    let m = wg.z;
+    // Elements per u32 word: 8 nibbles or 4 bytes; a group spans whole words.
+    let per_word = select(4u, 8u, KIND == 1u);
+    let words = p.k / per_word;
+    let xrow = m * p.k / 4u;
+    let rows = min(ROWS, p.n - min(row0, p.n));
+    // Rows past the chunk repeat its last row (cheaper than a branch in the hot loop); only
+    // valid rows are written. Two vec4 accumulators, not an indexed array, keep them in registers.
+    let last = p.n - 1u;
+    var acc_lo = vec4<f32>(0.0);
+    var acc_hi = vec4<f32>(0.0);
+    for (var i = t; i < words; i += WG) {
+        let k0 = i * per_word;
+        let xa = x4[xrow + k0 / 4u];
+        var xb = vec4<f32>(0.0);
+        if KIND == 1u {
+            xb = x4[xrow + k0 / 4u + 1u];
+        }
+        let sx = dot(xa + xb, vec4<f32>(1.0));
+        acc_lo += vec4<f32>(row_dot(min(row0, last), words, i, k0, xa, xb, sx),
+                            row_dot(min(row0 + 1u, last), words, i, k0, xa, xb, sx),
+                            row_dot(min(row0 + 2u, last), words, i, k0, xa, xb, sx),
+                            row_dot(min(row0 + 3u, last), words, i, k0, xa, xb, sx));
+        acc_hi += vec4<f32>(row_dot(min(row0 + 4u, last), words, i, k0, xa, xb, sx),
+                            row_dot(min(row0 + 5u, last), words, i, k0, xa, xb, sx),
+                            row_dot(min(row0 + 6u, last), words, i, k0, xa, xb, sx),
+                            row_dot(min(row0 + 7u, last), words, i, k0, xa, xb, sx));
+    }
+    reduce_and_store(t, rows, row0, m, acc_lo, acc_hi);
+}
+
+// One row's share of a 16-byte weight quad (32 nibbles or 16 bytes, all in one group).
+fn row_dot4(row: u32, quads: u32, i: u32, xrow: u32) -> f32 {
+    let quad = w4[row * quads + i];
+    var dq = 0.0;
+    var sx = 0.0;
+    if KIND == 1u {
+        let x0 = xrow + i * 8u;
+        for (var j = 0u; j < 4u; j++) {
+            let xa = x4[x0 + 2u * j];
+            let xb = x4[x0 + 2u * j + 1u];
+            dq += dot(xa, nibbles(quad[j], 0u)) + dot(xb, nibbles(quad[j], 16u));
+            sx += dot(xa + xb, vec4<f32>(1.0));
+        }
+    } else {
+        let x0 = xrow + i * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            let xa = x4[x0 + j];
+            dq += dot(xa, signed_bytes(quad[j]));
+            sx += dot(xa, vec4<f32>(1.0));
+        }
+    }
+    let per_quad = select(16u, 32u, KIND == 1u);
+    let g = row * p.groups + i * per_quad / GROUP;
+    return scales[g] * dq + biases[g] * sx;
+}
+
+@compute @workgroup_size(WG)
+fn matvec_q_wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) t: u32) {
+    let row0 = (wg.x + wg.y * nwg.x) * ROWS;
+    let m = wg.z;
+    let quads = p.k / select(16u, 32u, KIND == 1u);
+    let xrow = m * p.k / 4u;
+    let rows = min(ROWS, p.n - min(row0, p.n));
+    let last = p.n - 1u;
+    var acc_lo = vec4<f32>(0.0);
+    var acc_hi = vec4<f32>(0.0);
+    for (var i = t; i < quads; i += WG) {
+        acc_lo += vec4<f32>(row_dot4(min(row0, last), quads, i, xrow),
+                            row_dot4(min(row0 + 1u, last), quads, i, xrow),
+                            row_dot4(min(row0 + 2u, last), quads, i, xrow),
+                            row_dot4(min(row0 + 3u, last), quads, i, xrow));
+        acc_hi += vec4<f32>(row_dot4(min(row0 + 4u, last), quads, i, xrow),
+                            row_dot4(min(row0 + 5u, last), quads, i, xrow),
+                            row_dot4(min(row0 + 6u, last), quads, i, xrow),
+                            row_dot4(min(row0 + 7u, last), quads, i, xrow));
+    }
+    reduce_and_store(t, rows, row0, m, acc_lo, acc_hi);
 }
 
 @compute @workgroup_size(TPR, RPW)

@@ -1,4 +1,4 @@
-// Mean over a set of dims. One workgroup per output element: the kept dims locate the base offset,
+// Mean or sum over a set of dims. One workgroup per output element: the kept dims locate the base offset,
 // the reduced dims are walked in a shared-memory tree reduction (WG must be a power of two).
 
 struct Params {
@@ -13,6 +13,7 @@ struct Params {
 }
 
 override WG: u32 = 64u;
+override MEAN: bool = true;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
@@ -36,7 +37,7 @@ fn offset(i: u32, rank: u32, shape: array<vec4<u32>, 2>, strides: array<vec4<u32
 }
 
 @compute @workgroup_size(WG)
-fn mean(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
     let o = wg.x + wg.y * nwg.x;
     if o >= p.n_out {
@@ -56,6 +57,10 @@ fn mean(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         workgroupBarrier();
     }
     if t == 0u {
-        y[o] = red[0] / f32(p.n_red);
+        if MEAN {
+            y[o] = red[0] / f32(p.n_red);
+        } else {
+            y[o] = red[0];
+        }
     }
 }

@@ -92,6 +92,7 @@ fn ints_of(kind: &OpKind) -> Vec<Int> {
         | OpKind::CacheUpdate { start, .. } => vec![*start],
         OpKind::Slice { start, .. } => vec![*start],
         OpKind::Select { index, .. } => vec![*index],
+        OpKind::Arange { start, .. } => vec![*start],
         _ => Vec::new(),
     }
 }

@@ -251,7 +251,7 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
         OpKind::Binary(_) => n_in(2),
         OpKind::Where => n_in(3),
         OpKind::RmsNorm { .. } => n_in(1).or_else(|| float_in(&[0, 1])).or_else(float_out),
-        OpKind::Softmax | OpKind::Mean { .. } => {
+        OpKind::Softmax | OpKind::Mean { .. } | OpKind::Sum { .. } => {
             n_in(1).or_else(|| float_in(&[0])).or_else(float_out)
         }
         OpKind::Rope { .. } => n_in(3).or_else(|| float_in(&[0, 1, 2])).or_else(float_out),
@@ -305,7 +305,7 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
         | OpKind::Expand { .. } => n_in(1),
         OpKind::Concat { .. } => n_in(1),
         OpKind::IndexSelect { .. } => n_in(2),
-        OpKind::Full { .. } => None,
+        OpKind::Full { .. } | OpKind::Arange { .. } => None,
     }
 }
 
@@ -580,7 +580,7 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
                 env.grid(rows, 1),
             )]
         }
-        OpKind::Mean { dims, .. } => {
+        OpKind::Mean { dims, .. } | OpKind::Sum { dims, .. } => {
             let xs = env.shape(x).to_vec();
             let st = strides(&xs);
             let kept: Vec<usize> = (0..xs.len()).filter(|d| !dims.contains(d)).collect();
@@ -599,10 +599,11 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
                 .arr(&pick(&kept, &st), 8)
                 .arr(&pick(dims, &xs), 8)
                 .arr(&pick(dims, &st), 8);
+            let mean = matches!(op.kind, OpKind::Mean { .. });
             vec![step(
                 "reduce",
-                "mean",
-                vec![],
+                "main",
+                vec![("MEAN", b(mean))],
                 p,
                 Res::Tensor(out),
                 vec![Res::Tensor(x)],
@@ -825,6 +826,22 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
                 env.grid(n.div_ceil(WG), 1),
             )]
         }
+        OpKind::Arange {
+            start, step: by, ..
+        } => {
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            vec![step(
+                "full",
+                "arange",
+                vec![("OUT_INT", b(!out_float))],
+                P::default().u(n).u((env.slot)(*start) as usize).i(*by),
+                Res::Tensor(out),
+                vec![],
+                env.grid(n.div_ceil(WG), 1),
+            )]
+        }
     })
 }
 
@@ -925,13 +942,17 @@ fn linear(
                 env.grid(nc.div_ceil(rpw), m),
             ));
         } else if matvec {
-            // Enough invocations to cover a row's words, at most 256.
-            let words = k / if kind == 1 { 8 } else { 4 };
-            let wg = words.next_power_of_two().clamp(32, 256);
+            // Quads of 16 bytes when each lies inside one group: more bytes in flight per
+            // invocation. Enough invocations for about 4 words or quads each, 32 to 256.
+            let (per_word, per_quad) = if kind == 1 { (8, 32) } else { (4, 16) };
+            let wide = k % per_quad == 0 && group % per_quad == 0;
+            let units = if wide { k / per_quad } else { k / per_word };
+            let wg = units.div_ceil(4).next_power_of_two().clamp(32, 256);
             consts.push(("WG", wg as f64));
+            let entry = if wide { "matvec_q_wide" } else { "matvec_q" };
             steps.push(step(
                 "linear",
-                "matvec_q",
+                entry,
                 consts,
                 p,
                 Res::Tensor(out),
