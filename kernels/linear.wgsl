@@ -7,6 +7,7 @@
 //              of a multiple of 8 guarantee.
 //   matvec_q_wide  the same reading 16-byte weight quads, for more bytes in flight per
 //              invocation; needs a quad inside one group (group % 32 for 4-bit, % 16 for 8-bit).
+//              The host picks it for 8-bit weights, where it measured faster.
 //   matvec_f32 the same for f32 weights, coalesced scalar reads, any K.
 //   tiled      many rows (prefill): 64x64 output tiles, 16-deep K slices in shared memory.
 
@@ -194,24 +195,33 @@ fn matvec_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 
 // One row's share of a 16-byte weight quad (32 nibbles or 16 bytes, all in one group).
 fn row_dot4(row: u32, quads: u32, i: u32, xrow: u32) -> f32 {
-    let quad = w4[row * quads + i];
-    var dq = 0.0;
-    var sx = 0.0;
+    let q = w4[row * quads + i];
+    var dq: f32;
+    var sx: f32;
+    // Unrolled by hand: indexing the quad's components in a loop defeats register allocation.
     if KIND == 1u {
         let x0 = xrow + i * 8u;
-        for (var j = 0u; j < 4u; j++) {
-            let xa = x4[x0 + 2u * j];
-            let xb = x4[x0 + 2u * j + 1u];
-            dq += dot(xa, nibbles(quad[j], 0u)) + dot(xb, nibbles(quad[j], 16u));
-            sx += dot(xa + xb, vec4<f32>(1.0));
-        }
+        let a0 = x4[x0];
+        let b0 = x4[x0 + 1u];
+        let a1 = x4[x0 + 2u];
+        let b1 = x4[x0 + 3u];
+        let a2 = x4[x0 + 4u];
+        let b2 = x4[x0 + 5u];
+        let a3 = x4[x0 + 6u];
+        let b3 = x4[x0 + 7u];
+        dq = dot(a0, nibbles(q.x, 0u)) + dot(b0, nibbles(q.x, 16u)) + dot(a1, nibbles(q.y, 0u))
+            + dot(b1, nibbles(q.y, 16u)) + dot(a2, nibbles(q.z, 0u)) + dot(b2, nibbles(q.z, 16u))
+            + dot(a3, nibbles(q.w, 0u)) + dot(b3, nibbles(q.w, 16u));
+        sx = dot(a0 + b0 + a1 + b1 + a2 + b2 + a3 + b3, vec4<f32>(1.0));
     } else {
         let x0 = xrow + i * 4u;
-        for (var j = 0u; j < 4u; j++) {
-            let xa = x4[x0 + j];
-            dq += dot(xa, signed_bytes(quad[j]));
-            sx += dot(xa, vec4<f32>(1.0));
-        }
+        let a0 = x4[x0];
+        let a1 = x4[x0 + 1u];
+        let a2 = x4[x0 + 2u];
+        let a3 = x4[x0 + 3u];
+        dq = dot(a0, signed_bytes(q.x)) + dot(a1, signed_bytes(q.y)) + dot(a2, signed_bytes(q.z))
+            + dot(a3, signed_bytes(q.w));
+        sx = dot(a0 + a1 + a2 + a3, vec4<f32>(1.0));
     }
     let per_quad = select(16u, 32u, KIND == 1u);
     let g = row * p.groups + i * per_quad / GROUP;
