@@ -27,14 +27,14 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    match a.device.as_str() {
-        "auto" | "cpu" => {}
-        "gpu" => bail!("--device gpu: no GPU executor is built into this version of pteria"),
-        d => bail!("unknown device `{d}` (expected auto, cpu or gpu)"),
-    }
+    let device: pteria::runtime::delegate::Device = a.device.parse().map_err(anyhow::Error::msg)?;
     let ptds: Vec<&std::path::Path> = a.ptd.iter().map(|p| p.as_path()).collect();
     let program = Program::open(&a.file, &ptds)?;
-    let backends = pteria::frontend::backends(pteria::runtime::delegate::cpu_executor());
+    let (make, note) = pteria::runtime::delegate::executor_for(device).map_err(anyhow::Error::msg)?;
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    let backends = pteria::frontend::backends(make);
     let mut method = Method::load(&program, &a.method, &backends)?;
     let steps = run_steps(&mut method, &a.prompt, &a.decode)?;
     let json = serde_json::json!({ "steps": steps });

@@ -298,7 +298,18 @@ impl CpuExecutor {
                 }
                 Val::F(y)
             }
-            OpKind::Mean { dims, .. } => {
+            OpKind::Arange { start, step, .. } => {
+                let a = start.eval(syms);
+                let n: usize = out_shape.iter().product();
+                let v: Vec<i64> = (0..n as i64).map(|i| a + i * step).collect();
+                if out_float {
+                    Val::F(v.iter().map(|&x| x as f32).collect())
+                } else {
+                    Val::I(v)
+                }
+            }
+            OpKind::Mean { dims, .. } | OpKind::Sum { dims, .. } => {
+                let is_mean = matches!(op.kind, OpKind::Mean { .. });
                 let xs = sh(op.inputs[0]);
                 let x = self.get(op.inputs[0], vals)?.f();
                 let st = strides(&xs);
@@ -323,7 +334,7 @@ impl CpuExecutor {
                         }
                         s += x[off];
                     }
-                    *yv = s / ng as f32;
+                    *yv = if is_mean { s / ng as f32 } else { s };
                 }
                 Val::F(y)
             }

@@ -78,7 +78,15 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
             s.push(c);
             s
         }
-        OpKind::Mean { dims, keepdim } => {
+        OpKind::Arange { start, end, step } => {
+            let (a, b) = (start.eval(syms), end.eval(syms));
+            if *step == 0 {
+                return Err("arange step is zero".into());
+            }
+            let n = (b - a + step - step.signum()) / step;
+            vec![n.max(0) as usize]
+        }
+        OpKind::Mean { dims, keepdim } | OpKind::Sum { dims, keepdim } => {
             let x = arg(0)?;
             x.iter()
                 .enumerate()

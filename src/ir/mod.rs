@@ -194,6 +194,10 @@ pub enum OpKind {
     Softmax,
     /// Mean over the given (normalised, ascending) dims.
     Mean { dims: Vec<usize>, keepdim: bool },
+    /// Sum over the given (normalised, ascending) dims.
+    Sum { dims: Vec<usize>, keepdim: bool },
+    /// `start, start + step, … < end` in the output's dtype.
+    Arange { start: Int, end: Int, step: i64 },
     /// Rotary embedding of x `[.., S, .., D]` by cos/sin tables `[max_pos, rotary/2]` at
     /// positions `start..start+S`; dims past `rotary` pass through. `seq_dim` indexes S in x.
     Rope {
@@ -248,7 +252,8 @@ impl OpKind {
             OpKind::MatMul => "matmul",
             OpKind::Embedding { .. } => "embedding",
             OpKind::Softmax => "softmax",
-            OpKind::Mean { .. } => "reduce",
+            OpKind::Mean { .. } | OpKind::Sum { .. } => "reduce",
+            OpKind::Arange { .. } => "full",
             OpKind::Rope { .. } => "rope",
             OpKind::Sdpa { .. } => "sdpa",
             OpKind::CacheUpdate { .. } => "cache_update",
@@ -413,6 +418,7 @@ impl Graph {
                         OpKind::Reshape { shape } | OpKind::Full { shape, .. } => shape.clone(),
                         OpKind::Slice { start, end, .. } => vec![*start, *end],
                         OpKind::Select { index, .. } => vec![*index],
+                        OpKind::Arange { start, end, .. } => vec![*start, *end],
                         _ => vec![],
                     };
                     if !ints.iter().all(int_ok) {
@@ -467,6 +473,8 @@ impl OpKind {
                 format!("linear[{}{}]", w(weight), if *act_quant { ",dq8" } else { "" })
             }
             OpKind::Embedding { weight } => format!("embedding[{}]", w(weight)),
+            OpKind::Sum { .. } => "reduce[sum]".into(),
+            OpKind::Arange { .. } => "full[arange]".into(),
             OpKind::Permute { .. } => "layout[permute]".into(),
             OpKind::Slice { .. } => "layout[slice]".into(),
             OpKind::Select { .. } => "layout[select]".into(),

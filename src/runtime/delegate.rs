@@ -138,3 +138,58 @@ impl DelegateExecutor for IrDelegate {
         Ok(())
     }
 }
+
+impl IrExecutor for crate::gpu::GpuExecutor {
+    fn run(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<HostTensor>, String> {
+        crate::gpu::GpuExecutor::run(self, inputs).map_err(|e| e.to_string())
+    }
+}
+
+/// The GPU executor factory on an opened device.
+pub fn gpu_executor(ctx: Arc<crate::gpu::Context>) -> ExecutorFactory {
+    Arc::new(move |g| {
+        Ok(Box::new(crate::gpu::GpuExecutor::new(ctx.clone(), g).map_err(|e| e.to_string())?) as Box<dyn IrExecutor>)
+    })
+}
+
+/// Where delegate graphs run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The GPU when one opens, else the CPU.
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "gpu" => Ok(Device::Gpu),
+            d => Err(format!("unknown device `{d}` (expected auto, cpu or gpu)")),
+        }
+    }
+}
+
+/// Picks the executor for `device`. With `Auto` and no usable GPU, returns the CPU executor and
+/// the one-line reason, for the caller to show.
+pub fn executor_for(device: Device) -> Result<(ExecutorFactory, Option<String>), String> {
+    match device {
+        Device::Cpu => Ok((cpu_executor(), None)),
+        Device::Gpu => {
+            let ctx = crate::gpu::Context::new().map_err(|e| format!("--device gpu: {e}"))?;
+            Ok((gpu_executor(Arc::new(ctx)), None))
+        }
+        // A software Vulkan driver (lavapipe) is slower than our CPU executor: auto skips it.
+        Device::Auto => match crate::gpu::Context::new() {
+            Ok(ctx) if ctx.adapter().device_type != "cpu" => Ok((gpu_executor(Arc::new(ctx)), None)),
+            Ok(ctx) => Ok((
+                cpu_executor(),
+                Some(format!("running on the CPU: the only GPU adapter, {}, is a software renderer", ctx.adapter().name)),
+            )),
+            Err(e) => Ok((cpu_executor(), Some(format!("running on the CPU: {e}")))),
+        },
+    }
+}

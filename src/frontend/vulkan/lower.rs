@@ -160,6 +160,11 @@ fn supported(n: &str) -> bool {
             | "aten.clamp.default"
             | "et_vk.rms_norm.default"
             | "aten.rms_norm.default"
+            | "et_vk.prepack.default"
+            | "aten.arange.start_step"
+            | "aten.eq.Tensor"
+            | "aten.eq.Scalar"
+            | "aten.sum.dim_IntList"
     )
 }
 
@@ -176,6 +181,29 @@ impl Lower<'_> {
                 _ => {}
             }
         }
+        // With `alias_buffer_mutations`, a cache update writes its result into the cache
+        // constant itself: any constant an op writes is state too.
+        for c in &self.vk.chain {
+            if let Some(&o) = c.args.last() {
+                if matches!(self.vk.values.get(o), Some(VkValue::Tensor(t)) if t.constant_id.is_some()) {
+                    caches.insert(o);
+                }
+            }
+        }
+        let prepacks: Vec<(usize, usize)> = self
+            .vk
+            .chain
+            .iter()
+            .filter(|c| canonical(&c.name) == "et_vk.prepack.default" && c.args.len() == 2)
+            .map(|c| (c.args[0], c.args[1]))
+            .collect();
+        let written: BTreeSet<usize> = self
+            .vk
+            .chain
+            .iter()
+            .filter(|c| canonical(&c.name) != "et_vk.prepack.default")
+            .filter_map(|c| c.args.last().copied())
+            .collect();
         for (i, v) in self.vk.values.iter().enumerate() {
             self.map[i] = match v {
                 VkValue::Null => Mapped::Null,
@@ -203,6 +231,19 @@ impl Lower<'_> {
                     Mapped::Tensor(self.g.add_tensor(format!("v{i}"), dt, t.dims.clone(), role))
                 }
             };
+        }
+        for (src, dst) in prepacks {
+            let s = self.tensor(src)?;
+            if written.contains(&dst) {
+                let d = self.tensor(dst)?;
+                let init = match &self.g.tensors[s].role {
+                    Role::Constant(b) | Role::State(Some(b)) => Some(b.clone()),
+                    _ => return Err(format!("prepack of value {src}, which is not a constant")),
+                };
+                self.g.tensors[d].role = Role::State(init);
+            } else {
+                self.map[dst] = Mapped::Tensor(s);
+            }
         }
         Ok(())
     }
@@ -813,17 +854,26 @@ impl Lower<'_> {
                 let x = self.tensor(a(0)?)?;
                 let y = self.out(c)?;
                 let req = self.ints(a(1)?)?;
-                let mut shape = Vec::new();
-                for (i, r) in req.iter().enumerate() {
-                    match r {
-                        Int::Lit(v) if *v >= 0 => shape.push(*v as usize),
-                        _ => shape.push(self.g.tensors[y].max_shape[i]),
+                if req.iter().all(|r| matches!(r, Int::Lit(v) if *v >= 0)) {
+                    let shape = req.iter().map(|r| if let Int::Lit(v) = r { *v as usize } else { 0 }).collect();
+                    self.g.op(OpKind::Expand { shape }, vec![x], vec![y]);
+                } else {
+                    // Dynamic target: broadcast against zeros of that shape (x + 0 is exact).
+                    let rank = self.rank(x);
+                    let off = req.len().checked_sub(rank).ok_or("expand to fewer dims")?;
+                    let mut shape = Vec::with_capacity(req.len());
+                    for (i, r) in req.iter().enumerate() {
+                        shape.push(match r {
+                            Int::Lit(-1) if i >= off => self.size_sym(x, i - off),
+                            Int::Lit(v) if *v < 0 => return Err(format!("expand size {v}")),
+                            other => *other,
+                        });
                     }
+                    let dt = self.g.tensors[y].dtype;
+                    let zeros = self.g.add_tensor("expand_zeros", dt, self.g.tensors[y].max_shape.clone(), Role::Activation);
+                    self.g.op(OpKind::Full { value: 0.0, shape }, vec![], vec![zeros]);
+                    self.g.op(OpKind::Binary(BinaryOp::Add), vec![x, zeros], vec![y]);
                 }
-                if req.iter().any(|r| !matches!(r, Int::Lit(v) if *v >= 0)) {
-                    return Err("expand to a dynamic size is not supported".into());
-                }
-                self.g.op(OpKind::Expand { shape }, vec![x], vec![y]);
             }
             "aten._softmax.default" => {
                 let x = self.tensor(a(0)?)?;
@@ -881,6 +931,35 @@ impl Lower<'_> {
                 let mut ins = vec![x];
                 ins.extend(w);
                 self.g.op(OpKind::RmsNorm { eps: eps as f32 }, ins, vec![y]);
+            }
+            // Resolved in `values`: prepack runs once at load, so its output is the constant
+            // itself, or persistent state initialised from it when the graph writes it.
+            "et_vk.prepack.default" => {}
+            "aten.arange.start_step" => {
+                let (start, end) = (self.int(a(0)?)?, self.int(a(1)?)?);
+                let step = match self.map.get(a(2)?) {
+                    Some(Mapped::Null) | None => 1,
+                    _ => self.lit(a(2)?)?,
+                };
+                let y = self.out(c)?;
+                self.g.op(OpKind::Arange { start, end, step }, vec![], vec![y]);
+            }
+            "aten.eq.Tensor" | "aten.eq.Scalar" => self.binary(c, BinaryOp::Eq, None)?,
+            "aten.sum.dim_IntList" => {
+                let x = self.tensor(a(0)?)?;
+                let r = self.rank(x);
+                let mut dims = self
+                    .ints(a(1)?)?
+                    .into_iter()
+                    .map(|d| match d {
+                        Int::Lit(v) => self.dim(v, r),
+                        Int::Sym(_) => Err("symbolic reduction dim".into()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                dims.sort_unstable();
+                let keepdim = self.boolean(a(2)?)?;
+                let y = self.out(c)?;
+                self.g.op(OpKind::Sum { dims, keepdim }, vec![x], vec![y]);
             }
             other => return Err(format!("operator `{other}` has no lowering")),
         }
