@@ -52,7 +52,8 @@ fn check(entry: &Value, m: &Value, backends: &BackendRegistry) -> Result<f64, St
     for (i, g) in got.iter().enumerate() {
         let e = common::rel_l2(g, &golden[i * vocab..(i + 1) * vocab]);
         worst = worst.max(e);
-        if !(e <= tol) {
+        // A NaN logit must fail too, hence not `e > tol`.
+        if e.is_nan() || e > tol {
             return Err(format!("{file}: call {i} rel-L2 {e:.3e} > {tol:.0e}"));
         }
     }

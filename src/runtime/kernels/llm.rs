@@ -89,6 +89,8 @@ fn dims4(s: &[usize], what: &str) -> Result<[usize; 4], String> {
     s.try_into().map_err(|_| format!("{what} must be 4-D (BSHD), got {s:?}"))
 }
 
+// One argument position per schema slot: the three SDPA spellings place them differently.
+#[allow(clippy::too_many_arguments)]
 fn attend(k: &mut KernelCtx, q_arg: usize, kc_arg: usize, vc_arg: usize, pos_arg: usize, mask_arg: usize, causal_arg: usize, scale_arg: usize) -> KernelResult {
     let q = k.input(q_arg)?;
     let kc = k.input(kc_arg)?;

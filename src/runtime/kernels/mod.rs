@@ -337,6 +337,7 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
 }
 
 /// For each element of `out` (row-major), the index into a tensor of shape `src` broadcast to it.
+#[allow(clippy::needless_range_loop)] // dims index three arrays in step
 pub fn broadcast_indices(src: &[usize], out: &[usize]) -> Vec<usize> {
     let n = out.len();
     let numel: usize = out.iter().product();
