@@ -39,7 +39,10 @@ fn read_array<const N: usize>(buf: &[u8], pos: usize) -> Result<[u8; N]> {
             a.copy_from_slice(s);
             Ok(a)
         }
-        None => err(pos, format!("{N}-byte read past the end of a {}-byte buffer", buf.len())),
+        None => err(
+            pos,
+            format!("{N}-byte read past the end of a {}-byte buffer", buf.len()),
+        ),
     }
 }
 
@@ -314,7 +317,10 @@ impl<'a, T: Scalar> Vector<'a, T> {
                 len,
                 _t: std::marker::PhantomData,
             }),
-            _ => err(pos, format!("vector of {len} elements extends past the end of the buffer")),
+            _ => err(
+                pos,
+                format!("vector of {len} elements extends past the end of the buffer"),
+            ),
         }
     }
 
@@ -328,7 +334,10 @@ impl<'a, T: Scalar> Vector<'a, T> {
 
     pub fn get(&self, i: usize) -> Result<T> {
         if i >= self.len {
-            return err(self.start, format!("index {i} out of a vector of {}", self.len));
+            return err(
+                self.start,
+                format!("index {i} out of a vector of {}", self.len),
+            );
         }
         T::read(self.buf, self.start + i * T::SIZE)
     }
@@ -361,7 +370,10 @@ impl<'a> Tables<'a> {
 
     pub fn get(&self, i: usize) -> Result<Table<'a>> {
         if i >= self.len {
-            return err(self.start, format!("index {i} out of a vector of {}", self.len));
+            return err(
+                self.start,
+                format!("index {i} out of a vector of {}", self.len),
+            );
         }
         Table::at(self.buf, follow(self.buf, self.start + 4 * i)?)
     }

@@ -5,7 +5,11 @@ use clap::{Parser, Subcommand};
 mod cli;
 
 #[derive(Parser)]
-#[command(name = "pteria", version, about = "On-device Gemma 4 chat engine for ExecuTorch programs")]
+#[command(
+    name = "pteria",
+    version,
+    about = "On-device Gemma 4 chat engine for ExecuTorch programs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -5,7 +5,10 @@ mod common;
 use std::process::Command;
 
 fn pteria(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pteria")).args(args).output().expect("run pteria");
+    let out = Command::new(env!("CARGO_BIN_EXE_pteria"))
+        .args(args)
+        .output()
+        .expect("run pteria");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -23,12 +26,18 @@ fn inspect_describes_methods_metadata_and_weights() {
     assert!(ok, "{err}");
     assert!(out.contains("forward:"), "{out}");
     // tokens [1, T] with a dynamic upper bound, positions [T].
-    assert!(out.contains("input 0: i64[1, 31] (dynamic, upper bounds)"), "{out}");
+    assert!(
+        out.contains("input 0: i64[1, 31] (dynamic, upper bounds)"),
+        "{out}"
+    );
     assert!(out.contains("get_max_seq_len = 32"), "{out}");
     assert!(out.contains("get_eos_ids = [1, 106]"), "{out}");
     assert!(out.contains("use_kv_cache = true"), "{out}");
     assert!(out.contains("weights total:"), "{out}");
-    assert!(!out.contains("[not supported]"), "every portable operator must be implemented:\n{out}");
+    assert!(
+        !out.contains("[not supported]"),
+        "every portable operator must be implemented:\n{out}"
+    );
 }
 
 #[test]
@@ -58,9 +67,16 @@ fn logits_prints_one_json_object_with_every_call() {
     assert!(vocab > 1);
     for s in steps {
         assert_eq!(s.as_array().unwrap().len(), vocab);
-        assert!(s.as_array().unwrap().iter().all(|x| x.as_f64().is_some_and(f64::is_finite)));
+        assert!(s
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x.as_f64().is_some_and(f64::is_finite)));
     }
-    assert_ne!(steps[1], steps[2], "different decode tokens give different logits");
+    assert_ne!(
+        steps[1], steps[2],
+        "different decode tokens give different logits"
+    );
 }
 
 #[test]
@@ -70,13 +86,25 @@ fn logits_errors_go_to_stderr_with_a_nonzero_exit() {
     assert!(out.is_empty());
     assert!(err.contains("does_not_exist.pte"), "{err}");
 
-    let (ok, _, err) = pteria(&["logits", &fixture("gemma4_tiny_portable_fp32.pte"), "--prompt", "1", "--device", "tpu"]);
+    let (ok, _, err) = pteria(&[
+        "logits",
+        &fixture("gemma4_tiny_portable_fp32.pte"),
+        "--prompt",
+        "1",
+        "--device",
+        "tpu",
+    ]);
     assert!(!ok);
     assert!(err.contains("unknown device"), "{err}");
 
     // A prompt longer than the program's declared bound is refused with the bound in the message.
     let long: Vec<String> = (0..40).map(|i| (i % 50).to_string()).collect();
-    let (ok, _, err) = pteria(&["logits", &fixture("gemma4_tiny_portable_fp32.pte"), "--prompt", &long.join(",")]);
+    let (ok, _, err) = pteria(&[
+        "logits",
+        &fixture("gemma4_tiny_portable_fp32.pte"),
+        "--prompt",
+        &long.join(","),
+    ]);
     assert!(!ok);
     assert!(err.contains("exceeds the declared bounds"), "{err}");
 }

@@ -8,7 +8,8 @@ use pteria::runtime::{BackendRegistry, HostTensor, Method, Output};
 use serde_json::Value;
 
 fn manifest() -> Value {
-    let text = std::fs::read_to_string(common::fixtures().join("manifest.json")).expect("manifest.json");
+    let text =
+        std::fs::read_to_string(common::fixtures().join("manifest.json")).expect("manifest.json");
     serde_json::from_str(&text).expect("manifest is JSON")
 }
 
@@ -26,10 +27,23 @@ fn run_calls(method: &mut Method, m: &Value) -> Vec<Vec<f32>> {
     calls
         .iter()
         .map(|c| {
-            let toks: Vec<i64> = c["tokens"][0].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
-            let pos: Vec<i64> = c["input_pos"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+            let toks: Vec<i64> = c["tokens"][0]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_i64().unwrap())
+                .collect();
+            let pos: Vec<i64> = c["input_pos"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_i64().unwrap())
+                .collect();
             let out = method
-                .execute(&[HostTensor::from_i64(&[1, toks.len()], &toks), HostTensor::from_i64(&[pos.len()], &pos)])
+                .execute(&[
+                    HostTensor::from_i64(&[1, toks.len()], &toks),
+                    HostTensor::from_i64(&[pos.len()], &pos),
+                ])
                 .unwrap_or_else(|e| panic!("{e}"));
             match &out[0] {
                 Output::Tensor(t) => t.to_f32().unwrap(),
@@ -45,7 +59,8 @@ fn check(entry: &Value, m: &Value, backends: &BackendRegistry) -> Result<f64, St
     let program = Program::open(&common::fixtures().join(file), &[]).map_err(|e| e.to_string())?;
     let mut method = Method::load(&program, "forward", backends).map_err(|e| e.to_string())?;
     let got = run_calls(&mut method, m);
-    let (shape, golden) = common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
+    let (shape, golden) =
+        common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
     let tol = entry["tolerance_rel_l2_per_call"].as_f64().unwrap();
     let vocab = shape[1];
     let mut worst = 0f64;
@@ -70,7 +85,10 @@ fn portable_programs_match_their_goldens_on_every_call() {
         assert!(worst <= 1e-5);
         n += 1;
     }
-    assert!(n >= 2, "expected the Gemma and Llama portable programs, found {n}");
+    assert!(
+        n >= 2,
+        "expected the Gemma and Llama portable programs, found {n}"
+    );
 }
 
 #[test]
@@ -79,9 +97,14 @@ fn delegated_programs_without_a_backend_fail_clearly() {
     for e in programs(&m).iter().filter(|e| e["backend"] != "portable") {
         let file = e["file"].as_str().unwrap();
         let program = Program::open(&common::fixtures().join(file), &[]).unwrap();
-        let err = Method::load(&program, "forward", &BackendRegistry::default()).err().expect("no backends registered");
+        let err = Method::load(&program, "forward", &BackendRegistry::default())
+            .err()
+            .expect("no backends registered");
         let msg = err.to_string();
-        assert!(msg.contains("is not supported yet") && msg.contains("Backend"), "{file}: {msg}");
+        assert!(
+            msg.contains("is not supported yet") && msg.contains("Backend"),
+            "{file}: {msg}"
+        );
     }
 }
 
@@ -91,9 +114,13 @@ fn every_fixture_loads_and_reports_its_metadata() {
     for e in programs(&m) {
         let file = e["file"].as_str().unwrap();
         let program = Program::open(&common::fixtures().join(file), &[]).unwrap();
-        let max_seq = pteria::runtime::constant_method(&program, "get_max_seq_len").unwrap().expect(file);
+        let max_seq = pteria::runtime::constant_method(&program, "get_max_seq_len")
+            .unwrap()
+            .expect(file);
         assert_eq!(max_seq, vec![Output::Int(32)], "{file}");
-        let eos = pteria::runtime::constant_method(&program, "get_eos_ids").unwrap().expect(file);
+        let eos = pteria::runtime::constant_method(&program, "get_eos_ids")
+            .unwrap()
+            .expect(file);
         assert!(!eos.is_empty(), "{file}");
     }
 }

@@ -41,7 +41,15 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
             2 => {
                 // Interesting 32-bit values where offsets, lengths and sizes live.
                 let i = rng.below(b.len().saturating_sub(4).max(1));
-                let v: u32 = [0, 1, 0x7FFF_FFFF, 0xFFFF_FFFF, 0x8000_0000, rng.next() as u32, 0x10000][rng.below(7)];
+                let v: u32 = [
+                    0,
+                    1,
+                    0x7FFF_FFFF,
+                    0xFFFF_FFFF,
+                    0x8000_0000,
+                    rng.next() as u32,
+                    0x10000,
+                ][rng.below(7)];
                 let end = (i + 4).min(b.len());
                 b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
             }
@@ -102,7 +110,10 @@ fn mutated_programs_never_panic() {
         .collect();
     seeds.sort();
     assert!(!seeds.is_empty(), "no .pte fixtures to seed the fuzzer");
-    let per_seed: usize = std::env::var("PTERIA_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
+    let per_seed: usize = std::env::var("PTERIA_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
     let mut tried = 0usize;
     let mut failures = Vec::new();
     for (si, path) in seeds.iter().enumerate() {
@@ -120,7 +131,10 @@ fn mutated_programs_never_panic() {
             }
         }
     }
-    println!("reader fuzz: tried {tried} mutated inputs from {} fixtures", seeds.len());
+    println!(
+        "reader fuzz: tried {tried} mutated inputs from {} fixtures",
+        seeds.len()
+    );
     assert!(failures.is_empty(), "panics on: {failures:#?}");
 }
 
@@ -134,7 +148,12 @@ fn truncated_program_reports_what_is_missing() {
     let bytes = std::fs::read(&seed).unwrap();
     let cut = bytes[..bytes.len() - 100].to_vec();
     let err = Program::from_bytes(cut).unwrap_err().to_string();
-    assert!(err.contains("truncated") || err.contains("past the end"), "{err}");
-    let err = Program::from_bytes(b"hello world, not a program".to_vec()).unwrap_err().to_string();
+    assert!(
+        err.contains("truncated") || err.contains("past the end"),
+        "{err}"
+    );
+    let err = Program::from_bytes(b"hello world, not a program".to_vec())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("ET12"), "{err}");
 }

@@ -20,16 +20,32 @@ fn worst_rel_l2(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<f64, 
     let program = Program::open(&common::fixtures().join(file), &[]).map_err(|e| e.to_string())?;
     let backends = pteria::frontend::backends(make);
     let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
-    let (shape, golden) = common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
+    let (shape, golden) =
+        common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
     let vocab = shape[1];
     let mut worst = 0f64;
     for (i, c) in m["inputs"]["calls"].as_array().unwrap().iter().enumerate() {
-        let toks: Vec<i64> = c["tokens"][0].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
-        let pos: Vec<i64> = c["input_pos"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        let toks: Vec<i64> = c["tokens"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        let pos: Vec<i64> = c["input_pos"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
         let out = method
-            .execute(&[HostTensor::from_i64(&[1, toks.len()], &toks), HostTensor::from_i64(&[pos.len()], &pos)])
+            .execute(&[
+                HostTensor::from_i64(&[1, toks.len()], &toks),
+                HostTensor::from_i64(&[pos.len()], &pos),
+            ])
             .map_err(|e| format!("{file} call {i}: {e}"))?;
-        let Output::Tensor(t) = &out[0] else { return Err("no tensor output".into()) };
+        let Output::Tensor(t) = &out[0] else {
+            return Err("no tensor output".into());
+        };
         let e = common::rel_l2(&t.to_f32().unwrap(), &golden[i * vocab..(i + 1) * vocab]);
         worst = worst.max(e);
     }
@@ -37,7 +53,13 @@ fn worst_rel_l2(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<f64, 
 }
 
 fn vulkan_entries(m: &Value) -> Vec<Value> {
-    let v: Vec<Value> = m["programs"].as_array().unwrap().iter().filter(|e| e["backend"] == "vulkan").cloned().collect();
+    let v: Vec<Value> = m["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["backend"] == "vulkan")
+        .cloned()
+        .collect();
     assert!(v.len() >= 2, "expected the fp32 and 8da4w Vulkan fixtures");
     v
 }
@@ -48,7 +70,10 @@ fn vulkan_fixtures_match_goldens_on_the_cpu_executor() {
     for e in vulkan_entries(&m) {
         let tol = e["tolerance_rel_l2_per_call"].as_f64().unwrap();
         let worst = worst_rel_l2(&e, &m, cpu_executor()).unwrap_or_else(|err| panic!("{err}"));
-        println!("cpu {}: worst rel-L2 {worst:.2e} (tolerance {tol:.0e})", e["file"]);
+        println!(
+            "cpu {}: worst rel-L2 {worst:.2e} (tolerance {tol:.0e})",
+            e["file"]
+        );
         assert!(worst <= tol, "{}: {worst:.3e} > {tol:.0e}", e["file"]);
     }
 }
@@ -59,13 +84,20 @@ fn vulkan_fixtures_match_goldens_on_the_gpu_executor() {
         println!("PTERIA_NO_GPU_TESTS=1: skipped");
         return;
     }
-    let ctx = Arc::new(pteria::gpu::Context::new().expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)"));
+    let ctx = Arc::new(
+        pteria::gpu::Context::new()
+            .expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)"),
+    );
     println!("adapter: {:?}", ctx.adapter());
     let m = manifest();
     for e in vulkan_entries(&m) {
         let tol = e["tolerance_rel_l2_per_call"].as_f64().unwrap();
-        let worst = worst_rel_l2(&e, &m, gpu_executor(ctx.clone())).unwrap_or_else(|err| panic!("{err}"));
-        println!("gpu {}: worst rel-L2 {worst:.2e} (tolerance {tol:.0e})", e["file"]);
+        let worst =
+            worst_rel_l2(&e, &m, gpu_executor(ctx.clone())).unwrap_or_else(|err| panic!("{err}"));
+        println!(
+            "gpu {}: worst rel-L2 {worst:.2e} (tolerance {tol:.0e})",
+            e["file"]
+        );
         assert!(worst <= tol, "{}: {worst:.3e} > {tol:.0e}", e["file"]);
     }
 }

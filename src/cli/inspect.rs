@@ -66,7 +66,12 @@ fn output_desc(o: &Output) -> String {
 pub fn describe(p: &Program) -> Result<String> {
     use std::fmt::Write;
     let mut s = String::new();
-    writeln!(s, "program: {} bytes, schema version {}", p.file_len(), p.version)?;
+    writeln!(
+        s,
+        "program: {} bytes, schema version {}",
+        p.file_len(),
+        p.version
+    )?;
     let (methods, metadata): (Vec<_>, Vec<_>) = p.plans.iter().partition(|m| !m.is_constant());
     writeln!(s, "methods:")?;
     for m in &methods {
@@ -77,9 +82,17 @@ pub fn describe(p: &Program) -> Result<String> {
         for (i, &v) in m.outputs.iter().enumerate() {
             writeln!(s, "    output {i}: {}", tensor_desc(&m.values[v]))?;
         }
-        let kernels = m.instructions.iter().filter(|i| matches!(i, pteria::pte::Instruction::Kernel { .. })).count();
+        let kernels = m
+            .instructions
+            .iter()
+            .filter(|i| matches!(i, pteria::pte::Instruction::Kernel { .. }))
+            .count();
         let delegate_calls = m.instructions.len() - kernels;
-        writeln!(s, "    instructions: {} ({kernels} kernel calls, {delegate_calls} other)", m.instructions.len())?;
+        writeln!(
+            s,
+            "    instructions: {} ({kernels} kernel calls, {delegate_calls} other)",
+            m.instructions.len()
+        )?;
         let mut hist = std::collections::BTreeMap::<String, usize>::new();
         for i in &m.instructions {
             if let pteria::pte::Instruction::Kernel { op, .. } = i {
@@ -89,12 +102,21 @@ pub fn describe(p: &Program) -> Result<String> {
         if !hist.is_empty() {
             writeln!(s, "    operators (run on the CPU):")?;
             for (k, n) in &hist {
-                let mark = if pteria::runtime::kernels::lookup(k).is_some() { "" } else { "  [not supported]" };
+                let mark = if pteria::runtime::kernels::lookup(k).is_some() {
+                    ""
+                } else {
+                    "  [not supported]"
+                };
                 writeln!(s, "      {n:4} x {k}{mark}")?;
             }
         }
         let arena: usize = m.arena_sizes.iter().sum();
-        writeln!(s, "    planned memory: {} in {} arena(s)", fmt_bytes(arena), m.arena_sizes.len())?;
+        writeln!(
+            s,
+            "    planned memory: {} in {} arena(s)",
+            fmt_bytes(arena),
+            m.arena_sizes.len()
+        )?;
         let consts: usize = m
             .values
             .iter()
@@ -136,10 +158,24 @@ pub fn describe(p: &Program) -> Result<String> {
     }
     writeln!(s, "segments: {}", p.segments.len())?;
     for (i, r) in p.segments.iter().enumerate() {
-        writeln!(s, "  segment {i}: {} at offset {}", fmt_bytes(r.len()), r.start)?;
+        writeln!(
+            s,
+            "  segment {i}: {} at offset {}",
+            fmt_bytes(r.len()),
+            r.start
+        )?;
     }
-    writeln!(s, "named data: {} entries, {}", p.named_data.len(), fmt_bytes(p.named_data.total_bytes()))?;
+    writeln!(
+        s,
+        "named data: {} entries, {}",
+        p.named_data.len(),
+        fmt_bytes(p.named_data.total_bytes())
+    )?;
     writeln!(s, "constant segment: {}", fmt_bytes(p.constant_bytes))?;
-    writeln!(s, "weights total: {}", fmt_bytes(p.constant_bytes + p.named_data.total_bytes()))?;
+    writeln!(
+        s,
+        "weights total: {}",
+        fmt_bytes(p.constant_bytes + p.named_data.total_bytes())
+    )?;
     Ok(s)
 }

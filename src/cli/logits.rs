@@ -30,7 +30,8 @@ pub fn run(a: Args) -> Result<()> {
     let device: pteria::runtime::delegate::Device = a.device.parse().map_err(anyhow::Error::msg)?;
     let ptds: Vec<&std::path::Path> = a.ptd.iter().map(|p| p.as_path()).collect();
     let program = Program::open(&a.file, &ptds)?;
-    let (make, note) = pteria::runtime::delegate::executor_for(device).map_err(anyhow::Error::msg)?;
+    let (make, note) =
+        pteria::runtime::delegate::executor_for(device).map_err(anyhow::Error::msg)?;
     if let Some(n) = note {
         eprintln!("{n}");
     }
@@ -46,7 +47,11 @@ pub fn run(a: Args) -> Result<()> {
 pub fn run_steps(method: &mut Method, prompt: &[i64], decode: &[i64]) -> Result<Vec<Vec<f32>>> {
     let specs = method.input_specs();
     if specs.len() != 2 {
-        bail!("method `{}` takes {} tensor inputs; expected (tokens, input_pos)", method.name(), specs.len());
+        bail!(
+            "method `{}` takes {} tensor inputs; expected (tokens, input_pos)",
+            method.name(),
+            specs.len()
+        );
     }
     let (tok_dt, tok_bounds) = &specs[0];
     let (pos_dt, pos_bounds) = &specs[1];
@@ -62,12 +67,20 @@ pub fn run_steps(method: &mut Method, prompt: &[i64], decode: &[i64]) -> Result<
     calls.extend(decode.iter().map(std::slice::from_ref));
     for toks in calls {
         let t = toks.len();
-        let positions: Vec<i64> = if pos_is_start { vec![pos] } else { (pos..pos + t as i64).collect() };
+        let positions: Vec<i64> = if pos_is_start {
+            vec![pos]
+        } else {
+            (pos..pos + t as i64).collect()
+        };
         let tok = HostTensor::from_i64(&[1, t], toks).cast(*tok_dt);
         let p = HostTensor::from_i64(&[positions.len()], &positions).cast(*pos_dt);
-        let res = method.execute(&[tok, p]).with_context(|| format!("call at position {pos}"))?;
+        let res = method
+            .execute(&[tok, p])
+            .with_context(|| format!("call at position {pos}"))?;
         match res.first() {
-            Some(Output::Tensor(t)) if t.dtype.is_float() => out.push(t.to_f32().map_err(anyhow::Error::msg)?),
+            Some(Output::Tensor(t)) if t.dtype.is_float() => {
+                out.push(t.to_f32().map_err(anyhow::Error::msg)?)
+            }
             Some(Output::Tensor(t)) => bail!("output is {}, not a float tensor", t.dtype.name()),
             _ => bail!("method returned no tensor"),
         }

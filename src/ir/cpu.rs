@@ -94,11 +94,12 @@ impl CpuExecutor {
         let nodes = self.graph.nodes.clone();
         for (n, node) in nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };
-            self.exec(op, &plan, &mut vals).map_err(|msg| IrError::Node {
-                node: n,
-                op: op.kind.label(),
-                msg,
-            })?;
+            self.exec(op, &plan, &mut vals)
+                .map_err(|msg| IrError::Node {
+                    node: n,
+                    op: op.kind.label(),
+                    msg,
+                })?;
         }
         let outs = self.graph.outputs.clone();
         outs.iter()
@@ -109,7 +110,11 @@ impl CpuExecutor {
                 let n: usize = shape.iter().product();
                 let mut data = encode(dtype, &v);
                 data.truncate(n * dtype.size());
-                Ok(HostTensor { dtype, sizes: shape, data })
+                Ok(HostTensor {
+                    dtype,
+                    sizes: shape,
+                    data,
+                })
             })
             .collect()
     }
@@ -128,7 +133,10 @@ impl CpuExecutor {
             }
             return Ok(self.consts[t].clone().unwrap());
         }
-        Err(format!("tensor {t} `{}` is read before it is written", def.name))
+        Err(format!(
+            "tensor {t} `{}` is read before it is written",
+            def.name
+        ))
     }
 
     fn raw_const(&self, t: TensorId) -> std::result::Result<&[u8], String> {
@@ -146,7 +154,12 @@ impl CpuExecutor {
         }
     }
 
-    fn exec(&mut self, op: &Op, plan: &Plan, vals: &mut [Option<Val>]) -> std::result::Result<(), String> {
+    fn exec(
+        &mut self,
+        op: &Op,
+        plan: &Plan,
+        vals: &mut [Option<Val>],
+    ) -> std::result::Result<(), String> {
         let sh = |t: TensorId| plan.shapes[t].clone();
         let out = op.outputs[0];
         let out_shape = sh(out);
@@ -155,7 +168,12 @@ impl CpuExecutor {
         let result: Val = match &op.kind {
             OpKind::Unary(u) => {
                 let x = self.get(op.inputs[0], vals)?;
-                if !out_float && matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::LogicalNot | UnaryOp::Square) {
+                if !out_float
+                    && matches!(
+                        u,
+                        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::LogicalNot | UnaryOp::Square
+                    )
+                {
                     Val::I(x.i().into_iter().map(|v| unary_i(*u, v)).collect())
                 } else {
                     Val::F(x.f().into_iter().map(|v| unary_f(*u, v)).collect())
@@ -163,10 +181,17 @@ impl CpuExecutor {
             }
             OpKind::Binary(b) => {
                 let (x, y) = (self.get(op.inputs[0], vals)?, self.get(op.inputs[1], vals)?);
-                let (xi, yi) = (broadcast_indices(&sh(op.inputs[0]), &out_shape), broadcast_indices(&sh(op.inputs[1]), &out_shape));
+                let (xi, yi) = (
+                    broadcast_indices(&sh(op.inputs[0]), &out_shape),
+                    broadcast_indices(&sh(op.inputs[1]), &out_shape),
+                );
                 binary(*b, &x, &y, &xi, &yi, out_float)
             }
-            OpKind::BinaryScalar { op: b, scalar, scalar_first } => {
+            OpKind::BinaryScalar {
+                op: b,
+                scalar,
+                scalar_first,
+            } => {
                 let x = self.get(op.inputs[0], vals)?;
                 let n = out_shape.iter().product::<usize>();
                 let s = if *scalar == scalar.trunc() && matches!(x, Val::I(_)) && !out_float {
@@ -190,18 +215,37 @@ impl CpuExecutor {
                 let bi = broadcast_indices(&sh(op.inputs[2]), &out_shape);
                 if out_float {
                     let (a, b) = (a.f(), b.f());
-                    Val::F((0..ci.len()).map(|j| if c[ci[j]] != 0 { a[ai[j]] } else { b[bi[j]] }).collect())
+                    Val::F(
+                        (0..ci.len())
+                            .map(|j| if c[ci[j]] != 0 { a[ai[j]] } else { b[bi[j]] })
+                            .collect(),
+                    )
                 } else {
                     let (a, b) = (a.i(), b.i());
-                    Val::I((0..ci.len()).map(|j| if c[ci[j]] != 0 { a[ai[j]] } else { b[bi[j]] }).collect())
+                    Val::I(
+                        (0..ci.len())
+                            .map(|j| if c[ci[j]] != 0 { a[ai[j]] } else { b[bi[j]] })
+                            .collect(),
+                    )
                 }
             }
             OpKind::Clamp { min, max } => {
                 let x = self.get(op.inputs[0], vals)?;
-                let (lo, hi) = (min.unwrap_or(f64::NEG_INFINITY), max.unwrap_or(f64::INFINITY));
+                let (lo, hi) = (
+                    min.unwrap_or(f64::NEG_INFINITY),
+                    max.unwrap_or(f64::INFINITY),
+                );
                 match x {
-                    Val::F(v) => Val::F(v.into_iter().map(|e| e.max(lo as f32).min(hi as f32)).collect()),
-                    Val::I(v) => Val::I(v.into_iter().map(|e| (e as f64).clamp(lo, hi) as i64).collect()),
+                    Val::F(v) => Val::F(
+                        v.into_iter()
+                            .map(|e| e.max(lo as f32).min(hi as f32))
+                            .collect(),
+                    ),
+                    Val::I(v) => Val::I(
+                        v.into_iter()
+                            .map(|e| (e as f64).clamp(lo, hi) as i64)
+                            .collect(),
+                    ),
                 }
             }
             OpKind::Cast | OpKind::Copy => {
@@ -231,7 +275,11 @@ impl CpuExecutor {
                 }
                 Val::F(y)
             }
-            OpKind::Linear { weight, act_quant, has_bias } => {
+            OpKind::Linear {
+                weight,
+                act_quant,
+                has_bias,
+            } => {
                 let x_shape = sh(op.inputs[0]);
                 let mut x = self.get(op.inputs[0], vals)?.f();
                 let k = *x_shape.last().ok_or("linear of a scalar")?;
@@ -254,7 +302,10 @@ impl CpuExecutor {
             }
             OpKind::MatMul => {
                 let (as_, bs) = (sh(op.inputs[0]), sh(op.inputs[1]));
-                let (a, b) = (self.get(op.inputs[0], vals)?.f(), self.get(op.inputs[1], vals)?.f());
+                let (a, b) = (
+                    self.get(op.inputs[0], vals)?.f(),
+                    self.get(op.inputs[1], vals)?.f(),
+                );
                 let (m, k, n) = (as_[as_.len() - 2], as_[as_.len() - 1], bs[bs.len() - 1]);
                 let batch_shape = &out_shape[..out_shape.len() - 2];
                 let ab: Vec<usize> = as_[..as_.len() - 2].to_vec();
@@ -263,8 +314,18 @@ impl CpuExecutor {
                 let bi = broadcast_indices(&bb, batch_shape);
                 let mut y = Vec::with_capacity(out_shape.iter().product());
                 for j in 0..ai.len().max(1) {
-                    let (pa, pb) = (ai.get(j).copied().unwrap_or(0), bi.get(j).copied().unwrap_or(0));
-                    y.extend(crate::runtime::kernels::matmul_f32(&a[pa * m * k..(pa + 1) * m * k], &b[pb * k * n..(pb + 1) * k * n], m, k, n, false));
+                    let (pa, pb) = (
+                        ai.get(j).copied().unwrap_or(0),
+                        bi.get(j).copied().unwrap_or(0),
+                    );
+                    y.extend(crate::runtime::kernels::matmul_f32(
+                        &a[pa * m * k..(pa + 1) * m * k],
+                        &b[pb * k * n..(pb + 1) * k * n],
+                        m,
+                        k,
+                        n,
+                        false,
+                    ));
                 }
                 Val::F(y)
             }
@@ -279,7 +340,13 @@ impl CpuExecutor {
                     if id < 0 || id as usize >= rows {
                         return Err(format!("token id {id} outside the {rows}-row table"));
                     }
-                    y.extend(self.dequant_row(*weight, &op.inputs[..wc], id as usize, cols, vals)?);
+                    y.extend(self.dequant_row(
+                        *weight,
+                        &op.inputs[..wc],
+                        id as usize,
+                        cols,
+                        vals,
+                    )?);
                 }
                 Val::F(y)
             }
@@ -338,10 +405,18 @@ impl CpuExecutor {
                 }
                 Val::F(y)
             }
-            OpKind::Rope { style, rotary, seq_dim, start } => {
+            OpKind::Rope {
+                style,
+                rotary,
+                seq_dim,
+                start,
+            } => {
                 let xs = sh(op.inputs[0]);
                 let x = self.get(op.inputs[0], vals)?.f();
-                let (cos, sin) = (self.get(op.inputs[1], vals)?.f(), self.get(op.inputs[2], vals)?.f());
+                let (cos, sin) = (
+                    self.get(op.inputs[1], vals)?.f(),
+                    self.get(op.inputs[2], vals)?.f(),
+                );
                 let half = rotary / 2;
                 let d = *xs.last().unwrap();
                 let start = start.eval(syms);
@@ -354,7 +429,10 @@ impl CpuExecutor {
                     if (pos + 1) * half > cos.len() {
                         return Err(format!("position {pos} is past the rotary table"));
                     }
-                    let (c, s) = (&cos[pos * half..(pos + 1) * half], &sin[pos * half..(pos + 1) * half]);
+                    let (c, s) = (
+                        &cos[pos * half..(pos + 1) * half],
+                        &sin[pos * half..(pos + 1) * half],
+                    );
                     let xr = &x[r * d..(r + 1) * d];
                     let yr = &mut y[r * d..(r + 1) * d];
                     for i in 0..half {
@@ -368,7 +446,14 @@ impl CpuExecutor {
                 }
                 Val::F(y)
             }
-            OpKind::Sdpa { layout, scale, causal, window, softcap, start } => {
+            OpKind::Sdpa {
+                layout,
+                scale,
+                causal,
+                window,
+                softcap,
+                start,
+            } => {
                 let (qs, ks) = (sh(op.inputs[0]), sh(op.inputs[1]));
                 let q = self.get(op.inputs[0], vals)?.f();
                 let k = self.get(op.inputs[1], vals)?.f();
@@ -401,7 +486,9 @@ impl CpuExecutor {
                 let inner: usize = cs[axis + 1..].iter().product();
                 let (cl, vl) = (cs[*axis], vs[*axis]);
                 if st < 0 || st as usize + vl > cl || vs.len() != cs.len() {
-                    return Err(format!("update of {vs:?} at {st} does not fit cache {cs:?}"));
+                    return Err(format!(
+                        "update of {vs:?} at {st} does not fit cache {cs:?}"
+                    ));
                 }
                 for o in 0..outer {
                     for r in 0..vl {
@@ -422,7 +509,9 @@ impl CpuExecutor {
                 let idx = permute_indices(&xs, &st, perm);
                 gather(&x, &idx)
             }
-            OpKind::Slice { dim, start, step, .. } => {
+            OpKind::Slice {
+                dim, start, step, ..
+            } => {
                 let xs = sh(op.inputs[0]);
                 let x = self.get(op.inputs[0], vals)?;
                 let n = xs[*dim] as i64;
@@ -432,7 +521,11 @@ impl CpuExecutor {
                 let outer: usize = xs[..*dim].iter().product();
                 let inner: usize = xs[dim + 1..].iter().product();
                 let idx: Vec<usize> = (0..outer)
-                    .flat_map(|o| (0..len).flat_map(move |j| (0..inner).map(move |i| (o * n as usize + s0 + j * step) * inner + i)))
+                    .flat_map(|o| {
+                        (0..len).flat_map(move |j| {
+                            (0..inner).map(move |i| (o * n as usize + s0 + j * step) * inner + i)
+                        })
+                    })
                     .collect();
                 gather(&x, &idx)
             }
@@ -444,11 +537,17 @@ impl CpuExecutor {
                 let i = if i < 0 { i + n } else { i } as usize;
                 let outer: usize = xs[..*dim].iter().product();
                 let inner: usize = xs[dim + 1..].iter().product();
-                let idx: Vec<usize> = (0..outer).flat_map(|o| (0..inner).map(move |j| (o * n as usize + i) * inner + j)).collect();
+                let idx: Vec<usize> = (0..outer)
+                    .flat_map(|o| (0..inner).map(move |j| (o * n as usize + i) * inner + j))
+                    .collect();
                 gather(&x, &idx)
             }
             OpKind::Concat { dim } => {
-                let parts: Vec<(Val, Vec<usize>)> = op.inputs.iter().map(|&t| Ok((self.get(t, vals)?, sh(t)))).collect::<std::result::Result<_, String>>()?;
+                let parts: Vec<(Val, Vec<usize>)> = op
+                    .inputs
+                    .iter()
+                    .map(|&t| Ok((self.get(t, vals)?, sh(t))))
+                    .collect::<std::result::Result<_, String>>()?;
                 let outer: usize = out_shape[..*dim].iter().product();
                 let inner: usize = out_shape[dim + 1..].iter().product();
                 if out_float {
@@ -514,7 +613,12 @@ impl CpuExecutor {
     }
 
     /// Dequantized `[rows, cols]` weight matrix.
-    fn dequant(&mut self, w: Weight, ts: &[TensorId], vals: &[Option<Val>]) -> std::result::Result<Vec<f32>, String> {
+    fn dequant(
+        &mut self,
+        w: Weight,
+        ts: &[TensorId],
+        vals: &[Option<Val>],
+    ) -> std::result::Result<Vec<f32>, String> {
         match w {
             Weight::F32 => Ok(self.get(ts[0], vals)?.f()),
             _ => {
@@ -532,7 +636,14 @@ impl CpuExecutor {
         }
     }
 
-    fn dequant_row(&mut self, w: Weight, ts: &[TensorId], r: usize, cols: usize, vals: &[Option<Val>]) -> std::result::Result<Vec<f32>, String> {
+    fn dequant_row(
+        &mut self,
+        w: Weight,
+        ts: &[TensorId],
+        r: usize,
+        cols: usize,
+        vals: &[Option<Val>],
+    ) -> std::result::Result<Vec<f32>, String> {
         match w {
             Weight::F32 => {
                 let t = self.get(ts[0], vals)?.f();
@@ -588,7 +699,10 @@ fn unary_f(u: UnaryOp, x: f32) -> f32 {
         Cos => x.cos(),
         Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Silu => x / (1.0 + (-x).exp()),
-        Gelu => 0.5 * x * (1.0 + crate::runtime::kernels::erf(x as f64 / std::f64::consts::SQRT_2) as f32),
+        Gelu => {
+            0.5 * x
+                * (1.0 + crate::runtime::kernels::erf(x as f64 / std::f64::consts::SQRT_2) as f32)
+        }
         GeluTanh => {
             let c = (2.0f32 / std::f32::consts::PI).sqrt();
             0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
@@ -625,7 +739,13 @@ fn binary(b: BinaryOp, x: &Val, y: &Val, xi: &[usize], yi: &[usize], out_float: 
                         Add => p.wrapping_add(q),
                         Sub => p.wrapping_sub(q),
                         Mul => p.wrapping_mul(q),
-                        Div => if q == 0 { 0 } else { p / q },
+                        Div => {
+                            if q == 0 {
+                                0
+                            } else {
+                                p / q
+                            }
+                        }
                         Pow => p.wrapping_pow(q.max(0) as u32),
                         Max => p.max(q),
                         Min => p.min(q),
@@ -713,17 +833,27 @@ pub struct SdpaArgs<'a> {
 /// Reference attention over the first `start + S` cache rows, either layout, with GQA.
 pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
     let (&[b, d1, d2, d], &[kb, k1, k2, kd]) = (a.q_shape, a.kv_shape) else {
-        return Err(format!("sdpa needs 4-D q and k, got {:?} / {:?}", a.q_shape, a.kv_shape));
+        return Err(format!(
+            "sdpa needs 4-D q and k, got {:?} / {:?}",
+            a.q_shape, a.kv_shape
+        ));
     };
     let ((s, hq), (cl, hkv)) = match a.layout {
         AttnLayout::Bshd => ((d1, d2), (k1, k2)),
         AttnLayout::Bhsd => ((d2, d1), (k2, k1)),
     };
     if kb != b || kd != d || hkv == 0 || hq % hkv != 0 {
-        return Err(format!("q {:?} does not fit k/v {:?}", a.q_shape, a.kv_shape));
+        return Err(format!(
+            "q {:?} does not fit k/v {:?}",
+            a.q_shape, a.kv_shape
+        ));
     }
     if a.start < 0 || a.start as usize + s > cl {
-        return Err(format!("positions {}..{} exceed the cache of {cl}", a.start, a.start + s as i64));
+        return Err(format!(
+            "positions {}..{} exceed the cache of {cl}",
+            a.start,
+            a.start + s as i64
+        ));
     }
     let start = a.start as usize;
     let kv_len = start + s;
@@ -758,7 +888,12 @@ pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
                         continue;
                     }
                     let ko = ki(bb, j, kh);
-                    let mut x: f32 = qv.iter().zip(&a.k[ko..ko + d]).map(|(x, y)| x * y).sum::<f32>() * a.scale;
+                    let mut x: f32 = qv
+                        .iter()
+                        .zip(&a.k[ko..ko + d])
+                        .map(|(x, y)| x * y)
+                        .sum::<f32>()
+                        * a.scale;
                     if let Some(cap) = a.softcap {
                         x = (x / cap).tanh() * cap;
                     }

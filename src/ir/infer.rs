@@ -45,10 +45,16 @@ fn weight_cols(w: Weight, shape: &[usize]) -> Result<(usize, usize), String> {
 
 /// Output shapes of one op from its input shapes.
 pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Vec<usize>>, String> {
-    let arg = |i: usize| -> Result<&[usize], String> { ins.get(i).copied().ok_or_else(|| format!("missing input {i}")) };
+    let arg = |i: usize| -> Result<&[usize], String> {
+        ins.get(i)
+            .copied()
+            .ok_or_else(|| format!("missing input {i}"))
+    };
     Ok(vec![match kind {
         OpKind::Unary(_) | OpKind::Cast | OpKind::Clamp { .. } | OpKind::Copy => arg(0)?.to_vec(),
-        OpKind::RmsNorm { .. } | OpKind::Softmax | OpKind::Rope { .. } | OpKind::Sdpa { .. } => arg(0)?.to_vec(),
+        OpKind::RmsNorm { .. } | OpKind::Softmax | OpKind::Rope { .. } | OpKind::Sdpa { .. } => {
+            arg(0)?.to_vec()
+        }
         OpKind::BinaryScalar { .. } => arg(0)?.to_vec(),
         OpKind::Binary(_) => broadcast(arg(0)?, arg(1)?)?,
         OpKind::Where => broadcast(&broadcast(arg(0)?, arg(1)?)?, arg(2)?)?,
@@ -90,7 +96,13 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
             let x = arg(0)?;
             x.iter()
                 .enumerate()
-                .filter_map(|(i, &d)| if dims.contains(&i) { keepdim.then_some(1) } else { Some(d) })
+                .filter_map(|(i, &d)| {
+                    if dims.contains(&i) {
+                        keepdim.then_some(1)
+                    } else {
+                        Some(d)
+                    }
+                })
                 .collect()
         }
         OpKind::CacheUpdate { .. } => arg(0)?.to_vec(),
@@ -101,7 +113,13 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
             let holes = req.iter().filter(|&&d| d == -1).count();
             let out: Vec<usize> = req
                 .iter()
-                .map(|&d| if d == -1 && known > 0 { n / known as usize } else { d.max(0) as usize })
+                .map(|&d| {
+                    if d == -1 && known > 0 {
+                        n / known as usize
+                    } else {
+                        d.max(0) as usize
+                    }
+                })
                 .collect();
             if holes > 1 || numel(&out) != n {
                 return Err(format!("cannot reshape {:?} to {req:?}", arg(0)?));
@@ -115,7 +133,12 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
             }
             perm.iter().map(|&p| x[p]).collect()
         }
-        OpKind::Slice { dim, start, end, step } => {
+        OpKind::Slice {
+            dim,
+            start,
+            end,
+            step,
+        } => {
             let mut s = arg(0)?.to_vec();
             let d = *s.get(*dim).ok_or("slice dim out of range")?;
             s[*dim] = slice_len(start.eval(syms), end.eval(syms), *step, d).1;
@@ -164,7 +187,11 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
 /// Evaluates symbols and shapes for a call.
 pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
     if inputs.len() != g.inputs.len() {
-        return Err(IrError::Invalid(format!("graph takes {} inputs, got {}", g.inputs.len(), inputs.len())));
+        return Err(IrError::Invalid(format!(
+            "graph takes {} inputs, got {}",
+            g.inputs.len(),
+            inputs.len()
+        )));
     }
     let mut shapes: Vec<Vec<usize>> = g.tensors.iter().map(|t| t.max_shape.clone()).collect();
     let mut syms = vec![0i64; g.sym_names.len()];
@@ -173,20 +200,29 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
         match (io, v) {
             (Io::Tensor(t), InputValue::Tensor { shape, data }) => {
                 let def = &g.tensors[*t];
-                if shape.len() != def.max_shape.len() || shape.iter().zip(&def.max_shape).any(|(a, b)| a > b) {
+                if shape.len() != def.max_shape.len()
+                    || shape.iter().zip(&def.max_shape).any(|(a, b)| a > b)
+                {
                     return Err(IrError::Invalid(format!(
                         "input {k}: shape {shape:?} exceeds the bounds {:?}",
                         def.max_shape
                     )));
                 }
                 if data.len() != numel(shape) * def.dtype.size() {
-                    return Err(IrError::Invalid(format!("input {k}: {} bytes for shape {shape:?}", data.len())));
+                    return Err(IrError::Invalid(format!(
+                        "input {k}: {} bytes for shape {shape:?}",
+                        data.len()
+                    )));
                 }
                 shapes[*t] = shape.clone();
                 input_data[*t] = Some(data);
             }
             (Io::Sym(s), InputValue::Sym(v)) => syms[*s] = *v,
-            _ => return Err(IrError::Invalid(format!("input {k}: tensor/symbol kind mismatch"))),
+            _ => {
+                return Err(IrError::Invalid(format!(
+                    "input {k}: tensor/symbol kind mismatch"
+                )))
+            }
         }
     }
     for (n, node) in g.nodes.iter().enumerate() {
@@ -199,13 +235,24 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
                 };
                 match s {
                     SymOp::Size { out, tensor, dim } => {
-                        syms[*out] = *shapes[*tensor].get(*dim).ok_or_else(|| err(format!("dim {dim} of a rank-{} tensor", shapes[*tensor].len())))? as i64;
+                        syms[*out] = *shapes[*tensor].get(*dim).ok_or_else(|| {
+                            err(format!(
+                                "dim {dim} of a rank-{} tensor",
+                                shapes[*tensor].len()
+                            ))
+                        })? as i64;
                     }
                     SymOp::ReadInput { out, tensor, index } => {
-                        let data = input_data[*tensor].ok_or_else(|| err("reads a tensor that is not an input".into()))?;
+                        let data = input_data[*tensor]
+                            .ok_or_else(|| err("reads a tensor that is not an input".into()))?;
                         let dt = g.tensors[*tensor].dtype;
                         let vals = crate::runtime::tensor::to_i64(dt, data);
-                        syms[*out] = *vals.get(*index).ok_or_else(|| err(format!("index {index} past the input's {} elements", vals.len())))?;
+                        syms[*out] = *vals.get(*index).ok_or_else(|| {
+                            err(format!(
+                                "index {index} past the input's {} elements",
+                                vals.len()
+                            ))
+                        })?;
                     }
                     SymOp::Arith { out, op, a, b } => {
                         let (x, y) = (a.eval(&syms), b.eval(&syms));
@@ -213,7 +260,9 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
                             SymArith::Add => x.wrapping_add(y),
                             SymArith::Sub => x.wrapping_sub(y),
                             SymArith::Mul => x.wrapping_mul(y),
-                            SymArith::FloorDiv if y != 0 => x.div_euclid(y) - i64::from(x.rem_euclid(y) != 0 && y < 0),
+                            SymArith::FloorDiv if y != 0 => {
+                                x.div_euclid(y) - i64::from(x.rem_euclid(y) != 0 && y < 0)
+                            }
                             SymArith::Mod if y != 0 => ((x % y) + y) % y,
                             SymArith::Max => x.max(y),
                             SymArith::Min => x.min(y),
@@ -234,7 +283,10 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
                         return Err(IrError::Node {
                             node: n,
                             op: o.kind.label(),
-                            msg: format!("output shape {s:?} exceeds the bounds {:?}", g.tensors[t].max_shape),
+                            msg: format!(
+                                "output shape {s:?} exceeds the bounds {:?}",
+                                g.tensors[t].max_shape
+                            ),
                         });
                     }
                     shapes[t] = s;

@@ -7,8 +7,8 @@
 //! against.
 
 pub mod cpu;
-pub mod passes;
 mod infer;
+pub mod passes;
 
 pub use crate::runtime::DType;
 pub use infer::{infer_shapes, op_shapes, InputValue, Plan};
@@ -177,7 +177,9 @@ pub enum OpKind {
     /// Element-wise dtype conversion to the output's dtype.
     Cast,
     /// `x * rsqrt(mean(x², -1) + eps) * weight`; inputs: x, optional weight.
-    RmsNorm { eps: f32 },
+    RmsNorm {
+        eps: f32,
+    },
     /// `y[..., N] = x[..., K] · Wᵀ (+ bias)`; inputs: x, weight tensors (per `weight`), optional bias.
     /// With `act_quant`, x is first quantized per row to asymmetric int8 and dequantized, as
     /// torchao's dynamic activation quantization does.
@@ -189,15 +191,27 @@ pub enum OpKind {
     /// Batched `a @ b` with broadcast batch dims.
     MatMul,
     /// Row gather: inputs: weight tensors (per `weight`), then indices; output `[..idx, cols]`.
-    Embedding { weight: Weight },
+    Embedding {
+        weight: Weight,
+    },
     /// Softmax over the last dim.
     Softmax,
     /// Mean over the given (normalised, ascending) dims.
-    Mean { dims: Vec<usize>, keepdim: bool },
+    Mean {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
     /// Sum over the given (normalised, ascending) dims.
-    Sum { dims: Vec<usize>, keepdim: bool },
+    Sum {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
     /// `start, start + step, … < end` in the output's dtype.
-    Arange { start: Int, end: Int, step: i64 },
+    Arange {
+        start: Int,
+        end: Int,
+        step: i64,
+    },
     /// Rotary embedding of x `[.., S, .., D]` by cos/sin tables `[max_pos, rotary/2]` at
     /// positions `start..start+S`; dims past `rotary` pass through. `seq_dim` indexes S in x.
     Rope {
@@ -219,10 +233,17 @@ pub enum OpKind {
     },
     /// Writes `value` into `cache` (a State) along `axis` at `start`; output aliases the cache.
     /// Inputs: cache, value.
-    CacheUpdate { axis: usize, start: Int },
+    CacheUpdate {
+        axis: usize,
+        start: Int,
+    },
     /// Same bytes, new shape (at most one -1).
-    Reshape { shape: Vec<Int> },
-    Permute { perm: Vec<usize> },
+    Reshape {
+        shape: Vec<Int>,
+    },
+    Permute {
+        perm: Vec<usize>,
+    },
     Slice {
         dim: usize,
         start: Int,
@@ -230,13 +251,25 @@ pub enum OpKind {
         step: usize,
     },
     /// Removes `dim`, taking element `index` (negative counts from the end).
-    Select { dim: usize, index: Int },
-    Concat { dim: usize },
+    Select {
+        dim: usize,
+        index: Int,
+    },
+    Concat {
+        dim: usize,
+    },
     /// Broadcast to `shape`.
-    Expand { shape: Vec<usize> },
+    Expand {
+        shape: Vec<usize>,
+    },
     /// Gather along `dim` with an index tensor (index_select); inputs: x, indices.
-    IndexSelect { dim: usize },
-    Full { value: f64, shape: Vec<Int> },
+    IndexSelect {
+        dim: usize,
+    },
+    Full {
+        value: f64,
+        shape: Vec<Int>,
+    },
     /// Copy (a materialised identity).
     Copy,
 }
@@ -288,10 +321,23 @@ pub enum SymArith {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SymOp {
     /// Current size of a tensor dim.
-    Size { out: SymId, tensor: TensorId, dim: usize },
+    Size {
+        out: SymId,
+        tensor: TensorId,
+        dim: usize,
+    },
     /// Element `index` of an input tensor (inputs are on the host, so this needs no readback).
-    ReadInput { out: SymId, tensor: TensorId, index: usize },
-    Arith { out: SymId, op: SymArith, a: Int, b: Int },
+    ReadInput {
+        out: SymId,
+        tensor: TensorId,
+        index: usize,
+    },
+    Arith {
+        out: SymId,
+        op: SymArith,
+        a: Int,
+        b: Int,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -321,11 +367,21 @@ pub enum IrError {
     #[error("{0}")]
     Invalid(String),
     #[error("node {node} ({op}): {msg}")]
-    Node { node: usize, op: String, msg: String },
+    Node {
+        node: usize,
+        op: String,
+        msg: String,
+    },
 }
 
 impl Graph {
-    pub fn add_tensor(&mut self, name: impl Into<String>, dtype: DType, max_shape: Vec<usize>, role: Role) -> TensorId {
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        dtype: DType,
+        max_shape: Vec<usize>,
+        role: Role,
+    ) -> TensorId {
         self.tensors.push(TensorDef {
             name: name.into(),
             dtype,
@@ -341,7 +397,11 @@ impl Graph {
     }
 
     pub fn op(&mut self, kind: OpKind, inputs: Vec<TensorId>, outputs: Vec<TensorId>) {
-        self.nodes.push(Node::Op(Op { kind, inputs, outputs }));
+        self.nodes.push(Node::Op(Op {
+            kind,
+            inputs,
+            outputs,
+        }));
     }
 
     pub fn ops(&self) -> impl Iterator<Item = &Op> {
@@ -414,7 +474,9 @@ impl Graph {
                         }
                     }
                     let ints: Vec<Int> = match &o.kind {
-                        OpKind::Rope { start, .. } | OpKind::Sdpa { start, .. } | OpKind::CacheUpdate { start, .. } => vec![*start],
+                        OpKind::Rope { start, .. }
+                        | OpKind::Sdpa { start, .. }
+                        | OpKind::CacheUpdate { start, .. } => vec![*start],
                         OpKind::Reshape { shape } | OpKind::Full { shape, .. } => shape.clone(),
                         OpKind::Slice { start, end, .. } => vec![*start, *end],
                         OpKind::Select { index, .. } => vec![*index],
@@ -442,8 +504,12 @@ impl Graph {
         }
         for io in &self.inputs {
             match io {
-                Io::Tensor(t) if *t >= nt => return Err(IrError::Invalid(format!("input tensor {t} out of range"))),
-                Io::Sym(s) if *s >= ns => return Err(IrError::Invalid(format!("input symbol {s} out of range"))),
+                Io::Tensor(t) if *t >= nt => {
+                    return Err(IrError::Invalid(format!("input tensor {t} out of range")))
+                }
+                Io::Sym(s) if *s >= ns => {
+                    return Err(IrError::Invalid(format!("input symbol {s} out of range")))
+                }
                 _ => {}
             }
         }
@@ -465,12 +531,20 @@ impl OpKind {
         match self {
             OpKind::Unary(u) => format!("elementwise[{}]", format!("{u:?}").to_lowercase()),
             OpKind::Binary(b) => format!("elementwise[{}]", format!("{b:?}").to_lowercase()),
-            OpKind::BinaryScalar { op, .. } => format!("elementwise[{}_scalar]", format!("{op:?}").to_lowercase()),
+            OpKind::BinaryScalar { op, .. } => {
+                format!("elementwise[{}_scalar]", format!("{op:?}").to_lowercase())
+            }
             OpKind::Where => "elementwise[where]".into(),
             OpKind::Clamp { .. } => "elementwise[clamp]".into(),
             OpKind::Cast => "elementwise[cast]".into(),
-            OpKind::Linear { weight, act_quant, .. } => {
-                format!("linear[{}{}]", w(weight), if *act_quant { ",dq8" } else { "" })
+            OpKind::Linear {
+                weight, act_quant, ..
+            } => {
+                format!(
+                    "linear[{}{}]",
+                    w(weight),
+                    if *act_quant { ",dq8" } else { "" }
+                )
             }
             OpKind::Embedding { weight } => format!("embedding[{}]", w(weight)),
             OpKind::Sum { .. } => "reduce[sum]".into(),

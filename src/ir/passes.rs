@@ -68,29 +68,46 @@ pub fn fuse_rms_norm(g: &mut Graph) -> usize {
                 if rs.kind != OpKind::Unary(UnaryOp::Rsqrt) || uses[r] != 1 {
                     continue;
                 }
-                let Some(pa) = prod[rs.inputs[0]] else { continue };
+                let Some(pa) = prod[rs.inputs[0]] else {
+                    continue;
+                };
                 let add = op_at(g, pa);
                 let eps = match add.kind {
-                    OpKind::BinaryScalar { op: BinaryOp::Add, scalar, .. } => scalar,
+                    OpKind::BinaryScalar {
+                        op: BinaryOp::Add,
+                        scalar,
+                        ..
+                    } => scalar,
                     _ => continue,
                 };
                 if uses[add.outputs[0]] != 1 {
                     continue;
                 }
-                let Some(pm) = prod[add.inputs[0]] else { continue };
+                let Some(pm) = prod[add.inputs[0]] else {
+                    continue;
+                };
                 let mean = op_at(g, pm);
                 let rank = g.tensors[x].max_shape.len();
                 match &mean.kind {
-                    OpKind::Mean { dims, keepdim: true } if dims.as_slice() == [rank.saturating_sub(1)] => {}
+                    OpKind::Mean {
+                        dims,
+                        keepdim: true,
+                    } if dims.as_slice() == [rank.saturating_sub(1)] => {}
                     _ => continue,
                 }
                 if uses[mean.outputs[0]] != 1 {
                     continue;
                 }
-                let Some(pp) = prod[mean.inputs[0]] else { continue };
+                let Some(pp) = prod[mean.inputs[0]] else {
+                    continue;
+                };
                 let sq = op_at(g, pp);
                 let squares_x = match sq.kind {
-                    OpKind::BinaryScalar { op: BinaryOp::Pow, scalar, scalar_first: false } => scalar == 2.0,
+                    OpKind::BinaryScalar {
+                        op: BinaryOp::Pow,
+                        scalar,
+                        scalar_first: false,
+                    } => scalar == 2.0,
                     OpKind::Unary(UnaryOp::Square) => true,
                     OpKind::Binary(BinaryOp::Mul) => sq.inputs[0] == sq.inputs[1],
                     _ => false,
@@ -102,7 +119,9 @@ pub fn fuse_rms_norm(g: &mut Graph) -> usize {
                 break 'search;
             }
         }
-        let Some((i, x, eps, dead)) = found else { break };
+        let Some((i, x, eps, dead)) = found else {
+            break;
+        };
         let out = op_at(g, i).outputs[0];
         g.nodes[i] = Node::Op(Op {
             kind: OpKind::RmsNorm { eps },
@@ -139,7 +158,11 @@ fn absorb_norm_weight(g: &mut Graph) -> usize {
                 let is_const_vec = matches!(g.tensors[wt].role, Role::Constant(_))
                     && g.tensors[wt].max_shape.len() == 1
                     && g.tensors[t].max_shape.last() == g.tensors[wt].max_shape.last();
-                if matches!(norm.kind, OpKind::RmsNorm { .. }) && norm.inputs.len() == 1 && uses[t] == 1 && is_const_vec {
+                if matches!(norm.kind, OpKind::RmsNorm { .. })
+                    && norm.inputs.len() == 1
+                    && uses[t] == 1
+                    && is_const_vec
+                {
                     hit = Some((i, p, wt));
                 }
             }
@@ -165,8 +188,11 @@ pub fn drop_noop_copies(g: &mut Graph) -> usize {
                 let (src, dst) = (o.inputs[0], o.outputs[0]);
                 let plain = |t: TensorId| matches!(g.tensors[t].role, Role::Activation);
                 let same = g.tensors[src].dtype == g.tensors[dst].dtype;
-                (plain(dst) && same && !g.outputs.contains(&dst) && !matches!(g.tensors[src].role, Role::State(_)))
-                    .then_some((i, src, dst))
+                (plain(dst)
+                    && same
+                    && !g.outputs.contains(&dst)
+                    && !matches!(g.tensors[src].role, Role::State(_)))
+                .then_some((i, src, dst))
             }
             _ => None,
         });
@@ -181,7 +207,11 @@ pub fn drop_noop_copies(g: &mut Graph) -> usize {
 fn rename(g: &mut Graph, from: TensorId, to: TensorId) {
     for node in &mut g.nodes {
         match node {
-            Node::Op(o) => o.inputs.iter_mut().filter(|t| **t == from).for_each(|t| *t = to),
+            Node::Op(o) => o
+                .inputs
+                .iter_mut()
+                .filter(|t| **t == from)
+                .for_each(|t| *t = to),
             Node::Sym(SymOp::Size { tensor, .. }) if *tensor == from => *tensor = to,
             _ => {}
         }
@@ -197,7 +227,9 @@ pub fn eliminate_dead(g: &mut Graph) -> usize {
         g.nodes.retain(|node| match node {
             Node::Op(o) => {
                 let writes_state = matches!(o.kind, OpKind::CacheUpdate { .. })
-                    || o.outputs.iter().any(|&t| matches!(g.tensors[t].role, Role::State(_)));
+                    || o.outputs
+                        .iter()
+                        .any(|&t| matches!(g.tensors[t].role, Role::State(_)));
                 writes_state || o.outputs.iter().any(|&t| uses[t] > 0)
             }
             Node::Sym(_) => true,
@@ -247,9 +279,32 @@ mod tests {
         let y = g.add_tensor("y", f, vec![rows, d], Role::Activation);
         let out = g.add_tensor("out", f, vec![rows, d], Role::Activation);
         g.op(OpKind::Copy, vec![x], vec![c]);
-        g.op(OpKind::BinaryScalar { op: BinaryOp::Pow, scalar: 2.0, scalar_first: false }, vec![c], vec![sq]);
-        g.op(OpKind::Mean { dims: vec![1], keepdim: true }, vec![sq], vec![m]);
-        g.op(OpKind::BinaryScalar { op: BinaryOp::Add, scalar: 1e-6, scalar_first: false }, vec![m], vec![a]);
+        g.op(
+            OpKind::BinaryScalar {
+                op: BinaryOp::Pow,
+                scalar: 2.0,
+                scalar_first: false,
+            },
+            vec![c],
+            vec![sq],
+        );
+        g.op(
+            OpKind::Mean {
+                dims: vec![1],
+                keepdim: true,
+            },
+            vec![sq],
+            vec![m],
+        );
+        g.op(
+            OpKind::BinaryScalar {
+                op: BinaryOp::Add,
+                scalar: 1e-6,
+                scalar_first: false,
+            },
+            vec![m],
+            vec![a],
+        );
         g.op(OpKind::Unary(UnaryOp::Rsqrt), vec![a], vec![r]);
         g.op(OpKind::Binary(BinaryOp::Mul), vec![c, r], vec![y]);
         g.op(OpKind::Binary(BinaryOp::Mul), vec![y, w], vec![out]);
@@ -262,7 +317,10 @@ mod tests {
         let data: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut e = CpuExecutor::new(g).unwrap();
         let out = e
-            .run(&[InputValue::Tensor { shape: shape.to_vec(), data: &data }])
+            .run(&[InputValue::Tensor {
+                shape: shape.to_vec(),
+                data: &data,
+            }])
             .unwrap();
         out[0].data.clone()
     }
@@ -270,7 +328,9 @@ mod tests {
     #[test]
     fn rms_norm_cluster_fuses_to_one_op_with_the_same_result() {
         let (rows, d) = (3, 7);
-        let x: Vec<f32> = (0..rows * d).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3).collect();
+        let x: Vec<f32> = (0..rows * d)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.3)
+            .collect();
         let g = decomposed_norm(rows, d);
         let mut fused = g.clone();
         assert_eq!(drop_noop_copies(&mut fused), 1);
@@ -278,7 +338,11 @@ mod tests {
         let kinds: Vec<String> = fused.ops().map(|o| o.kind.label()).collect();
         assert_eq!(kinds, vec!["rms_norm"]);
         let (a, b) = (run(g, &x, &[rows, d]), run(fused, &x, &[rows, d]));
-        let to_f = |v: &[u8]| v.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+        let to_f = |v: &[u8]| {
+            v.chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>()
+        };
         for (p, q) in to_f(&a).iter().zip(to_f(&b)) {
             assert!((p - q).abs() <= 1e-6 * p.abs().max(1.0), "{p} vs {q}");
         }
@@ -300,10 +364,19 @@ mod tests {
         let extra = g.add_tensor("unused", f, vec![2, 4], Role::Activation);
         g.op(OpKind::Unary(UnaryOp::Exp), vec![0], vec![extra]);
         let cache = g.add_tensor("cache", f, vec![4, 4], Role::State(None));
-        g.op(OpKind::CacheUpdate { axis: 0, start: Int::Lit(0) }, vec![cache, 0], vec![cache]);
+        g.op(
+            OpKind::CacheUpdate {
+                axis: 0,
+                start: Int::Lit(0),
+            },
+            vec![cache, 0],
+            vec![cache],
+        );
         let before = g.ops().count();
         assert_eq!(eliminate_dead(&mut g), 1);
         assert_eq!(g.ops().count(), before - 1);
-        assert!(g.ops().any(|o| matches!(o.kind, OpKind::CacheUpdate { .. })));
+        assert!(g
+            .ops()
+            .any(|o| matches!(o.kind, OpKind::CacheUpdate { .. })));
     }
 }

@@ -19,14 +19,22 @@ impl ExtendedHeader {
         if buf.len() < 12 || &buf[8..12] != b"eh00" {
             return Ok(None);
         }
-        let u32_at = |p: usize| buf.get(p..p + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
-        let u64_at = |p: usize| buf.get(p..p + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+        let u32_at = |p: usize| {
+            buf.get(p..p + 4)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        };
+        let u64_at = |p: usize| {
+            buf.get(p..p + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        };
         let Some(length) = u32_at(12) else {
             return invalid("extended header is truncated");
         };
         // Version 0 headers are 24 bytes; 32 and up carry segment_data_size.
         if length < 24 {
-            return invalid(format!("extended header length {length} is below the minimum of 24"));
+            return invalid(format!(
+                "extended header length {length} is below the minimum of 24"
+            ));
         }
         let (Some(program_size), Some(segment_base_offset)) = (u64_at(16), u64_at(24)) else {
             return invalid("extended header is truncated");

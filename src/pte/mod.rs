@@ -296,7 +296,9 @@ impl NamedData {
     fn insert(&mut self, key: &str, blob: Blob) -> Result<()> {
         if let Some(old) = self.entries.get(key) {
             if old[..] != blob[..] {
-                return invalid(format!("named data key `{key}` appears twice with different bytes"));
+                return invalid(format!(
+                    "named data key `{key}` appears twice with different bytes"
+                ));
             }
             return Ok(());
         }
@@ -368,7 +370,10 @@ impl Program {
     pub fn parse(bytes: Arc<Bytes>, ptds: &[DataFile], limits: &Limits) -> Result<Program> {
         let buf: &[u8] = &bytes;
         if buf.len() < 8 {
-            return invalid(format!("file is {} bytes: too short to be a .pte", buf.len()));
+            return invalid(format!(
+                "file is {} bytes: too short to be a .pte",
+                buf.len()
+            ));
         }
         if &buf[4..8] != b"ET12" {
             return invalid(format!(
@@ -380,7 +385,9 @@ impl Program {
         if let Some(h) = &header {
             h.check(buf.len())?;
         }
-        let fb_end = header.as_ref().map_or(buf.len(), |h| h.program_size as usize);
+        let fb_end = header
+            .as_ref()
+            .map_or(buf.len(), |h| h.program_size as usize);
         let fbuf = &buf[..fb_end];
         let root = Table::root(fbuf).ctx(|| "program root".into())?;
 
@@ -425,23 +432,22 @@ impl Program {
 
         // Constant segment: offsets[i] is where constant i starts; index 0 is reserved.
         let mut constant_bytes = 0usize;
-        let constants: Option<(Blob, Vec<u64>)> = match root
-            .table(5)
-            .ctx(|| "Program.constant_segment".into())?
-        {
-            Some(cs) => {
-                let idx: u32 = cs.scalar(0, 0).ctx(|| "constant_segment".into())?;
-                let offsets: Vec<u64> = cs.vec_of(1).ctx(|| "constant_segment.offsets".into())?;
-                if offsets.is_empty() {
-                    None
-                } else {
-                    let blob = segment_blob(idx, "the constant segment")?;
-                    constant_bytes = blob.len();
-                    Some((blob, offsets))
+        let constants: Option<(Blob, Vec<u64>)> =
+            match root.table(5).ctx(|| "Program.constant_segment".into())? {
+                Some(cs) => {
+                    let idx: u32 = cs.scalar(0, 0).ctx(|| "constant_segment".into())?;
+                    let offsets: Vec<u64> =
+                        cs.vec_of(1).ctx(|| "constant_segment.offsets".into())?;
+                    if offsets.is_empty() {
+                        None
+                    } else {
+                        let blob = segment_blob(idx, "the constant segment")?;
+                        constant_bytes = blob.len();
+                        Some((blob, offsets))
+                    }
                 }
-            }
-            None => None,
-        };
+                None => None,
+            };
         // Deprecated inline constant buffers (pre-2024 files).
         let mut inline_constants = Vec::new();
         if let Some(cb) = root.tables(2).ctx(|| "Program.constant_buffer".into())? {
@@ -453,7 +459,10 @@ impl Program {
             }
         }
         let mut mutable_segments = Vec::new();
-        if let Some(ms) = root.tables(6).ctx(|| "Program.mutable_data_segments".into())? {
+        if let Some(ms) = root
+            .tables(6)
+            .ctx(|| "Program.mutable_data_segments".into())?
+        {
             for (i, m) in ms.iter().enumerate() {
                 let m = m.ctx(|| format!("mutable_data_segments {i}"))?;
                 let idx: u32 = m.scalar(0, 0).ctx(|| "mutable_data_segments".into())?;
@@ -466,7 +475,10 @@ impl Program {
         if let Some(nd) = root.tables(7).ctx(|| "Program.named_data".into())? {
             for (i, n) in nd.iter().enumerate() {
                 let n = n.ctx(|| format!("named_data {i}"))?;
-                let key = n.string(0).ctx(|| format!("named_data {i} key"))?.unwrap_or("");
+                let key = n
+                    .string(0)
+                    .ctx(|| format!("named_data {i} key"))?
+                    .unwrap_or("");
                 let idx: u32 = n.scalar(1, 0).ctx(|| format!("named_data {i}"))?;
                 named_data.insert(key, segment_blob(idx, &format!("named data `{key}`"))?)?;
             }
@@ -478,7 +490,10 @@ impl Program {
         }
 
         let mut inline_delegates = Vec::new();
-        if let Some(dd) = root.tables(3).ctx(|| "Program.backend_delegate_data".into())? {
+        if let Some(dd) = root
+            .tables(3)
+            .ctx(|| "Program.backend_delegate_data".into())?
+        {
             for (i, d) in dd.iter().enumerate() {
                 let d = d.ctx(|| format!("backend_delegate_data {i}"))?;
                 let (start, len) = d
@@ -609,8 +624,16 @@ impl PlanContext<'_> {
             for (i, o) in ops.iter().enumerate() {
                 let o = o.ctx(|| c(&format!("operator {i}")))?;
                 operators.push(Operator {
-                    name: o.string(0).ctx(|| c("operator name"))?.unwrap_or("").to_string(),
-                    overload: o.string(1).ctx(|| c("operator overload"))?.unwrap_or("").to_string(),
+                    name: o
+                        .string(0)
+                        .ctx(|| c("operator name"))?
+                        .unwrap_or("")
+                        .to_string(),
+                    overload: o
+                        .string(1)
+                        .ctx(|| c("operator overload"))?
+                        .unwrap_or("")
+                        .to_string(),
                 });
             }
         }
@@ -619,7 +642,10 @@ impl PlanContext<'_> {
         if let Some(ds) = p.tables(7).ctx(|| c("delegates"))? {
             for (i, d) in ds.iter().enumerate() {
                 let d = d.ctx(|| c(&format!("delegate {i}")))?;
-                delegates.push(self.delegate(d).map_err(|e| prefix(e, &c(&format!("delegate {i}"))))?);
+                delegates.push(
+                    self.delegate(d)
+                        .map_err(|e| prefix(e, &c(&format!("delegate {i}"))))?,
+                );
             }
         }
 
@@ -693,7 +719,10 @@ impl PlanContext<'_> {
             for s in cs.iter() {
                 let s = s.ctx(|| "compile spec".into())?;
                 let k = s.string(0).ctx(|| "compile spec key".into())?.unwrap_or("");
-                let v = s.bytes(1).ctx(|| "compile spec value".into())?.unwrap_or(&[]);
+                let v = s
+                    .bytes(1)
+                    .ctx(|| "compile spec value".into())?
+                    .unwrap_or(&[]);
                 compile_specs.push((k.to_string(), v.to_vec()));
             }
         }
@@ -720,7 +749,12 @@ impl PlanContext<'_> {
             3 => EValue::Bool(t.scalar(0, false).ctx(|| "Bool".into())?),
             4 => EValue::Double(t.scalar(0, 0f64).ctx(|| "Double".into())?),
             5 => EValue::Tensor(self.tensor(t, arenas)?),
-            6 => EValue::String(t.string(0).ctx(|| "String".into())?.unwrap_or("").to_string()),
+            6 => EValue::String(
+                t.string(0)
+                    .ctx(|| "String".into())?
+                    .unwrap_or("")
+                    .to_string(),
+            ),
             7 => {
                 let raw: Vec<i64> = t.vec_of(0).ctx(|| "IntList".into())?;
                 EValue::IntList(
@@ -757,7 +791,9 @@ impl PlanContext<'_> {
             .ok_or_else(|| PteError::Invalid(format!("tensor has unknown scalar type {code}")))?;
         let storage_offset: i32 = t.scalar(1, 0).ctx(|| "Tensor.storage_offset".into())?;
         if storage_offset != 0 {
-            return invalid(format!("tensor has storage_offset {storage_offset}; only 0 is valid"));
+            return invalid(format!(
+                "tensor has storage_offset {storage_offset}; only 0 is valid"
+            ));
         }
         let raw: Vec<i32> = t.vec_of(2).ctx(|| "Tensor.sizes".into())?;
         let mut sizes = Vec::with_capacity(raw.len());
@@ -775,7 +811,10 @@ impl PlanContext<'_> {
                     (d as usize) < seen.len() && !std::mem::replace(&mut seen[d as usize], true)
                 });
             if !ok {
-                return invalid(format!("tensor dim_order {dim_order:?} is not a permutation of its {} dims", sizes.len()));
+                return invalid(format!(
+                    "tensor dim_order {dim_order:?} is not a permutation of its {} dims",
+                    sizes.len()
+                ));
             }
         }
         let numel = sizes
@@ -787,7 +826,10 @@ impl PlanContext<'_> {
             .ok_or_else(|| PteError::Invalid(format!("tensor sizes {raw:?} overflow")))?;
         let buffer_idx: u32 = t.scalar(5, 0).ctx(|| "Tensor.data_buffer_idx".into())?;
         let alloc = t.table(6).ctx(|| "Tensor.allocation_info".into())?;
-        let dynamism = match t.scalar::<i8>(8, 0).ctx(|| "Tensor.shape_dynamism".into())? {
+        let dynamism = match t
+            .scalar::<i8>(8, 0)
+            .ctx(|| "Tensor.shape_dynamism".into())?
+        {
             0 => Dynamism::Static,
             1 => Dynamism::DynamicBound,
             2 => Dynamism::DynamicUnbound,
@@ -796,9 +838,12 @@ impl PlanContext<'_> {
         let extra = t.table(9).ctx(|| "Tensor.extra_tensor_info".into())?;
         let (fqn, external, mut_idx) = match extra {
             Some(e) => (
-                e.string(1).ctx(|| "fully_qualified_name".into())?.map(str::to_string),
+                e.string(1)
+                    .ctx(|| "fully_qualified_name".into())?
+                    .map(str::to_string),
                 e.scalar::<i8>(2, 0).ctx(|| "location".into())? == 1,
-                e.scalar::<u64>(0, 0).ctx(|| "mutable_data_segments_idx".into())?,
+                e.scalar::<u64>(0, 0)
+                    .ctx(|| "mutable_data_segments_idx".into())?,
             ),
             None => (None, false, 0),
         };
@@ -850,7 +895,9 @@ impl PlanContext<'_> {
                         ))
                     })?;
                     let start = *offs.get(i as usize).ok_or_else(|| {
-                        PteError::Invalid(format!("tensor's initial value index {i} is out of range"))
+                        PteError::Invalid(format!(
+                            "tensor's initial value index {i} is out of range"
+                        ))
                     })? as usize;
                     let blob = seg.slice(start.min(seg.len())..seg.len())?;
                     TensorData::Planned {
@@ -871,7 +918,12 @@ impl PlanContext<'_> {
         })
     }
 
-    fn constant(&self, i: u32, nbytes: usize, sized: &dyn Fn(&Blob, &str) -> Result<Blob>) -> Result<Blob> {
+    fn constant(
+        &self,
+        i: u32,
+        nbytes: usize,
+        sized: &dyn Fn(&Blob, &str) -> Result<Blob>,
+    ) -> Result<Blob> {
         if let Some((seg, offs)) = self.constants {
             let start = *offs.get(i as usize).ok_or_else(|| {
                 PteError::Invalid(format!(
@@ -904,7 +956,10 @@ impl PlanContext<'_> {
             ));
         }
         let size = arenas[id as usize - 1];
-        if offset.checked_add(nbytes as u64).is_none_or(|e| e > size as u64) {
+        if offset
+            .checked_add(nbytes as u64)
+            .is_none_or(|e| e > size as u64)
+        {
             return invalid(format!(
                 "tensor of {nbytes} bytes at offset {offset} overflows memory {id} of {size} bytes"
             ));
@@ -924,7 +979,13 @@ fn prefix(e: PteError, what: &str) -> PteError {
     }
 }
 
-fn instruction(t: Table, nvalues: usize, nops: usize, ndelegates: usize, ninstr: usize) -> Result<Instruction> {
+fn instruction(
+    t: Table,
+    nvalues: usize,
+    nops: usize,
+    ndelegates: usize,
+    ninstr: usize,
+) -> Result<Instruction> {
     let Some((tag, a)) = t.union(0).ctx(|| "instruction".into())? else {
         return invalid("instruction has no arguments");
     };
@@ -934,7 +995,9 @@ fn instruction(t: Table, nvalues: usize, nops: usize, ndelegates: usize, ninstr:
             .map(|&v| index(v as i64, nvalues, || "argument".into()))
             .collect()
     };
-    let int = |slot: usize| -> Result<i64> { Ok(a.scalar::<i32>(slot, 0).ctx(|| "instruction".into())? as i64) };
+    let int = |slot: usize| -> Result<i64> {
+        Ok(a.scalar::<i32>(slot, 0).ctx(|| "instruction".into())? as i64)
+    };
     Ok(match tag {
         1 => Instruction::Kernel {
             op: index(int(0)?, nops, || "operator index".into())?,

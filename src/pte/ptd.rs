@@ -43,7 +43,11 @@ impl DataFile {
                 let start = seg_base.checked_add(off);
                 match start.and_then(|s| s.checked_add(size)) {
                     Some(e) if e <= len => segments.push(start.unwrap() as usize..e as usize),
-                    _ => return invalid(format!(".ptd segment {i} extends past the end of the file")),
+                    _ => {
+                        return invalid(format!(
+                            ".ptd segment {i} extends past the end of the file"
+                        ))
+                    }
                 }
             }
         }

@@ -11,7 +11,9 @@ pub mod tensor;
 
 pub use tensor::{DType, HostTensor, Storage, Tensor, TensorIn};
 
-use crate::pte::{self, BackendDelegate, EValue, ExecutionPlan, Instruction, NamedData, Program, TensorData};
+use crate::pte::{
+    self, BackendDelegate, EValue, ExecutionPlan, Instruction, NamedData, Program, TensorData,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -117,8 +119,13 @@ impl Memory {
                 .get(*arena)
                 .and_then(|a| a.get(*offset..))
                 .ok_or("tensor lies outside its arena")?,
-            Storage::Input(i) => self.inputs.get(*i).ok_or("tensor's input buffer is missing")?,
-            Storage::Unset => return Err("tensor has no data yet (an input that was not set?)".into()),
+            Storage::Input(i) => self
+                .inputs
+                .get(*i)
+                .ok_or("tensor's input buffer is missing")?,
+            Storage::Unset => {
+                return Err("tensor has no data yet (an input that was not set?)".into())
+            }
         };
         all.get(..n)
             .ok_or_else(|| format!("tensor of {n} bytes exceeds its {}-byte storage", all.len()))
@@ -133,7 +140,10 @@ impl Memory {
                 .get_mut(*arena)
                 .and_then(|a| a.get_mut(*offset..))
                 .ok_or("tensor lies outside its arena")?,
-            Storage::Input(i) => self.inputs.get_mut(*i).ok_or("tensor's input buffer is missing")?,
+            Storage::Input(i) => self
+                .inputs
+                .get_mut(*i)
+                .ok_or("tensor's input buffer is missing")?,
             Storage::Unset => return Err("tensor has no storage".into()),
         };
         let len = all.len();
@@ -238,12 +248,17 @@ impl Method {
 
         let mut delegates = Vec::new();
         for d in &plan.delegates {
-            let backend = backends.get(&d.id).ok_or_else(|| RuntimeError::UnsupportedBackend {
-                method: name.to_string(),
-                backend: d.id.clone(),
-            })?;
+            let backend = backends
+                .get(&d.id)
+                .ok_or_else(|| RuntimeError::UnsupportedBackend {
+                    method: name.to_string(),
+                    backend: d.id.clone(),
+                })?;
             let exec = backend.init(d, &program.named_data).map_err(|msg| {
-                RuntimeError::Other(format!("method `{name}`: backend `{}` failed to load: {msg}", d.id))
+                RuntimeError::Other(format!(
+                    "method `{name}`: backend `{}` failed to load: {msg}",
+                    d.id
+                ))
             })?;
             delegates.push(exec);
         }
@@ -273,7 +288,11 @@ impl Method {
                 EValue::Tensor(t) => {
                     let storage = match &t.data {
                         TensorData::Constant(b) => Storage::Constant(b.clone()),
-                        TensorData::Planned { arena, offset, initial } => {
+                        TensorData::Planned {
+                            arena,
+                            offset,
+                            initial,
+                        } => {
                             if let Some(init) = initial {
                                 // Mutable buffers with an initial state start from the file's bytes.
                                 let dst = &mut mem.arenas[*arena][*offset..*offset + init.len()];
@@ -363,11 +382,12 @@ impl Method {
         }
         let input_ids = self.plan.inputs.clone();
         for (k, (&vid, host)) in input_ids.iter().zip(inputs).enumerate() {
-            self.set_input(k, vid, host).map_err(|msg| RuntimeError::BadInput {
-                method: method.clone(),
-                index: k,
-                msg,
-            })?;
+            self.set_input(k, vid, host)
+                .map_err(|msg| RuntimeError::BadInput {
+                    method: method.clone(),
+                    index: k,
+                    msg,
+                })?;
         }
 
         let mut pc = 0usize;
@@ -375,7 +395,9 @@ impl Method {
         while pc < self.steps.len() {
             budget -= 1;
             if budget == 0 {
-                return Err(RuntimeError::Other(format!("method `{method}` does not terminate")));
+                return Err(RuntimeError::Other(format!(
+                    "method `{method}` does not terminate"
+                )));
             }
             let kerr = |op: &str, msg: String| RuntimeError::Kernel {
                 method: method.clone(),
@@ -428,26 +450,47 @@ impl Method {
             .map_err(|m| RuntimeError::Other(format!("method `{method}` output: {m}")))
     }
 
-    fn set_input(&mut self, k: usize, vid: usize, host: &HostTensor) -> std::result::Result<(), String> {
+    fn set_input(
+        &mut self,
+        k: usize,
+        vid: usize,
+        host: &HostTensor,
+    ) -> std::result::Result<(), String> {
         let t = match &self.mem.values[vid] {
             Value::Tensor(t) => t.clone(),
             Value::Int(_) => {
                 // A scalar input: accept a one-element integer tensor.
-                let v = host.to_i64()?.first().copied().ok_or("empty scalar input")?;
+                let v = host
+                    .to_i64()?
+                    .first()
+                    .copied()
+                    .ok_or("empty scalar input")?;
                 self.mem.values[vid] = Value::Int(v);
                 return Ok(());
             }
             v => return Err(format!("inputs of kind {} are not supported", v.kind())),
         };
         if host.dtype != t.dtype {
-            return Err(format!("expected dtype {}, got {}", t.dtype.name(), host.dtype.name()));
+            return Err(format!(
+                "expected dtype {}, got {}",
+                t.dtype.name(),
+                host.dtype.name()
+            ));
         }
         if host.sizes.len() != t.sizes.len() && !t.sizes.is_empty() {
-            return Err(format!("expected rank {} (bounds {:?}), got shape {:?}", t.sizes.len(), t.sizes, host.sizes));
+            return Err(format!(
+                "expected rank {} (bounds {:?}), got shape {:?}",
+                t.sizes.len(),
+                t.sizes,
+                host.sizes
+            ));
         }
         let nbytes = host.data.len();
         if nbytes > t.max_bytes {
-            return Err(format!("shape {:?} exceeds the declared bounds {:?}", host.sizes, t.sizes));
+            return Err(format!(
+                "shape {:?} exceeds the declared bounds {:?}",
+                host.sizes, t.sizes
+            ));
         }
         let mut t = t;
         if let Storage::Unset | Storage::Input(_) = t.storage {
@@ -503,7 +546,9 @@ pub fn constant_method(program: &Program, name: &str) -> Result<Option<Vec<Outpu
         return Ok(None);
     };
     if !plan.is_constant() {
-        return Err(RuntimeError::Other(format!("method `{name}` is not a constant method")));
+        return Err(RuntimeError::Other(format!(
+            "method `{name}` is not a constant method"
+        )));
     }
     let mut m = Method::load(program, name, &BackendRegistry::default())?;
     Ok(Some(m.execute(&[])?))

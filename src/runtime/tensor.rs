@@ -93,7 +93,10 @@ impl Tensor {
     }
     /// True when the memory layout is the default contiguous (row-major) order.
     pub fn is_contiguous(&self) -> bool {
-        self.dim_order.iter().enumerate().all(|(i, &d)| d as usize == i)
+        self.dim_order
+            .iter()
+            .enumerate()
+            .all(|(i, &d)| d as usize == i)
     }
 }
 
@@ -128,7 +131,10 @@ impl HostTensor {
     }
     pub fn to_i64(&self) -> Result<Vec<i64>, String> {
         if self.dtype.is_float() {
-            return Err(format!("expected an integer tensor, got {}", self.dtype.name()));
+            return Err(format!(
+                "expected an integer tensor, got {}",
+                self.dtype.name()
+            ));
         }
         Ok(to_i64(self.dtype, &self.data))
     }
@@ -192,7 +198,10 @@ impl TensorIn {
         to_i64(self.dtype, self.bytes())
     }
     pub fn bools(&self) -> Vec<bool> {
-        to_f64(self.dtype, self.bytes()).iter().map(|&x| x != 0.0).collect()
+        to_f64(self.dtype, self.bytes())
+            .iter()
+            .map(|&x| x != 0.0)
+            .collect()
     }
 }
 
@@ -226,7 +235,9 @@ pub fn to_f64(dtype: DType, b: &[u8]) -> Vec<f64> {
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
             .collect(),
-        DType::F32 | DType::F16 | DType::BF16 => to_f32(dtype, b).iter().map(|&x| x as f64).collect(),
+        DType::F32 | DType::F16 | DType::BF16 => {
+            to_f32(dtype, b).iter().map(|&x| x as f64).collect()
+        }
         _ => to_i64(dtype, b).into_iter().map(|x| x as f64).collect(),
     }
 }
@@ -256,8 +267,14 @@ pub fn to_i64(dtype: DType, b: &[u8]) -> Vec<i64> {
 pub fn from_f32(dtype: DType, v: &[f32]) -> Vec<u8> {
     match dtype {
         DType::F32 => bytemuck::cast_slice(v).to_vec(),
-        DType::F16 => v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect(),
-        DType::BF16 => v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
+        DType::F16 => v
+            .iter()
+            .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+            .collect(),
+        DType::BF16 => v
+            .iter()
+            .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+            .collect(),
         _ => from_f64(dtype, &v.iter().map(|&x| x as f64).collect::<Vec<_>>()),
     }
 }
@@ -266,7 +283,9 @@ pub fn from_f64(dtype: DType, v: &[f64]) -> Vec<u8> {
     match dtype {
         DType::F64 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         DType::F32 => v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
-        DType::F16 | DType::BF16 => from_f32(dtype, &v.iter().map(|&x| x as f32).collect::<Vec<_>>()),
+        DType::F16 | DType::BF16 => {
+            from_f32(dtype, &v.iter().map(|&x| x as f32).collect::<Vec<_>>())
+        }
         DType::Bool => v.iter().map(|&x| (x != 0.0) as u8).collect(),
         _ => from_i64(dtype, &v.iter().map(|&x| x as i64).collect::<Vec<_>>()),
     }

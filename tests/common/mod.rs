@@ -18,7 +18,13 @@ pub fn read_npy(path: &Path) -> (Vec<usize>, Vec<f64>) {
     };
     let header = std::str::from_utf8(&b[hstart..hstart + hlen]).unwrap();
     assert!(header.contains("'fortran_order': False"), "{header}");
-    let shape_str = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
+    let shape_str = header
+        .split("'shape': (")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
     let shape: Vec<usize> = shape_str
         .split(',')
         .map(str::trim)
@@ -27,11 +33,17 @@ pub fn read_npy(path: &Path) -> (Vec<usize>, Vec<f64>) {
         .collect();
     let data = &b[hstart + hlen..];
     let vals: Vec<f64> = if header.contains("'<f4'") {
-        data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect()
+        data.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect()
     } else if header.contains("'<i8'") {
-        data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect()
+        data.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect()
     } else if header.contains("'<f8'") {
-        data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()
+        data.chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
     } else {
         panic!("unsupported npy dtype in {header}")
     };

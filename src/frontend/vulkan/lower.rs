@@ -185,7 +185,8 @@ impl Lower<'_> {
         // constant itself: any constant an op writes is state too.
         for c in &self.vk.chain {
             if let Some(&o) = c.args.last() {
-                if matches!(self.vk.values.get(o), Some(VkValue::Tensor(t)) if t.constant_id.is_some()) {
+                if matches!(self.vk.values.get(o), Some(VkValue::Tensor(t)) if t.constant_id.is_some())
+                {
                     caches.insert(o);
                 }
             }
@@ -855,7 +856,10 @@ impl Lower<'_> {
                 let y = self.out(c)?;
                 let req = self.ints(a(1)?)?;
                 if req.iter().all(|r| matches!(r, Int::Lit(v) if *v >= 0)) {
-                    let shape = req.iter().map(|r| if let Int::Lit(v) = r { *v as usize } else { 0 }).collect();
+                    let shape = req
+                        .iter()
+                        .map(|r| if let Int::Lit(v) = r { *v as usize } else { 0 })
+                        .collect();
                     self.g.op(OpKind::Expand { shape }, vec![x], vec![y]);
                 } else {
                     // Dynamic target: broadcast against zeros of that shape (x + 0 is exact).
@@ -870,9 +874,16 @@ impl Lower<'_> {
                         });
                     }
                     let dt = self.g.tensors[y].dtype;
-                    let zeros = self.g.add_tensor("expand_zeros", dt, self.g.tensors[y].max_shape.clone(), Role::Activation);
-                    self.g.op(OpKind::Full { value: 0.0, shape }, vec![], vec![zeros]);
-                    self.g.op(OpKind::Binary(BinaryOp::Add), vec![x, zeros], vec![y]);
+                    let zeros = self.g.add_tensor(
+                        "expand_zeros",
+                        dt,
+                        self.g.tensors[y].max_shape.clone(),
+                        Role::Activation,
+                    );
+                    self.g
+                        .op(OpKind::Full { value: 0.0, shape }, vec![], vec![zeros]);
+                    self.g
+                        .op(OpKind::Binary(BinaryOp::Add), vec![x, zeros], vec![y]);
                 }
             }
             "aten._softmax.default" => {
@@ -942,7 +953,8 @@ impl Lower<'_> {
                     _ => self.lit(a(2)?)?,
                 };
                 let y = self.out(c)?;
-                self.g.op(OpKind::Arange { start, end, step }, vec![], vec![y]);
+                self.g
+                    .op(OpKind::Arange { start, end, step }, vec![], vec![y]);
             }
             "aten.eq.Tensor" | "aten.eq.Scalar" => self.binary(c, BinaryOp::Eq, None)?,
             "aten.sum.dim_IntList" => {

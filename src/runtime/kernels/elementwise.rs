@@ -89,7 +89,10 @@ impl Operand {
         match self {
             Operand::T(t) => {
                 let v = t.f64();
-                broadcast_indices(&t.sizes, shape).iter().map(|&i| v[i]).collect()
+                broadcast_indices(&t.sizes, shape)
+                    .iter()
+                    .map(|&i| v[i])
+                    .collect()
             }
             Operand::S(s) => vec![s.f64(); shape.iter().product()],
         }
@@ -98,7 +101,10 @@ impl Operand {
         match self {
             Operand::T(t) => {
                 let v = t.i64();
-                broadcast_indices(&t.sizes, shape).iter().map(|&i| v[i]).collect()
+                broadcast_indices(&t.sizes, shape)
+                    .iter()
+                    .map(|&i| v[i])
+                    .collect()
             }
             Operand::S(s) => vec![s.f64() as i64; shape.iter().product()],
         }
@@ -128,7 +134,12 @@ fn binary(
 }
 
 /// Comparisons and logical ops: compare in f64 when any side is float, else in i64.
-fn compare(k: &mut KernelCtx, a: Operand, b: Operand, f: impl Fn(f64, f64) -> bool) -> KernelResult {
+fn compare(
+    k: &mut KernelCtx,
+    a: Operand,
+    b: Operand,
+    f: impl Fn(f64, f64) -> bool,
+) -> KernelResult {
     let out = k.last();
     let shape = broadcast_shape(&a.sizes(), &b.sizes())?;
     let r: Vec<i64> = if a.is_float() || b.is_float() {
@@ -158,22 +169,50 @@ fn s(k: &KernelCtx, i: usize) -> Result<Operand, String> {
 fn add(k: &mut KernelCtx) -> KernelResult {
     let alpha = k.scalar(2)?.f64();
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| x + alpha * y, |x, y| x.wrapping_add((alpha as i64).wrapping_mul(y)))
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| x + alpha * y,
+        |x, y| x.wrapping_add((alpha as i64).wrapping_mul(y)),
+    )
 }
 fn add_scalar(k: &mut KernelCtx) -> KernelResult {
     let alpha = k.scalar(2)?.f64();
     let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| x + alpha * y, |x, y| x.wrapping_add((alpha as i64).wrapping_mul(y)))
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| x + alpha * y,
+        |x, y| x.wrapping_add((alpha as i64).wrapping_mul(y)),
+    )
 }
 fn sub(k: &mut KernelCtx) -> KernelResult {
     let alpha = k.scalar(2)?.f64();
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| x - alpha * y, |x, y| x.wrapping_sub((alpha as i64).wrapping_mul(y)))
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| x - alpha * y,
+        |x, y| x.wrapping_sub((alpha as i64).wrapping_mul(y)),
+    )
 }
 fn sub_scalar(k: &mut KernelCtx) -> KernelResult {
     let alpha = k.scalar(2)?.f64();
     let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| x - alpha * y, |x, y| x.wrapping_sub((alpha as i64).wrapping_mul(y)))
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| x - alpha * y,
+        |x, y| x.wrapping_sub((alpha as i64).wrapping_mul(y)),
+    )
 }
 fn mul(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
@@ -185,37 +224,117 @@ fn mul_scalar(k: &mut KernelCtx) -> KernelResult {
 }
 fn div(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| x / y, |x, y| if y == 0 { 0 } else { x / y })
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| x / y,
+        |x, y| if y == 0 { 0 } else { x / y },
+    )
 }
 fn div_scalar(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| x / y, |x, y| if y == 0 { 0 } else { x / y })
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| x / y,
+        |x, y| if y == 0 { 0 } else { x / y },
+    )
 }
 fn div_mode(k: &mut KernelCtx) -> KernelResult {
-    let mode = if k.is_none(2) { String::new() } else { k.string(2)? };
+    let mode = if k.is_none(2) {
+        String::new()
+    } else {
+        k.string(2)?
+    };
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
     match mode.as_str() {
-        "" => binary(k, a, b, o, |x, y| x / y, |x, y| if y == 0 { 0 } else { x / y }),
-        "trunc" => binary(k, a, b, o, |x, y| (x / y).trunc(), |x, y| if y == 0 { 0 } else { x / y }),
-        "floor" => binary(k, a, b, o, |x, y| (x / y).floor(), |x, y| if y == 0 { 0 } else { x.div_euclid(y) - if (x.rem_euclid(y) != 0) && (y < 0) { 1 } else { 0 } }),
+        "" => binary(
+            k,
+            a,
+            b,
+            o,
+            |x, y| x / y,
+            |x, y| if y == 0 { 0 } else { x / y },
+        ),
+        "trunc" => binary(
+            k,
+            a,
+            b,
+            o,
+            |x, y| (x / y).trunc(),
+            |x, y| if y == 0 { 0 } else { x / y },
+        ),
+        "floor" => binary(
+            k,
+            a,
+            b,
+            o,
+            |x, y| (x / y).floor(),
+            |x, y| {
+                if y == 0 {
+                    0
+                } else {
+                    x.div_euclid(y)
+                        - if (x.rem_euclid(y) != 0) && (y < 0) {
+                            1
+                        } else {
+                            0
+                        }
+                }
+            },
+        ),
         m => Err(format!("unknown rounding mode `{m}`")),
     }
 }
 fn pow_scalar(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
-    binary(k, a, b, o, f64::powf, |x, y| x.wrapping_pow(y.max(0) as u32))
+    binary(k, a, b, o, f64::powf, |x, y| {
+        x.wrapping_pow(y.max(0) as u32)
+    })
 }
 fn pow_tensor(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, f64::powf, |x, y| x.wrapping_pow(y.max(0) as u32))
+    binary(k, a, b, o, f64::powf, |x, y| {
+        x.wrapping_pow(y.max(0) as u32)
+    })
 }
 fn maximum(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }, i64::max)
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| {
+            if x.is_nan() || y.is_nan() {
+                f64::NAN
+            } else {
+                x.max(y)
+            }
+        },
+        i64::max,
+    )
 }
 fn minimum(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }, i64::min)
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| {
+            if x.is_nan() || y.is_nan() {
+                f64::NAN
+            } else {
+                x.min(y)
+            }
+        },
+        i64::min,
+    )
 }
 
 macro_rules! cmp_kernels {
@@ -239,7 +358,11 @@ fn logical(k: &mut KernelCtx, f: impl Fn(bool, bool) -> bool) -> KernelResult {
     let out = k.last();
     let shape = broadcast_shape(&a.sizes, &b.sizes)?;
     let (x, y) = (Operand::T(a).f64_at(&shape), Operand::T(b).f64_at(&shape));
-    let r: Vec<i64> = x.iter().zip(&y).map(|(&p, &q)| f(p != 0.0, q != 0.0) as i64).collect();
+    let r: Vec<i64> = x
+        .iter()
+        .zip(&y)
+        .map(|(&p, &q)| f(p != 0.0, q != 0.0) as i64)
+        .collect();
     k.write_i64(out, &shape, &r)
 }
 fn logical_and(k: &mut KernelCtx) -> KernelResult {
@@ -250,11 +373,25 @@ fn logical_or(k: &mut KernelCtx) -> KernelResult {
 }
 fn bitwise_and(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| ((x as i64) & (y as i64)) as f64, |x, y| x & y)
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| ((x as i64) & (y as i64)) as f64,
+        |x, y| x & y,
+    )
 }
 fn bitwise_or(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| ((x as i64) | (y as i64)) as f64, |x, y| x | y)
+    binary(
+        k,
+        a,
+        b,
+        o,
+        |x, y| ((x as i64) | (y as i64)) as f64,
+        |x, y| x | y,
+    )
 }
 
 fn unary_f(k: &mut KernelCtx, f: impl Fn(f64) -> f64) -> KernelResult {
@@ -345,7 +482,11 @@ fn erf_k(k: &mut KernelCtx) -> KernelResult {
 
 /// `gelu(self, approximate="none"|"tanh")`.
 fn gelu(k: &mut KernelCtx) -> KernelResult {
-    let approx = if k.args.len() > 3 { k.string(1)? } else { "none".to_string() };
+    let approx = if k.args.len() > 3 {
+        k.string(1)?
+    } else {
+        "none".to_string()
+    };
     match approx.as_str() {
         "tanh" => unary_f(k, |x| {
             let c = (2.0 / std::f64::consts::PI).sqrt();
@@ -397,14 +538,21 @@ fn where_self(k: &mut KernelCtx) -> KernelResult {
     let shape = broadcast_shape(&broadcast_shape(&c.sizes, &a.sizes)?, &b.sizes)?;
     let cv = c.bools();
     let ci = broadcast_indices(&c.sizes, &shape);
-    let (ai, bi) = (broadcast_indices(&a.sizes, &shape), broadcast_indices(&b.sizes, &shape));
+    let (ai, bi) = (
+        broadcast_indices(&a.sizes, &shape),
+        broadcast_indices(&b.sizes, &shape),
+    );
     if a.dtype.is_float() || b.dtype.is_float() || k.out_dtype(o)?.is_float() {
         let (av, bv) = (a.f64(), b.f64());
-        let r: Vec<f64> = (0..ci.len()).map(|j| if cv[ci[j]] { av[ai[j]] } else { bv[bi[j]] }).collect();
+        let r: Vec<f64> = (0..ci.len())
+            .map(|j| if cv[ci[j]] { av[ai[j]] } else { bv[bi[j]] })
+            .collect();
         k.write_f64(o, &shape, &r)
     } else {
         let (av, bv) = (a.i64(), b.i64());
-        let r: Vec<i64> = (0..ci.len()).map(|j| if cv[ci[j]] { av[ai[j]] } else { bv[bi[j]] }).collect();
+        let r: Vec<i64> = (0..ci.len())
+            .map(|j| if cv[ci[j]] { av[ai[j]] } else { bv[bi[j]] })
+            .collect();
         k.write_i64(o, &shape, &r)
     }
 }
@@ -517,7 +665,11 @@ mod tests {
             (3.0, 0.999_977_909_503_001_4),
             (-1.0, -0.842_700_792_949_714_9),
         ] {
-            assert!((erf(x) - want).abs() < 1e-12, "erf({x}) = {} want {want}", erf(x));
+            assert!(
+                (erf(x) - want).abs() < 1e-12,
+                "erf({x}) = {} want {want}",
+                erf(x)
+            );
         }
     }
 }

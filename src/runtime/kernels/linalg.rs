@@ -11,7 +11,14 @@ pub const KERNELS: &[(&str, KernelFn)] = &[
 ];
 
 /// `c[m,n] = sum_k a[m,k] * b[k,n]` (or `b[n,k]` when `b_transposed`), row-major.
-pub fn matmul_f32(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, b_transposed: bool) -> Vec<f32> {
+pub fn matmul_f32(
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    b_transposed: bool,
+) -> Vec<f32> {
     let mut c = vec![0f32; m * n];
     if b_transposed {
         for i in 0..m {
@@ -57,7 +64,10 @@ fn mm(k: &mut KernelCtx) -> KernelResult {
 fn bmm(k: &mut KernelCtx) -> KernelResult {
     let (a, b) = (k.input(0)?, k.input(1)?);
     let (&[ba, m, ka], &[bb, kb, n]) = (&a.sizes[..], &b.sizes[..]) else {
-        return Err(format!("bmm needs 3-D inputs, got {:?} and {:?}", a.sizes, b.sizes));
+        return Err(format!(
+            "bmm needs 3-D inputs, got {:?} and {:?}",
+            a.sizes, b.sizes
+        ));
     };
     if ba != bb || ka != kb {
         return Err(format!("bmm: {:?} x {:?}", a.sizes, b.sizes));
@@ -65,7 +75,14 @@ fn bmm(k: &mut KernelCtx) -> KernelResult {
     let (av, bv) = (a.f32(), b.f32());
     let mut c = Vec::with_capacity(ba * m * n);
     for i in 0..ba {
-        c.extend(matmul_f32(&av[i * m * ka..(i + 1) * m * ka], &bv[i * ka * n..(i + 1) * ka * n], m, ka, n, false));
+        c.extend(matmul_f32(
+            &av[i * m * ka..(i + 1) * m * ka],
+            &bv[i * ka * n..(i + 1) * ka * n],
+            m,
+            ka,
+            n,
+            false,
+        ));
     }
     let o = k.last();
     k.write_f32(o, &[ba, m, n], &c)
@@ -102,7 +119,10 @@ fn linear(k: &mut KernelCtx) -> KernelResult {
     let (n, kw) = dims2(&w, "weight")?;
     let kx = *x.sizes.last().ok_or("linear input is a scalar")?;
     if kx != kw {
-        return Err(format!("linear: input {:?} with weight {:?}", x.sizes, w.sizes));
+        return Err(format!(
+            "linear: input {:?} with weight {:?}",
+            x.sizes, w.sizes
+        ));
     }
     let m = x.numel() / kx.max(1);
     let mut c = matmul_f32(&x.f32(), &w.f32(), m, kx, n, true);

@@ -6,7 +6,10 @@ use super::{KernelCtx, KernelFn, KernelResult};
 pub const KERNELS: &[(&str, KernelFn)] = &[
     ("llama::custom_sdpa.out", custom_sdpa),
     ("llama::update_cache.out", update_cache),
-    ("llama::update_cache_with_indices.out", update_cache_with_indices),
+    (
+        "llama::update_cache_with_indices.out",
+        update_cache_with_indices,
+    ),
     ("llama::sdpa_with_kv_cache.out", sdpa_with_kv_cache),
 ];
 
@@ -44,7 +47,11 @@ pub fn sdpa_bshd(p: &Sdpa) -> Vec<f32> {
                 let kh = h / group.max(1);
                 let qo = ((b * s + i) * hq + h) * d;
                 let qv = &p.q[qo..qo + d];
-                let limit = if p.causal { (p.start_pos + i + 1).min(p.kv_len) } else { p.kv_len };
+                let limit = if p.causal {
+                    (p.start_pos + i + 1).min(p.kv_len)
+                } else {
+                    p.kv_len
+                };
                 let mut mx = f32::NEG_INFINITY;
                 for (j, sc) in scores.iter_mut().enumerate() {
                     if j >= limit {
@@ -86,12 +93,22 @@ pub fn sdpa_bshd(p: &Sdpa) -> Vec<f32> {
 }
 
 fn dims4(s: &[usize], what: &str) -> Result<[usize; 4], String> {
-    s.try_into().map_err(|_| format!("{what} must be 4-D (BSHD), got {s:?}"))
+    s.try_into()
+        .map_err(|_| format!("{what} must be 4-D (BSHD), got {s:?}"))
 }
 
 // One argument position per schema slot: the three SDPA spellings place them differently.
 #[allow(clippy::too_many_arguments)]
-fn attend(k: &mut KernelCtx, q_arg: usize, kc_arg: usize, vc_arg: usize, pos_arg: usize, mask_arg: usize, causal_arg: usize, scale_arg: usize) -> KernelResult {
+fn attend(
+    k: &mut KernelCtx,
+    q_arg: usize,
+    kc_arg: usize,
+    vc_arg: usize,
+    pos_arg: usize,
+    mask_arg: usize,
+    causal_arg: usize,
+    scale_arg: usize,
+) -> KernelResult {
     let q = k.input(q_arg)?;
     let kc = k.input(kc_arg)?;
     let vc = k.input(vc_arg)?;
@@ -99,10 +116,16 @@ fn attend(k: &mut KernelCtx, q_arg: usize, kc_arg: usize, vc_arg: usize, pos_arg
     let [b, s, hq, d] = dims4(&q.sizes, "query")?;
     let [kb, cache_len, hkv, kd] = dims4(&kc.sizes, "key cache")?;
     if kc.sizes != vc.sizes || kb != b || kd != d || hkv == 0 || hq % hkv != 0 {
-        return Err(format!("query {:?} does not fit caches {:?}/{:?}", q.sizes, kc.sizes, vc.sizes));
+        return Err(format!(
+            "query {:?} does not fit caches {:?}/{:?}",
+            q.sizes, kc.sizes, vc.sizes
+        ));
     }
     if start < 0 || start as usize + s > cache_len {
-        return Err(format!("positions {start}..{} exceed the cache of {cache_len}", start + s as i64));
+        return Err(format!(
+            "positions {start}..{} exceed the cache of {cache_len}",
+            start + s as i64
+        ));
     }
     let start = start as usize;
     let kv_len = start + s;
@@ -114,14 +137,19 @@ fn attend(k: &mut KernelCtx, q_arg: usize, kc_arg: usize, vc_arg: usize, pos_arg
                 return Err(format!("attention mask must be 2-D, got {:?}", m.sizes));
             };
             if rows < s || cols < kv_len {
-                return Err(format!("attention mask {:?} is smaller than [{s}, {kv_len}]", m.sizes));
+                return Err(format!(
+                    "attention mask {:?} is smaller than [{s}, {kv_len}]",
+                    m.sizes
+                ));
             }
             Some((&v[..], cols))
         }
         _ => None,
     };
     let causal = k.boolean(causal_arg)?;
-    let scale = k.opt_double(scale_arg)?.map_or(1.0 / (d as f32).sqrt(), |x| x as f32);
+    let scale = k
+        .opt_double(scale_arg)?
+        .map_or(1.0 / (d as f32).sqrt(), |x| x as f32);
     let (qv, kv, vv) = (q.f32(), kc.f32(), vc.f32());
     let out = sdpa_bshd(&Sdpa {
         q: &qv,
@@ -149,16 +177,28 @@ fn custom_sdpa(k: &mut KernelCtx) -> KernelResult {
 }
 
 /// Writes `value[B, S, H, D]` into `cache[B, start..start+S, H, D]` in place.
-fn write_rows(k: &mut KernelCtx, value_arg: usize, cache_arg: usize, rows: &[usize]) -> KernelResult {
+fn write_rows(
+    k: &mut KernelCtx,
+    value_arg: usize,
+    cache_arg: usize,
+    rows: &[usize],
+) -> KernelResult {
     let v = k.input(value_arg)?;
     let cache_t = k.meta(cache_arg)?.clone();
     let [b, s, h, d] = dims4(&v.sizes, "value")?;
     let [cb, cl, ch, cd] = dims4(&cache_t.sizes, "cache")?;
     if cb != b || ch != h || cd != d || rows.len() != s {
-        return Err(format!("value {:?} does not fit cache {:?}", v.sizes, cache_t.sizes));
+        return Err(format!(
+            "value {:?} does not fit cache {:?}",
+            v.sizes, cache_t.sizes
+        ));
     }
     if v.dtype != cache_t.dtype {
-        return Err(format!("value is {} but the cache is {}", v.dtype.name(), cache_t.dtype.name()));
+        return Err(format!(
+            "value is {} but the cache is {}",
+            v.dtype.name(),
+            cache_t.dtype.name()
+        ));
     }
     let e = v.dtype.size();
     let row = h * d * e;
@@ -249,8 +289,20 @@ mod tests {
         let v = [3.0f32, 7.0];
         // Query 0 at position 0 may only see key 0.
         let out = sdpa_bshd(&Sdpa {
-            q: &q, k: &k, v: &v, batch: 1, seq: 2, hq: 1, hkv: 1, d: 1, cache_len: 2,
-            start_pos: 0, kv_len: 2, causal: true, mask: None, scale: 1.0,
+            q: &q,
+            k: &k,
+            v: &v,
+            batch: 1,
+            seq: 2,
+            hq: 1,
+            hkv: 1,
+            d: 1,
+            cache_len: 2,
+            start_pos: 0,
+            kv_len: 2,
+            causal: true,
+            mask: None,
+            scale: 1.0,
         });
         assert_eq!(out[0], 3.0);
         assert!(out[1] > 3.0 && out[1] < 7.0);

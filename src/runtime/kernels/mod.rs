@@ -85,10 +85,13 @@ impl<'a> KernelCtx<'a> {
     }
 
     pub fn id(&self, i: usize) -> Result<usize, String> {
-        self.args
-            .get(i)
-            .copied()
-            .ok_or_else(|| format!("expected at least {} arguments, got {}", i + 1, self.args.len()))
+        self.args.get(i).copied().ok_or_else(|| {
+            format!(
+                "expected at least {} arguments, got {}",
+                i + 1,
+                self.args.len()
+            )
+        })
     }
 
     /// Index of the last argument: the out tensor of an out-variant.
@@ -98,7 +101,10 @@ impl<'a> KernelCtx<'a> {
 
     pub fn value(&self, i: usize) -> Result<&Value, String> {
         let id = self.id(i)?;
-        self.mem.values.get(id).ok_or_else(|| format!("value {id} does not exist"))
+        self.mem
+            .values
+            .get(id)
+            .ok_or_else(|| format!("value {id} does not exist"))
     }
 
     pub fn is_none(&self, i: usize) -> bool {
@@ -167,14 +173,20 @@ impl<'a> KernelCtx<'a> {
                 .collect(),
             Value::Int(v) => Ok(vec![*v]),
             Value::None => Ok(vec![]),
-            v => Err(format!("argument {i} is a {}, expected an IntList", v.kind())),
+            v => Err(format!(
+                "argument {i} is a {}, expected an IntList",
+                v.kind()
+            )),
         }
     }
 
     pub fn tensor_ids(&self, i: usize) -> Result<Vec<usize>, String> {
         match self.value(i)? {
             Value::TensorList(l) => Ok(l.clone()),
-            v => Err(format!("argument {i} is a {}, expected a TensorList", v.kind())),
+            v => Err(format!(
+                "argument {i} is a {}, expected a TensorList",
+                v.kind()
+            )),
         }
     }
 
@@ -182,7 +194,10 @@ impl<'a> KernelCtx<'a> {
         match self.value(i)? {
             Value::OptionalTensorList(l) => Ok(l.clone()),
             Value::TensorList(l) => Ok(l.iter().map(|&x| Some(x)).collect()),
-            v => Err(format!("argument {i} is a {}, expected a list of optional tensors", v.kind())),
+            v => Err(format!(
+                "argument {i} is a {}, expected a list of optional tensors",
+                v.kind()
+            )),
         }
     }
 
@@ -196,7 +211,8 @@ impl<'a> KernelCtx<'a> {
 
     /// Reads argument `i` as a tensor (contiguous, current sizes).
     pub fn input(&self, i: usize) -> Result<TensorIn, String> {
-        self.input_of(self.id(i)?).map_err(|e| format!("argument {i}: {e}"))
+        self.input_of(self.id(i)?)
+            .map_err(|e| format!("argument {i}: {e}"))
     }
 
     pub fn opt_input(&self, i: usize) -> Result<Option<TensorIn>, String> {
@@ -209,7 +225,10 @@ impl<'a> KernelCtx<'a> {
     pub fn input_of(&self, id: usize) -> Result<TensorIn, String> {
         let t = self.mem.tensor(id)?;
         if !t.is_contiguous() {
-            return Err(format!("tensor with dim order {:?} is not supported", t.dim_order));
+            return Err(format!(
+                "tensor with dim order {:?} is not supported",
+                t.dim_order
+            ));
         }
         Ok(match &t.storage {
             Storage::Constant(b) => {
@@ -249,7 +268,10 @@ impl<'a> KernelCtx<'a> {
             ));
         }
         if !t.is_contiguous() {
-            return Err(format!("output with dim order {:?} is not supported", t.dim_order));
+            return Err(format!(
+                "output with dim order {:?} is not supported",
+                t.dim_order
+            ));
         }
         t.sizes = sizes.to_vec();
         self.mem.bytes_mut(&t)?.copy_from_slice(bytes);
@@ -324,8 +346,16 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -342,11 +372,7 @@ pub fn broadcast_indices(src: &[usize], out: &[usize]) -> Vec<usize> {
     let n = out.len();
     let numel: usize = out.iter().product();
     if src.iter().product::<usize>() == numel && src.len() <= n {
-        let same = src
-            .iter()
-            .rev()
-            .zip(out.iter().rev())
-            .all(|(a, b)| a == b);
+        let same = src.iter().rev().zip(out.iter().rev()).all(|(a, b)| a == b);
         if same {
             return (0..numel).collect();
         }

@@ -68,7 +68,11 @@ fn assert_scalar(k: &mut KernelCtx) -> KernelResult {
     }
 }
 
-fn arith(k: &mut KernelCtx, fi: impl Fn(i64, i64) -> Result<i64, String>, ff: impl Fn(f64, f64) -> f64) -> KernelResult {
+fn arith(
+    k: &mut KernelCtx,
+    fi: impl Fn(i64, i64) -> Result<i64, String>,
+    ff: impl Fn(f64, f64) -> f64,
+) -> KernelResult {
     let (a, b) = (k.scalar(0)?, k.scalar(1)?);
     let o = k.last();
     let v = match (a, b) {
@@ -108,7 +112,11 @@ fn modulo(k: &mut KernelCtx) -> KernelResult {
                 return Err("integer modulo by zero".into());
             }
             let r = a % b;
-            Ok(if r != 0 && ((r < 0) != (b < 0)) { r + b } else { r })
+            Ok(if r != 0 && ((r < 0) != (b < 0)) {
+                r + b
+            } else {
+                r
+            })
         },
         |a, b| a - b * (a / b).floor(),
     )

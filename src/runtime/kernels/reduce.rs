@@ -17,7 +17,12 @@ pub const KERNELS: &[(&str, KernelFn)] = &[
 ];
 
 /// Reduces `a` over `dims` (all dims when empty): returns (kept-dims shape, groups of values).
-fn reduce(a: &TensorIn, dims: &[i64], keepdim: bool, f: impl Fn(&[f64]) -> f64) -> Result<(Vec<usize>, Vec<f64>), String> {
+fn reduce(
+    a: &TensorIn,
+    dims: &[i64],
+    keepdim: bool,
+    f: impl Fn(&[f64]) -> f64,
+) -> Result<(Vec<usize>, Vec<f64>), String> {
     let r = a.sizes.len();
     let mut red = vec![false; r];
     if dims.is_empty() {
@@ -54,7 +59,13 @@ fn reduce(a: &TensorIn, dims: &[i64], keepdim: bool, f: impl Fn(&[f64]) -> f64) 
         out.push(f(&buf));
     }
     let shape = (0..r)
-        .filter_map(|d| if red[d] { keepdim.then_some(1) } else { Some(a.sizes[d]) })
+        .filter_map(|d| {
+            if red[d] {
+                keepdim.then_some(1)
+            } else {
+                Some(a.sizes[d])
+            }
+        })
         .collect();
     Ok((shape, out))
 }
@@ -81,7 +92,9 @@ fn amax(k: &mut KernelCtx) -> KernelResult {
     let a = k.input(0)?;
     let dims = k.int_list(1)?;
     let keep = k.boolean(2)?;
-    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().copied().fold(f64::NEG_INFINITY, f64::max))?;
+    let (shape, v) = reduce(&a, &dims, keep, |g| {
+        g.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    })?;
     let o = k.last();
     k.write_f64(o, &shape, &v)
 }
@@ -90,7 +103,9 @@ fn amin(k: &mut KernelCtx) -> KernelResult {
     let a = k.input(0)?;
     let dims = k.int_list(1)?;
     let keep = k.boolean(2)?;
-    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().copied().fold(f64::INFINITY, f64::min))?;
+    let (shape, v) = reduce(&a, &dims, keep, |g| {
+        g.iter().copied().fold(f64::INFINITY, f64::min)
+    })?;
     let o = k.last();
     k.write_f64(o, &shape, &v)
 }
@@ -133,7 +148,11 @@ fn softmax_impl(k: &mut KernelCtx, log: bool) -> KernelResult {
             let mx = (0..n).map(|j| v[at(j)]).fold(f32::NEG_INFINITY, f32::max);
             let s: f32 = (0..n).map(|j| (v[at(j)] - mx).exp()).sum();
             for j in 0..n {
-                out[at(j)] = if log { v[at(j)] - mx - s.ln() } else { (v[at(j)] - mx).exp() / s };
+                out[at(j)] = if log {
+                    v[at(j)] - mx - s.ln()
+                } else {
+                    (v[at(j)] - mx).exp() / s
+                };
             }
         }
     }
@@ -151,7 +170,9 @@ fn log_softmax(k: &mut KernelCtx) -> KernelResult {
 
 fn any_impl(k: &mut KernelCtx, dims: Vec<i64>, keep: bool) -> KernelResult {
     let a = k.input(0)?;
-    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().any(|&x| x != 0.0) as i64 as f64)?;
+    let (shape, v) = reduce(&a, &dims, keep, |g| {
+        g.iter().any(|&x| x != 0.0) as i64 as f64
+    })?;
     let o = k.last();
     k.write_i64(o, &shape, &v.iter().map(|&x| x as i64).collect::<Vec<_>>())
 }
