@@ -124,3 +124,22 @@ fn every_fixture_loads_and_reports_its_metadata() {
         assert!(!eos.is_empty(), "{file}");
     }
 }
+
+#[test]
+fn external_weights_load_from_a_ptd_and_match_the_runtime() {
+    let dir = common::fixtures();
+    let (pte, ptd) = (dir.join("ext_mlp.pte"), dir.join("ext_mlp.ptd"));
+    let program = Program::open(&pte, &[ptd.as_path()]).expect("program with its .ptd");
+    let mut method = Method::load(&program, "forward", &BackendRegistry::default()).unwrap();
+    let (shape, x) = common::read_npy(&dir.join("ext_mlp.input.npy"));
+    let (_, golden) = common::read_npy(&dir.join("ext_mlp.golden.npy"));
+    let x: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let out = method.execute(&[HostTensor::from_f32(&shape, &x)]).unwrap();
+    let Output::Tensor(t) = &out[0] else { panic!("no tensor output") };
+    let e = common::rel_l2(&t.to_f32().unwrap(), &golden);
+    assert!(e < 1e-6, "rel-L2 {e}");
+
+    // Without the .ptd the program names the missing key instead of running on garbage.
+    let err = Program::open(&pte, &[]).unwrap_err().to_string();
+    assert!(err.contains("external") && err.contains(".ptd"), "{err}");
+}

@@ -3,7 +3,7 @@
 
 mod common;
 
-use pteria::pte::{Bytes, Limits, Program};
+use pteria::pte::{Bytes, DataFile, Limits, Program};
 use pteria::runtime::{BackendRegistry, HostTensor, Method};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -74,11 +74,11 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
 }
 
 /// Parse, load every method, and run `forward` once on a one-token input.
-fn exercise(bytes: Vec<u8>, run: bool) {
+fn exercise(bytes: Vec<u8>, run: bool, data: &[DataFile]) {
     let limits = Limits {
         max_arena_bytes: 64 << 20,
     };
-    let Ok(p) = Program::parse(Arc::new(Bytes::Owned(bytes)), &[], &limits) else {
+    let Ok(p) = Program::parse(Arc::new(Bytes::Owned(bytes)), data, &limits) else {
         return;
     };
     for plan in &p.plans {
@@ -118,15 +118,23 @@ fn mutated_programs_never_panic() {
     let mut failures = Vec::new();
     for (si, path) in seeds.iter().enumerate() {
         let seed = std::fs::read(path).unwrap();
+        // Programs with external weights are fuzzed with their .ptd merged in.
+        let ptd = path.with_extension("ptd");
+        let data: Vec<DataFile> = if ptd.exists() {
+            vec![DataFile::open(&ptd).unwrap()]
+        } else {
+            vec![]
+        };
         // The unmutated file must load.
-        Program::from_bytes(seed.clone()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Program::parse(Arc::new(Bytes::Owned(seed.clone())), &data, &Limits::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for it in 0..per_seed {
             let s = 0x9E37_79B9_7F4A_7C15u64 ^ ((si as u64) << 32) ^ it as u64;
             let mut rng = Rng(s | 1);
             let m = mutate(&mut rng, &seed);
             let run = it % 8 == 0;
             tried += 1;
-            if catch_unwind(AssertUnwindSafe(|| exercise(m, run))).is_err() {
+            if catch_unwind(AssertUnwindSafe(|| exercise(m, run, &data))).is_err() {
                 failures.push(format!("{} mutation seed {s:#x}", path.display()));
             }
         }

@@ -27,11 +27,17 @@ impl IrExecutor for ir::cpu::CpuExecutor {
 }
 
 /// Builds an executor for a lowered graph (the device choice lives here, not in front ends).
-pub type ExecutorFactory = Arc<dyn Fn(ir::Graph) -> Result<Box<dyn IrExecutor>, String> + Send + Sync>;
+pub type ExecutorFactory =
+    Arc<dyn Fn(ir::Graph) -> Result<Box<dyn IrExecutor>, String> + Send + Sync>;
 
 /// The CPU reference executor factory.
 pub fn cpu_executor() -> ExecutorFactory {
-    Arc::new(|g| Ok(Box::new(ir::cpu::CpuExecutor::new(g).map_err(|e| e.to_string())?) as Box<dyn IrExecutor>))
+    Arc::new(|g| {
+        Ok(
+            Box::new(ir::cpu::CpuExecutor::new(g).map_err(|e| e.to_string())?)
+                as Box<dyn IrExecutor>,
+        )
+    })
 }
 
 /// A backend that lowers through `front` and executes with `make`.
@@ -51,11 +57,19 @@ impl Backend for IrBackend {
         self.front.backend_id()
     }
 
-    fn init(&self, delegate: &BackendDelegate, named: &NamedData) -> Result<Box<dyn DelegateExecutor>, String> {
+    fn init(
+        &self,
+        delegate: &BackendDelegate,
+        named: &NamedData,
+    ) -> Result<Box<dyn DelegateExecutor>, String> {
         let graph = self.front.lower(delegate, named)?;
         graph.validate().map_err(|e| e.to_string())?;
         let inputs = graph.inputs.clone();
-        let outputs: Vec<(ir::DType, usize)> = graph.outputs.iter().map(|&t| (graph.tensors[t].dtype, t)).collect();
+        let outputs: Vec<(ir::DType, usize)> = graph
+            .outputs
+            .iter()
+            .map(|&t| (graph.tensors[t].dtype, t))
+            .collect();
         let input_dtypes: Vec<Option<ir::DType>> = inputs
             .iter()
             .map(|io| match io {
@@ -117,7 +131,12 @@ impl DelegateExecutor for IrDelegate {
                     owned.push((vec![], vec![]));
                     syms.push(Some(v));
                 }
-                (_, v) => return Err(format!("delegate input {k} is a {}, which the graph cannot take there", v.kind())),
+                (_, v) => {
+                    return Err(format!(
+                        "delegate input {k} is a {}, which the graph cannot take there",
+                        v.kind()
+                    ))
+                }
             }
         }
         let inputs: Vec<ir::InputValue> = owned
@@ -125,7 +144,10 @@ impl DelegateExecutor for IrDelegate {
             .zip(&syms)
             .map(|((shape, data), s)| match s {
                 Some(v) => ir::InputValue::Sym(*v),
-                None => ir::InputValue::Tensor { shape: shape.clone(), data },
+                None => ir::InputValue::Tensor {
+                    shape: shape.clone(),
+                    data,
+                },
             })
             .collect();
         let outs = self.exec.run(&inputs)?;
@@ -148,7 +170,10 @@ impl IrExecutor for crate::gpu::GpuExecutor {
 /// The GPU executor factory on an opened device.
 pub fn gpu_executor(ctx: Arc<crate::gpu::Context>) -> ExecutorFactory {
     Arc::new(move |g| {
-        Ok(Box::new(crate::gpu::GpuExecutor::new(ctx.clone(), g).map_err(|e| e.to_string())?) as Box<dyn IrExecutor>)
+        Ok(
+            Box::new(crate::gpu::GpuExecutor::new(ctx.clone(), g).map_err(|e| e.to_string())?)
+                as Box<dyn IrExecutor>,
+        )
     })
 }
 
@@ -184,10 +209,15 @@ pub fn executor_for(device: Device) -> Result<(ExecutorFactory, Option<String>),
         }
         // A software Vulkan driver (lavapipe) is slower than our CPU executor: auto skips it.
         Device::Auto => match crate::gpu::Context::new() {
-            Ok(ctx) if ctx.adapter().device_type != "cpu" => Ok((gpu_executor(Arc::new(ctx)), None)),
+            Ok(ctx) if ctx.adapter().device_type != "cpu" => {
+                Ok((gpu_executor(Arc::new(ctx)), None))
+            }
             Ok(ctx) => Ok((
                 cpu_executor(),
-                Some(format!("running on the CPU: the only GPU adapter, {}, is a software renderer", ctx.adapter().name)),
+                Some(format!(
+                    "running on the CPU: the only GPU adapter, {}, is a software renderer",
+                    ctx.adapter().name
+                )),
             )),
             Err(e) => Ok((cpu_executor(), Some(format!("running on the CPU: {e}")))),
         },

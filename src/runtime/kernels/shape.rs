@@ -58,7 +58,10 @@ fn write_reshaped(k: &mut KernelCtx, o: usize, src: &TensorIn, sizes: &[usize]) 
     if t.numel() != src.numel() {
         return Err(format!("cannot view shape {:?} as {sizes:?}", src.sizes));
     }
-    k.write_like(o, &TensorIn::owned(src.dtype, sizes.to_vec(), src.bytes().to_vec()))
+    k.write_like(
+        o,
+        &TensorIn::owned(src.dtype, sizes.to_vec(), src.bytes().to_vec()),
+    )
 }
 
 /// Resolves a view size list with at most one -1.
@@ -104,7 +107,11 @@ fn et_view(k: &mut KernelCtx) -> KernelResult {
     let out_id = k.id(k.last())?;
     let dtype = k.meta_of(out_id)?.dtype;
     if dtype != src.dtype {
-        return Err(format!("et_view from {} to {}", src.dtype.name(), dtype.name()));
+        return Err(format!(
+            "et_view from {} to {}",
+            src.dtype.name(),
+            dtype.name()
+        ));
     }
     let view = Tensor {
         sizes,
@@ -140,8 +147,15 @@ fn permute_bytes(a: &TensorIn, perm: &[usize]) -> (Vec<usize>, Vec<u8>) {
 
 fn permute_into(k: &mut KernelCtx, a: TensorIn, perm: Vec<usize>) -> KernelResult {
     let mut seen = vec![false; a.sizes.len()];
-    if perm.len() != a.sizes.len() || perm.iter().any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true)) {
-        return Err(format!("{perm:?} is not a permutation of rank {}", a.sizes.len()));
+    if perm.len() != a.sizes.len()
+        || perm
+            .iter()
+            .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
+    {
+        return Err(format!(
+            "{perm:?} is not a permutation of rank {}",
+            a.sizes.len()
+        ));
     }
     let (sizes, bytes) = permute_bytes(&a, &perm);
     let o = k.last();
@@ -151,7 +165,11 @@ fn permute_into(k: &mut KernelCtx, a: TensorIn, perm: Vec<usize>) -> KernelResul
 fn permute_copy(k: &mut KernelCtx) -> KernelResult {
     let a = k.input(0)?;
     let r = a.sizes.len();
-    let perm = k.int_list(1)?.into_iter().map(|d| norm_dim(d, r)).collect::<Result<Vec<_>, _>>()?;
+    let perm = k
+        .int_list(1)?
+        .into_iter()
+        .map(|d| norm_dim(d, r))
+        .collect::<Result<Vec<_>, _>>()?;
     permute_into(k, a, perm)
 }
 
@@ -182,7 +200,11 @@ fn unsqueeze_copy(k: &mut KernelCtx) -> KernelResult {
 fn squeeze_copy_dims(k: &mut KernelCtx) -> KernelResult {
     let a = k.input(0)?;
     let r = a.sizes.len();
-    let dims = k.int_list(1)?.into_iter().map(|d| norm_dim(d, r)).collect::<Result<Vec<_>, _>>()?;
+    let dims = k
+        .int_list(1)?
+        .into_iter()
+        .map(|d| norm_dim(d, r))
+        .collect::<Result<Vec<_>, _>>()?;
     let sizes: Vec<usize> = a
         .sizes
         .iter()
@@ -214,19 +236,29 @@ fn expand_copy(k: &mut KernelCtx) -> KernelResult {
 
 fn repeat(k: &mut KernelCtx) -> KernelResult {
     let a = k.input(0)?;
-    let reps: Vec<usize> = k.int_list(1)?.into_iter().map(|r| r.max(0) as usize).collect();
+    let reps: Vec<usize> = k
+        .int_list(1)?
+        .into_iter()
+        .map(|r| r.max(0) as usize)
+        .collect();
     if reps.len() < a.sizes.len() {
         return Err("repeat has fewer repeats than dims".into());
     }
     let off = reps.len() - a.sizes.len();
-    let src_sizes: Vec<usize> = (0..reps.len()).map(|i| if i >= off { a.sizes[i - off] } else { 1 }).collect();
+    let src_sizes: Vec<usize> = (0..reps.len())
+        .map(|i| if i >= off { a.sizes[i - off] } else { 1 })
+        .collect();
     let out_sizes: Vec<usize> = src_sizes.iter().zip(&reps).map(|(s, r)| s * r).collect();
     let st = strides(&src_sizes);
     let total: usize = out_sizes.iter().product();
     let mut idx = vec![0usize; out_sizes.len()];
     let mut pos = Vec::with_capacity(total);
     for _ in 0..total {
-        pos.push((0..idx.len()).map(|d| (idx[d] % src_sizes[d]) * st[d]).sum());
+        pos.push(
+            (0..idx.len())
+                .map(|d| (idx[d] % src_sizes[d]) * st[d])
+                .sum(),
+        );
         for d in (0..idx.len()).rev() {
             idx[d] += 1;
             if idx[d] < out_sizes[d] {
@@ -249,7 +281,10 @@ fn split3(sizes: &[usize], dim: usize) -> (usize, usize, usize) {
 
 fn cat_tensors(k: &mut KernelCtx, ins: Vec<TensorIn>, dim: i64, o: usize) -> KernelResult {
     // Legacy rule: 1-D empty tensors are skipped.
-    let ins: Vec<TensorIn> = ins.into_iter().filter(|t| !(t.sizes.len() == 1 && t.sizes[0] == 0)).collect();
+    let ins: Vec<TensorIn> = ins
+        .into_iter()
+        .filter(|t| !(t.sizes.len() == 1 && t.sizes[0] == 0))
+        .collect();
     let Some(first) = ins.first() else {
         let dt = k.out_dtype(o)?;
         let _ = dt;
@@ -262,7 +297,10 @@ fn cat_tensors(k: &mut KernelCtx, ins: Vec<TensorIn>, dim: i64, o: usize) -> Ker
     sizes[d] = 0;
     for t in &ins {
         if t.sizes.len() != r || (0..r).any(|i| i != d && t.sizes[i] != first.sizes[i]) {
-            return Err(format!("cat: shapes {:?} and {:?} differ off dim {d}", first.sizes, t.sizes));
+            return Err(format!(
+                "cat: shapes {:?} and {:?} differ off dim {d}",
+                first.sizes, t.sizes
+            ));
         }
         sizes[d] += t.sizes[d];
     }
@@ -293,7 +331,10 @@ fn cat_tensors(k: &mut KernelCtx, ins: Vec<TensorIn>, dim: i64, o: usize) -> Ker
 
 fn cat(k: &mut KernelCtx) -> KernelResult {
     let ids = k.tensor_ids(0)?;
-    let ins = ids.iter().map(|&i| k.input_of(i)).collect::<Result<Vec<_>, _>>()?;
+    let ins = ids
+        .iter()
+        .map(|&i| k.input_of(i))
+        .collect::<Result<Vec<_>, _>>()?;
     let dim = k.int(1)?;
     let o = k.last();
     cat_tensors(k, ins, dim, o)
@@ -302,7 +343,10 @@ fn cat(k: &mut KernelCtx) -> KernelResult {
 fn stack(k: &mut KernelCtx) -> KernelResult {
     let ids = k.tensor_ids(0)?;
     let dim = k.int(1)?;
-    let mut ins = ids.iter().map(|&i| k.input_of(i)).collect::<Result<Vec<_>, _>>()?;
+    let mut ins = ids
+        .iter()
+        .map(|&i| k.input_of(i))
+        .collect::<Result<Vec<_>, _>>()?;
     let r = ins.first().map_or(0, |t| t.sizes.len());
     let d = norm_dim(dim, r + 1)?;
     for t in &mut ins {
@@ -335,7 +379,9 @@ fn slice_copy(k: &mut KernelCtx) -> KernelResult {
     let step = step as usize;
     let len = (e - s).div_ceil(step);
     let (outer, n, inner) = split3(&a.sizes, d);
-    let idx = (0..outer).flat_map(|ob| (0..len).flat_map(move |j| (0..inner).map(move |i| (ob * n + s + j * step) * inner + i)));
+    let idx = (0..outer).flat_map(|ob| {
+        (0..len).flat_map(move |j| (0..inner).map(move |i| (ob * n + s + j * step) * inner + i))
+    });
     let bytes = gather(a.bytes(), esz(&a), idx);
     let mut sizes = a.sizes.clone();
     sizes[d] = len;
@@ -352,10 +398,14 @@ fn select_copy(k: &mut KernelCtx) -> KernelResult {
         i += n;
     }
     if i < 0 || i >= n {
-        return Err(format!("select index {} out of range for size {n}", k.int(2)?));
+        return Err(format!(
+            "select index {} out of range for size {n}",
+            k.int(2)?
+        ));
     }
     let (outer, _, inner) = split3(&a.sizes, d);
-    let idx = (0..outer).flat_map(|ob| (0..inner).map(move |j| (ob * n as usize + i as usize) * inner + j));
+    let idx = (0..outer)
+        .flat_map(|ob| (0..inner).map(move |j| (ob * n as usize + i as usize) * inner + j));
     let bytes = gather(a.bytes(), esz(&a), idx);
     let mut sizes = a.sizes.clone();
     sizes.remove(d);
@@ -384,7 +434,10 @@ fn slice_scatter(k: &mut KernelCtx) -> KernelResult {
     let mut want = a.sizes.clone();
     want[d] = len;
     if src.sizes != want {
-        return Err(format!("slice_scatter: src {:?} does not fit slice {want:?}", src.sizes));
+        return Err(format!(
+            "slice_scatter: src {:?} does not fit slice {want:?}",
+            src.sizes
+        ));
     }
     let o = k.last();
     let dt = k.out_dtype(o)?;
@@ -416,8 +469,14 @@ fn index_select(k: &mut KernelCtx) -> KernelResult {
     let d = norm_dim(k.int(1)?, a.sizes.len())?;
     let ix = k.input(2)?.i64();
     let (outer, n, inner) = split3(&a.sizes, d);
-    let ix = ix.iter().map(|&i| check_index(i, n)).collect::<Result<Vec<_>, _>>()?;
-    let idx = (0..outer).flat_map(|ob| ix.iter().flat_map(move |&r| (0..inner).map(move |j| (ob * n + r) * inner + j)));
+    let ix = ix
+        .iter()
+        .map(|&i| check_index(i, n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let idx = (0..outer).flat_map(|ob| {
+        ix.iter()
+            .flat_map(move |&r| (0..inner).map(move |j| (ob * n + r) * inner + j))
+    });
     let bytes = gather(a.bytes(), esz(&a), idx);
     let mut sizes = a.sizes.clone();
     sizes[d] = ix.len();
@@ -432,7 +491,11 @@ fn embedding(k: &mut KernelCtx) -> KernelResult {
         return Err(format!("embedding weight must be 2-D, got {:?}", w.sizes));
     }
     let (rows, dim) = (w.sizes[0], w.sizes[1]);
-    let ix = ids.i64().iter().map(|&i| check_index(i, rows)).collect::<Result<Vec<_>, _>>()?;
+    let ix = ids
+        .i64()
+        .iter()
+        .map(|&i| check_index(i, rows))
+        .collect::<Result<Vec<_>, _>>()?;
     let idx = ix.iter().flat_map(|&r| (0..dim).map(move |j| r * dim + j));
     let bytes = gather(w.bytes(), esz(&w), idx);
     let mut sizes = ids.sizes.clone();
@@ -453,9 +516,22 @@ fn index_tensor(k: &mut KernelCtx) -> KernelResult {
 
 /// Computes the result shape and source element offsets of `self[indices]` where the indexed dims
 /// are adjacent (the form exports produce); boolean masks are not supported.
-fn advanced_index(k: &KernelCtx, sizes: &[usize], ids: &[Option<usize>]) -> Result<(Vec<usize>, Vec<usize>), String> {
-    let idx_t: Vec<Option<TensorIn>> = ids.iter().map(|o| o.map(|i| k.input_of(i)).transpose()).collect::<Result<_, _>>()?;
-    let dims: Vec<usize> = idx_t.iter().enumerate().filter(|(_, t)| t.is_some()).map(|(i, _)| i).collect();
+#[allow(clippy::needless_range_loop)] // j indexes every per-dim index list at once
+fn advanced_index(
+    k: &KernelCtx,
+    sizes: &[usize],
+    ids: &[Option<usize>],
+) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let idx_t: Vec<Option<TensorIn>> = ids
+        .iter()
+        .map(|o| o.map(|i| k.input_of(i)).transpose())
+        .collect::<Result<_, _>>()?;
+    let dims: Vec<usize> = idx_t
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.is_some())
+        .map(|(i, _)| i)
+        .collect();
     if dims.is_empty() {
         return Err("index with no index tensors".into());
     }
@@ -494,11 +570,19 @@ fn advanced_index(k: &KernelCtx, sizes: &[usize], ids: &[Option<usize>]) -> Resu
     let bst = strides(before);
     let ast = strides(after);
     for ob in 0..nb {
-        let base_b: usize = (0..before.len()).map(|i| (ob / bst[i]) % before[i] * st[i]).sum();
+        let base_b: usize = (0..before.len())
+            .map(|i| (ob / bst[i]) % before[i] * st[i])
+            .sum();
         for j in 0..bn {
-            let base_i: usize = dims.iter().enumerate().map(|(q, &d)| per_dim[q][j] * st[d]).sum();
+            let base_i: usize = dims
+                .iter()
+                .enumerate()
+                .map(|(q, &d)| per_dim[q][j] * st[d])
+                .sum();
             for ia in 0..na {
-                let base_a: usize = (0..after.len()).map(|i| (ia / ast[i]) % after[i] * st[d1 + 1 + i]).sum();
+                let base_a: usize = (0..after.len())
+                    .map(|i| (ia / ast[i]) % after[i] * st[d1 + 1 + i])
+                    .sum();
                 offs.push(base_b + base_i + base_a);
             }
         }
@@ -544,7 +628,11 @@ fn index_copy(k: &mut KernelCtx) -> KernelResult {
     let sb = bytes_as(&src, dt);
     let (outer, n, inner) = split3(&a.sizes, d);
     if src.sizes.len() != a.sizes.len() || src.sizes[d] != ix.len() {
-        return Err(format!("index_copy: source {:?} does not match {} indices", src.sizes, ix.len()));
+        return Err(format!(
+            "index_copy: source {:?} does not match {} indices",
+            src.sizes,
+            ix.len()
+        ));
     }
     for ob in 0..outer {
         for (j, &r) in ix.iter().enumerate() {
@@ -601,15 +689,26 @@ fn to_dim_order_copy(k: &mut KernelCtx) -> KernelResult {
     k.write_like(o, &a)
 }
 
-fn split_into(k: &mut KernelCtx, a: TensorIn, sizes: Vec<usize>, d: usize, outs: Vec<usize>) -> KernelResult {
+fn split_into(
+    k: &mut KernelCtx,
+    a: TensorIn,
+    sizes: Vec<usize>,
+    d: usize,
+    outs: Vec<usize>,
+) -> KernelResult {
     if sizes.iter().sum::<usize>() != a.sizes[d] || sizes.len() != outs.len() {
-        return Err(format!("split sizes {sizes:?} do not cover dim of size {}", a.sizes[d]));
+        return Err(format!(
+            "split sizes {sizes:?} do not cover dim of size {}",
+            a.sizes[d]
+        ));
     }
     let (outer, n, inner) = split3(&a.sizes, d);
     let mut start = 0;
     for (len, out_id) in sizes.iter().zip(outs) {
         let st = start;
-        let idx = (0..outer).flat_map(|ob| (0..*len).flat_map(move |j| (0..inner).map(move |i| (ob * n + st + j) * inner + i)));
+        let idx = (0..outer).flat_map(|ob| {
+            (0..*len).flat_map(move |j| (0..inner).map(move |i| (ob * n + st + j) * inner + i))
+        });
         let bytes = gather(a.bytes(), esz(&a), idx);
         let mut sh = a.sizes.clone();
         sh[d] = *len;
@@ -623,7 +722,11 @@ fn split_into(k: &mut KernelCtx, a: TensorIn, sizes: Vec<usize>, d: usize, outs:
 
 fn split_with_sizes_copy(k: &mut KernelCtx) -> KernelResult {
     let a = k.input(0)?;
-    let sizes: Vec<usize> = k.int_list(1)?.into_iter().map(|s| s.max(0) as usize).collect();
+    let sizes: Vec<usize> = k
+        .int_list(1)?
+        .into_iter()
+        .map(|s| s.max(0) as usize)
+        .collect();
     let d = norm_dim(k.int(2)?, a.sizes.len())?;
     let outs = k.tensor_ids(3)?;
     split_into(k, a, sizes, d, outs)
@@ -635,6 +738,8 @@ fn split_copy(k: &mut KernelCtx) -> KernelResult {
     let d = norm_dim(k.int(2)?, a.sizes.len())?;
     let outs = k.tensor_ids(3)?;
     let n = a.sizes[d];
-    let sizes: Vec<usize> = (0..n.div_ceil(chunk)).map(|i| chunk.min(n - i * chunk)).collect();
+    let sizes: Vec<usize> = (0..n.div_ceil(chunk))
+        .map(|i| chunk.min(n - i * chunk))
+        .collect();
     split_into(k, a, sizes, d, outs)
 }
