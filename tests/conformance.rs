@@ -135,7 +135,9 @@ fn external_weights_load_from_a_ptd_and_match_the_runtime() {
     let (_, golden) = common::read_npy(&dir.join("ext_mlp.golden.npy"));
     let x: Vec<f32> = x.iter().map(|&v| v as f32).collect();
     let out = method.execute(&[HostTensor::from_f32(&shape, &x)]).unwrap();
-    let Output::Tensor(t) = &out[0] else { panic!("no tensor output") };
+    let Output::Tensor(t) = &out[0] else {
+        panic!("no tensor output")
+    };
     let e = common::rel_l2(&t.to_f32().unwrap(), &golden);
     assert!(e < 1e-6, "rel-L2 {e}");
 

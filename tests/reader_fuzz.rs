@@ -126,8 +126,12 @@ fn mutated_programs_never_panic() {
             vec![]
         };
         // The unmutated file must load.
-        Program::parse(Arc::new(Bytes::Owned(seed.clone())), &data, &Limits::default())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Program::parse(
+            Arc::new(Bytes::Owned(seed.clone())),
+            &data,
+            &Limits::default(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for it in 0..per_seed {
             let s = 0x9E37_79B9_7F4A_7C15u64 ^ ((si as u64) << 32) ^ it as u64;
             let mut rng = Rng(s | 1);
