@@ -31,4 +31,5 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
-cargo test --workspace
+# Every suite runs even after a failure, so one CI log shows all of them.
+cargo test --workspace --no-fail-fast

@@ -127,7 +127,7 @@ fn every_fixture_loads_and_reports_its_metadata() {
 
 #[test]
 fn external_weights_load_from_a_ptd_and_match_the_runtime() {
-    let dir = common::fixtures();
+    let dir = common::fixtures().join("ptd");
     let (pte, ptd) = (dir.join("ext_mlp.pte"), dir.join("ext_mlp.ptd"));
     let program = Program::open(&pte, &[ptd.as_path()]).expect("program with its .ptd");
     let mut method = Method::load(&program, "forward", &BackendRegistry::default()).unwrap();

@@ -101,7 +101,7 @@ pub fn probe() -> DeviceFacts {
     let os = Os::current();
     let mut notes = Vec::new();
     let gpus = if os.is_apple() {
-        apple_gpu()
+        apple_gpu(&mut notes)
     } else {
         vulkan::adapters(&mut notes)
     };
@@ -116,19 +116,42 @@ pub fn probe() -> DeviceFacts {
 
 /// MLX runs on Apple silicon, whose unified-memory GPU is always present; Intel Macs have no MLX
 /// GPU path. We do not link Metal just to confirm what the architecture already says.
-fn apple_gpu() -> Vec<GpuAdapter> {
-    if std::env::consts::ARCH != "aarch64" {
-        return Vec::new();
+/// The Metal adapter as wgpu reports it. Metal exposes no heap sizes (memory is unified), so the
+/// fit estimate uses system memory.
+fn apple_gpu(notes: &mut Vec<String>) -> Vec<GpuAdapter> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::METAL;
+    let instance = wgpu::Instance::new(desc.with_env());
+    let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        force_fallback_adapter: false,
+        compatible_surface: None,
+        apply_limit_buckets: false,
+    }));
+    match adapter {
+        Ok(a) => {
+            let i = a.get_info();
+            vec![GpuAdapter {
+                api: GpuApi::Metal,
+                name: i.name,
+                vendor_id: i.vendor,
+                device_type: match i.device_type {
+                    wgpu::DeviceType::DiscreteGpu => DeviceType::Discrete,
+                    wgpu::DeviceType::IntegratedGpu => DeviceType::Integrated,
+                    wgpu::DeviceType::VirtualGpu => DeviceType::Virtual,
+                    wgpu::DeviceType::Cpu => DeviceType::Cpu,
+                    wgpu::DeviceType::Other => DeviceType::Other,
+                },
+                driver: i.driver,
+                driver_info: i.driver_info,
+                device_local_bytes: 0,
+            }]
+        }
+        Err(e) => {
+            notes.push(format!("no Metal adapter: {e}"));
+            Vec::new()
+        }
     }
-    vec![GpuAdapter {
-        api: GpuApi::Metal,
-        name: "Apple silicon GPU".into(),
-        vendor_id: 0x106B,
-        device_type: DeviceType::Integrated,
-        driver: "Metal".into(),
-        driver_info: String::new(),
-        device_local_bytes: 0,
-    }]
 }
 
 fn read_memory(notes: &mut Vec<String>) -> Option<Memory> {

@@ -153,7 +153,12 @@ pub fn describe(p: &Program) -> Result<String> {
         for m in &metadata {
             let out = constant_method(p, &m.name)?.unwrap_or_default();
             let vals: Vec<String> = out.iter().map(output_desc).collect();
-            writeln!(s, "  {} = {}", m.name, vals.join(", "))?;
+            // A method returning several values (get_eos_ids) prints as a list.
+            if vals.len() == 1 {
+                writeln!(s, "  {} = {}", m.name, vals[0])?;
+            } else {
+                writeln!(s, "  {} = [{}]", m.name, vals.join(", "))?;
+            }
         }
     }
     writeln!(s, "segments: {}", p.segments.len())?;

@@ -396,10 +396,21 @@ impl Program {
         // Segments: absolute file ranges, each inside the declared segment region.
         let mut segments = Vec::new();
         if let Some(segs) = root.tables(4).ctx(|| "Program.segments".into())? {
+            // Without an extended header there is no segment data; exporters still list empty
+            // segments (e.g. an empty constant segment when weights live in a .ptd).
             let base = match &header {
                 Some(h) => h.segment_base_offset as usize,
-                None if segs.is_empty() => 0,
-                None => return invalid("program lists segments but has no extended header"),
+                None => {
+                    for (i, s) in segs.iter().enumerate() {
+                        let s = s.ctx(|| format!("segment {i}"))?;
+                        if s.scalar::<u64>(1, 0).ctx(|| format!("segment {i} size"))? != 0 {
+                            return invalid(
+                                "program lists non-empty segments but has no extended header",
+                            );
+                        }
+                    }
+                    0
+                }
             };
             for (i, s) in segs.iter().enumerate() {
                 let s = s.ctx(|| format!("segment {i}"))?;

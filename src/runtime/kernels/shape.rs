@@ -2,7 +2,7 @@
 //! without looking at values, so one implementation serves every dtype.
 
 use super::{broadcast_indices, norm_dim, strides, KernelCtx, KernelFn, KernelResult};
-use crate::runtime::tensor::{Tensor, TensorIn};
+use crate::runtime::tensor::{DType, Tensor, TensorIn};
 use crate::runtime::Value;
 
 pub const KERNELS: &[(&str, KernelFn)] = &[
@@ -25,6 +25,11 @@ pub const KERNELS: &[(&str, KernelFn)] = &[
     ("aten::slice_scatter.out", slice_scatter),
     ("aten::index_select.out", index_select),
     ("aten::embedding.out", embedding),
+    ("quantized_decomposed::embedding_byte.out", embedding_byte),
+    (
+        "quantized_decomposed::embedding_byte.dtype_out",
+        embedding_byte,
+    ),
     ("aten::index.Tensor_out", index_tensor),
     ("aten::index_put.out", index_put),
     ("aten::index_copy.out", index_copy),
@@ -502,6 +507,55 @@ fn embedding(k: &mut KernelCtx) -> KernelResult {
     sizes.push(dim);
     let o = k.last();
     k.write_like(o, &TensorIn::owned(w.dtype, sizes, bytes))
+}
+
+/// `quantized_decomposed::embedding_byte(weight, scales, zero_points?, qmin, qmax, indices
+/// [, dtype])`: an int8/uint8 table row gather, dequantized as `(q - zp) * scale` with one scale
+/// (and zero point) per row or per row and group (ExecuTorch `kernels/quantized/op_embedding.cpp`).
+/// Unlike its neighbours it computes values; it lives beside `embedding` because it is one.
+fn embedding_byte(k: &mut KernelCtx) -> KernelResult {
+    let w = k.input(0)?;
+    let scales = k.input(1)?;
+    let zps = k.opt_input(2)?;
+    let ids = k.input(5)?;
+    if w.sizes.len() != 2 || !matches!(w.dtype, DType::I8 | DType::U8) {
+        return Err(format!(
+            "embedding_byte weight must be 2-D int8/uint8, got {} {:?}",
+            w.dtype.name(),
+            w.sizes
+        ));
+    }
+    let (rows, dim) = (w.sizes[0], w.sizes[1]);
+    let groups = match scales.sizes[..] {
+        [r] if r == rows => 1,
+        [r, g] if r == rows && g > 0 && dim % g == 0 => g,
+        _ => {
+            return Err(format!(
+                "embedding_byte scales {:?} do not fit weight {:?}",
+                scales.sizes, w.sizes
+            ))
+        }
+    };
+    let s = scales.f32();
+    let z: Option<Vec<f32>> = zps.map(|t| t.f32().into_owned());
+    if z.as_ref().is_some_and(|z| z.len() != s.len()) {
+        return Err("embedding_byte zero points and scales differ in size".into());
+    }
+    let q = w.f32();
+    let group = dim / groups;
+    let mut out = Vec::with_capacity(ids.numel() * dim);
+    for i in ids.i64() {
+        let r = check_index(i, rows)?;
+        for j in 0..dim {
+            let g = r * groups + j / group;
+            let zp = z.as_ref().map_or(0.0, |z| z[g]);
+            out.push((q[r * dim + j] - zp) * s[g]);
+        }
+    }
+    let mut sizes = ids.sizes.clone();
+    sizes.push(dim);
+    let o = k.last();
+    k.write_f32(o, &sizes, &out)
 }
 
 /// `index.Tensor(self, indices)`: advanced indexing with leading/interior index tensors.
