@@ -1,7 +1,7 @@
 """Generate schema.rs (Pteria's MLX node schema) from an ExecuTorch `backends/mlx/serialization/schema.fbs`.
 
     python3 src/frontend/mlx/gen_schema.py \
-        /work/pyenv/lib/python3.11/site-packages/executorch/backends/mlx/serialization/schema.fbs \
+        $VENV/lib/python3.*/site-packages/executorch/backends/mlx/serialization/schema.fbs \
         > src/frontend/mlx/schema.rs && rustfmt --edition 2021 src/frontend/mlx/schema.rs
 
 Only needed when the exporter's schema changes; the build and tests never run it. The Software
