@@ -544,7 +544,11 @@ fn linear_graph(
     let y = t.op(
         OpKind::Linear {
             weight: w,
-            act_quant,
+            act_quant: if act_quant {
+                pteria::ir::ActQuant::Torchao
+            } else {
+                pteria::ir::ActQuant::None
+            },
             has_bias: bias,
         },
         ins,
@@ -649,7 +653,7 @@ fn weights_past_the_binding_limit_are_split_by_rows() {
         let y = t.op(
             OpKind::Linear {
                 weight: w,
-                act_quant: false,
+                act_quant: pteria::ir::ActQuant::None,
                 has_bias: false,
             },
             lin,
@@ -1223,7 +1227,7 @@ fn bench_decode_matvec_bandwidth() {
             last = t.op(
                 OpKind::Linear {
                     weight: w,
-                    act_quant: false,
+                    act_quant: pteria::ir::ActQuant::None,
                     has_bias: false,
                 },
                 ins,

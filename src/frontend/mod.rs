@@ -43,6 +43,21 @@ impl crate::runtime::delegate::FrontEnd for VulkanFrontEnd {
     }
 }
 
+/// The XNNPACK delegate format as an IR front end.
+pub struct XnnpackFrontEnd;
+
+impl crate::runtime::delegate::FrontEnd for XnnpackFrontEnd {
+    fn backend_id(&self) -> &'static str {
+        xnnpack::BACKEND_ID
+    }
+    fn lower(&self, d: &BackendDelegate, named: &NamedData) -> Result<crate::ir::Graph, String> {
+        let x = xnnpack::parse(&d.data, named).map_err(|e| e.to_string())?;
+        let mut g = xnnpack::lower::lower(&x)?;
+        crate::ir::passes::optimize(&mut g);
+        Ok(g)
+    }
+}
+
 /// A registry with every delegate format we can lower, each executed by `make`.
 pub fn backends(
     make: crate::runtime::delegate::ExecutorFactory,
@@ -50,6 +65,10 @@ pub fn backends(
     use crate::runtime::delegate::IrBackend;
     use std::sync::Arc;
     let mut r = crate::runtime::BackendRegistry::default();
-    r.register(Arc::new(IrBackend::new(Arc::new(VulkanFrontEnd), make)));
+    r.register(Arc::new(IrBackend::new(
+        Arc::new(VulkanFrontEnd),
+        make.clone(),
+    )));
+    r.register(Arc::new(IrBackend::new(Arc::new(XnnpackFrontEnd), make)));
     r
 }

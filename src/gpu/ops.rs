@@ -197,7 +197,8 @@ pub(crate) fn weight_tensors(op: &Op) -> Vec<TensorId> {
 pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
     match op.kind {
         OpKind::Linear {
-            act_quant: true, ..
+            act_quant: crate::ir::ActQuant::Torchao | crate::ir::ActQuant::Xnnpack,
+            ..
         } => vec![g.tensors[op.inputs[0]].max_numel() as u64 * 4],
         _ => Vec::new(),
     }
@@ -610,11 +611,18 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
                 env.grid(n_out, 1),
             )]
         }
+        // XNNPACK's activation rule runs as torchao's here for now; they differ only at ties.
         OpKind::Linear {
             weight,
             act_quant,
             has_bias,
-        } => linear(env, op, *weight, *act_quant, *has_bias)?,
+        } => linear(
+            env,
+            op,
+            *weight,
+            *act_quant != crate::ir::ActQuant::None,
+            *has_bias,
+        )?,
         OpKind::MatMul => matmul(env, op)?,
         OpKind::Embedding { weight } => embedding(env, op, *weight)?,
         OpKind::Rope {

@@ -6,6 +6,8 @@ use super::*;
 use crate::runtime::kernels::{broadcast_indices, strides};
 use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
 use crate::runtime::HostTensor;
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
 
 /// A tensor value during a call.
 #[derive(Debug, Clone)]
@@ -50,6 +52,8 @@ pub struct CpuExecutor {
     states: Vec<Option<Val>>,
     /// Decoded constants, cached on first use.
     consts: Vec<Option<Val>>,
+    /// Constants read as f32 on every call (quantization scales and biases), decoded once.
+    shared: Vec<Option<Arc<Vec<f32>>>>,
 }
 
 pub type Result<T> = std::result::Result<T, IrError>;
@@ -75,6 +79,7 @@ impl CpuExecutor {
             graph,
             states,
             consts: vec![None; n],
+            shared: vec![None; n],
         })
     }
 
@@ -285,13 +290,15 @@ impl CpuExecutor {
                 let k = *x_shape.last().ok_or("linear of a scalar")?;
                 let n = *out_shape.last().unwrap();
                 let m = x.len() / k.max(1);
-                if *act_quant {
-                    for row in x.chunks_mut(k) {
-                        quant_dequant_row(row);
+                for row in x.chunks_mut(k.max(1)) {
+                    match act_quant {
+                        ActQuant::None => {}
+                        ActQuant::Torchao => quant_dequant_row(row),
+                        ActQuant::Xnnpack => quant_dequant_row_xnnpack(row),
                     }
                 }
-                let w = self.dequant(*weight, &op.inputs[1..1 + weight.tensor_count()], vals)?;
-                let mut y = crate::runtime::kernels::matmul_f32(&x, &w, m, k, n, true);
+                let ws = &op.inputs[1..1 + weight.tensor_count()];
+                let mut y = self.linear(*weight, ws, &x, [m, k, n], vals)?;
                 if *has_bias {
                     let b = self.get(op.inputs[1 + weight.tensor_count()], vals)?.f();
                     for row in y.chunks_mut(n) {
@@ -612,26 +619,92 @@ impl CpuExecutor {
         Ok(())
     }
 
-    /// Dequantized `[rows, cols]` weight matrix.
-    fn dequant(
+    /// A constant's values as f32, decoded on first use and shared across calls.
+    fn shared_f32(
+        &mut self,
+        t: TensorId,
+        vals: &[Option<Val>],
+    ) -> std::result::Result<Arc<Vec<f32>>, String> {
+        if let Some(v) = &self.shared[t] {
+            return Ok(v.clone());
+        }
+        let v = Arc::new(self.get(t, vals)?.f());
+        if matches!(self.graph.tensors[t].role, Role::Constant(_)) {
+            self.shared[t] = Some(v.clone());
+            // The shared copy replaces the per-op one.
+            self.consts[t] = None;
+        }
+        Ok(v)
+    }
+
+    /// `x [m, k] · Wᵀ` for a weight of `n` rows. Quantized weights are dequantized one row at a
+    /// time (exactly `scale * q + bias`, as `dequant_row`), never as a whole matrix, and the
+    /// rows are split across threads.
+    fn linear(
         &mut self,
         w: Weight,
         ts: &[TensorId],
+        x: &[f32],
+        [m, k, n]: [usize; 3],
         vals: &[Option<Val>],
     ) -> std::result::Result<Vec<f32>, String> {
+        let short = |what: &str| format!("{what} is smaller than [{n}, {k}]");
         match w {
-            Weight::F32 => Ok(self.get(ts[0], vals)?.f()),
-            _ => {
-                let rows = self.graph.tensors[ts[0]].max_shape[0];
-                let cols = match w {
-                    Weight::Q4 { .. } => self.graph.tensors[ts[0]].max_shape[1] * 2,
-                    _ => self.graph.tensors[ts[0]].max_shape[1],
+            Weight::F32 => {
+                let computed = match self.graph.tensors[ts[0]].role {
+                    Role::Constant(_) => None,
+                    _ => Some(self.get(ts[0], vals)?.f()),
                 };
-                let mut out = Vec::with_capacity(rows * cols);
-                for r in 0..rows {
-                    out.extend(self.dequant_row(w, ts, r, cols, vals)?);
+                let def = &self.graph.tensors[ts[0]];
+                let wf: Cow<[f32]> = match (&computed, &def.role) {
+                    (Some(v), _) => Cow::Borrowed(v),
+                    (None, Role::Constant(b)) => to_f32(def.dtype, &b[..def.max_bytes()]),
+                    (None, _) => return Err("weight has no data".into()),
+                };
+                if wf.len() < n * k {
+                    return Err(short("weight"));
                 }
-                Ok(out)
+                Ok(by_weight_rows([m, k, n], |j, out, _| {
+                    let row = &wf[j * k..(j + 1) * k];
+                    for (o, xr) in out.iter_mut().zip(x.chunks_exact(k)) {
+                        *o = dot(xr, row);
+                    }
+                }))
+            }
+            Weight::Q4 { group } | Weight::Q8 { group } => {
+                let (scales, biases) =
+                    (self.shared_f32(ts[1], vals)?, self.shared_f32(ts[2], vals)?);
+                let raw = self.raw_const(ts[0])?;
+                let four = matches!(w, Weight::Q4 { .. });
+                let row_bytes = if four { k / 2 } else { k };
+                if group == 0 || k % group != 0 || (four && k % 2 != 0) {
+                    return Err(format!(
+                        "K = {k} is not a whole number of groups of {group}"
+                    ));
+                }
+                let groups = k / group;
+                if raw.len() < n * row_bytes {
+                    return Err(short("packed weight"));
+                }
+                if scales.len() < n * groups || biases.len() < n * groups {
+                    return Err(format!(
+                        "scales or biases hold fewer than [{n}, {groups}] values"
+                    ));
+                }
+                Ok(by_weight_rows([m, k, n], |j, out, buf| {
+                    let q = &raw[j * row_bytes..(j + 1) * row_bytes];
+                    let (s, b) = (&scales[j * groups..], &biases[j * groups..]);
+                    if four {
+                        dequant_q4(q, s, b, group, buf);
+                    } else {
+                        for (c, (v, &byte)) in buf.iter_mut().zip(q).enumerate() {
+                            *v = s[c / group] * byte as i8 as f32 + b[c / group];
+                        }
+                    }
+                    for (o, xr) in out.iter_mut().zip(x.chunks_exact(k)) {
+                        *o = dot(xr, buf);
+                    }
+                }))
             }
         }
     }
@@ -672,6 +745,96 @@ impl CpuExecutor {
     }
 }
 
+/// Multiply-adds below which a linear runs on the calling thread (spawning costs more).
+const PAR_MIN_MACS: usize = 1 << 17;
+
+fn threads() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// `y [m, n]` where `f(j, y[.., j], scratch)` fills output column j (one weight row) for all m
+/// rows of x; scratch is a k-long buffer private to the calling thread. Weight rows are split
+/// into one contiguous range per thread.
+fn by_weight_rows(
+    [m, k, n]: [usize; 3],
+    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+) -> Vec<f32> {
+    if m == 0 || n == 0 {
+        return Vec::new();
+    }
+    let mut yt = vec![0f32; n * m];
+    let run = |j0: usize, cols: &mut [f32]| {
+        let mut buf = vec![0f32; k];
+        for (jj, col) in cols.chunks_mut(m).enumerate() {
+            f(j0 + jj, col, &mut buf);
+        }
+    };
+    let nt = if m * n * k < PAR_MIN_MACS {
+        1
+    } else {
+        threads().min(n)
+    };
+    if nt <= 1 {
+        run(0, &mut yt);
+    } else {
+        let per = n.div_ceil(nt);
+        std::thread::scope(|s| {
+            for (t, cols) in yt.chunks_mut(per * m).enumerate() {
+                let run = &run;
+                s.spawn(move || run(t * per, cols));
+            }
+        });
+    }
+    if m == 1 {
+        return yt;
+    }
+    let mut y = vec![0f32; m * n];
+    for (j, col) in yt.chunks_exact(m).enumerate() {
+        for (i, v) in col.iter().enumerate() {
+            y[i * n + j] = *v;
+        }
+    }
+    y
+}
+
+/// One 4-bit weight row: `out[c] = s[g] * q + b[g]` (g = c / group), element 2j in the low nibble.
+fn dequant_q4(q: &[u8], s: &[f32], b: &[f32], group: usize, out: &mut [f32]) {
+    if group % 2 == 0 {
+        for (g, (o, bytes)) in out.chunks_mut(group).zip(q.chunks(group / 2)).enumerate() {
+            let (sg, bg) = (s[g], b[g]);
+            for (pair, &byte) in o.chunks_exact_mut(2).zip(bytes) {
+                pair[0] = sg * (byte & 0xF) as f32 + bg;
+                pair[1] = sg * (byte >> 4) as f32 + bg;
+            }
+        }
+    } else {
+        for (c, v) in out.iter_mut().enumerate() {
+            let byte = q[c / 2];
+            let nib = if c % 2 == 0 { byte & 0xF } else { byte >> 4 };
+            *v = s[c / group] * nib as f32 + b[c / group];
+        }
+    }
+}
+
+/// A dot product in 16 independent lanes, which the compiler keeps in vector registers.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..16 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 /// torchao per-token asymmetric int8 dynamic quantization, then dequantization (the activation
 /// path of 8da4w): scale = (max(x,0) - min(x,0)) / 255, zero = -128 - round(min/scale).
 pub fn quant_dequant_row(row: &mut [f32]) {
@@ -682,6 +845,29 @@ pub fn quant_dequant_row(row: &mut [f32]) {
     for v in row.iter_mut() {
         let q = ((*v / scale).round_ties_even() + zp).clamp(-128.0, 127.0);
         *v = (q - zp) * scale;
+    }
+}
+
+/// XNNPACK's per-row dynamic int8 quantization (`xnn_f32_qd8_asymmetric_quantization_params`
+/// and the f32→qs8 convert), then dequantization by `1 / multiplier` as its qd8 GEMMs do.
+/// Rounding `x · (255 / range)` instead of torchao's `x / (range / 255)` decides ties
+/// differently; ExecuTorch's XNNPACK runtime reproduces this bit for bit.
+pub fn quant_dequant_row_xnnpack(row: &mut [f32]) {
+    let mn = row.iter().copied().fold(0f32, f32::min);
+    let mx = row.iter().copied().fold(0f32, f32::max);
+    let mul = if mn == mx { 1.0 } else { 255.0 / (mx - mn) };
+    let (lo, hi) = (mn * mul, mx * mul);
+    // The zero point comes from whichever end of the range it represents with less error.
+    let zp = if (-128.0 + lo) + (127.0 + hi) > 0.0 {
+        -128.0 - lo
+    } else {
+        127.0 - hi
+    };
+    let zp = zp.clamp(-128.0, 127.0).round_ties_even();
+    let inv = 1.0 / mul;
+    for v in row.iter_mut() {
+        // (round(x·mul clamped to the int8 range less zp) + zp) - zp
+        *v = (*v * mul).clamp(-128.0 - zp, 127.0 - zp).round_ties_even() * inv;
     }
 }
 
@@ -925,4 +1111,154 @@ pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pte::{Blob, Bytes};
+
+    fn blob(b: Vec<u8>) -> Role {
+        Role::Constant(Blob::whole(Arc::new(Bytes::Owned(b))))
+    }
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// xorshift, so failures reproduce.
+    fn rand(seed: &mut u64, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                (*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The row-at-a-time, multi-threaded linear agrees with dequantizing the whole matrix and
+    /// multiplying it (the reference it replaced) on awkward sizes, both sides of the threading
+    /// threshold, with and without activation quantization.
+    #[test]
+    fn linear_matches_whole_matrix_dequantization() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        for (w, m, k, n) in [
+            (Weight::Q4 { group: 32 }, 1, 96, 37),
+            (Weight::Q4 { group: 32 }, 5, 64, 3),
+            (Weight::Q4 { group: 6 }, 3, 30, 1500),
+            (Weight::Q8 { group: 16 }, 7, 48, 1201),
+            (Weight::Q8 { group: 48 }, 1, 48, 5),
+            (Weight::F32, 2, 33, 2100),
+        ] {
+            for aq in [ActQuant::None, ActQuant::Torchao, ActQuant::Xnnpack] {
+                let cols = match w {
+                    Weight::Q4 { .. } => k / 2,
+                    _ => k,
+                };
+                let groups = match w {
+                    Weight::Q4 { group } | Weight::Q8 { group } => k / group,
+                    Weight::F32 => 1,
+                };
+                let raw: Vec<u8> = rand(&mut seed, n * cols)
+                    .iter()
+                    .map(|v| (v * 127.0) as i8 as u8)
+                    .collect();
+                let scales: Vec<f32> = rand(&mut seed, n * groups)
+                    .iter()
+                    .map(|v| v.abs() * 0.1)
+                    .collect();
+                let biases = rand(&mut seed, n * groups);
+                let wf = rand(&mut seed, n * k);
+                let x = rand(&mut seed, m * k);
+                let mut g = Graph::default();
+                let xt = g.add_tensor("x", DType::F32, vec![m, k], Role::Input(0));
+                let mut ins = vec![xt];
+                if w == Weight::F32 {
+                    ins.push(g.add_tensor("w", DType::F32, vec![n, k], blob(f32s(&wf))));
+                } else {
+                    let dt = if matches!(w, Weight::Q4 { .. }) {
+                        DType::U8
+                    } else {
+                        DType::I8
+                    };
+                    ins.push(g.add_tensor("w", dt, vec![n, cols], blob(raw.clone())));
+                    ins.push(g.add_tensor("s", DType::F32, vec![n, groups], blob(f32s(&scales))));
+                    ins.push(g.add_tensor("b", DType::F32, vec![n, groups], blob(f32s(&biases))));
+                }
+                let y = g.add_tensor("y", DType::F32, vec![m, n], Role::Activation);
+                g.op(
+                    OpKind::Linear {
+                        weight: w,
+                        act_quant: aq,
+                        has_bias: false,
+                    },
+                    ins,
+                    vec![y],
+                );
+                g.inputs.push(Io::Tensor(xt));
+                g.outputs.push(y);
+                let xb = f32s(&x);
+                let got = CpuExecutor::new(g)
+                    .unwrap()
+                    .run(&[InputValue::Tensor {
+                        shape: vec![m, k],
+                        data: &xb,
+                    }])
+                    .unwrap();
+                let got = to_f32(DType::F32, &got[0].data).into_owned();
+
+                let mut xq = x.clone();
+                for row in xq.chunks_mut(k) {
+                    match aq {
+                        ActQuant::None => {}
+                        ActQuant::Torchao => quant_dequant_row(row),
+                        ActQuant::Xnnpack => quant_dequant_row_xnnpack(row),
+                    }
+                }
+                let wd: Vec<f32> = (0..n * k)
+                    .map(|i| {
+                        let (r, c) = (i / k, i % k);
+                        let q = match w {
+                            Weight::F32 => return wf[i],
+                            Weight::Q4 { .. } => {
+                                let b = raw[r * cols + c / 2];
+                                (if c % 2 == 0 { b & 0xF } else { b >> 4 }) as f32
+                            }
+                            Weight::Q8 { .. } => raw[i] as i8 as f32,
+                        };
+                        let gi = r * groups + c * groups / k;
+                        scales[gi] * q + biases[gi]
+                    })
+                    .collect();
+                let want = crate::runtime::kernels::matmul_f32(&xq, &wd, m, k, n, true);
+                let err: f32 = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b) * (a - b))
+                    .sum::<f32>()
+                    .sqrt();
+                let norm: f32 = want.iter().map(|b| b * b).sum::<f32>().sqrt();
+                assert!(
+                    err <= 1e-6 * norm,
+                    "{w:?} {aq:?} {m}x{k}x{n}: rel-L2 {}",
+                    err / norm
+                );
+            }
+        }
+    }
+
+    /// 15 · 255 / 34 = 112.5: torchao's `x / (range / 255)` lands just under the tie and
+    /// XNNPACK's `x · (255 / range)` on it (then to even), one level apart.
+    #[test]
+    fn xnnpack_and_torchao_round_a_tie_differently() {
+        let row = [5.55f32, 0.74, -7.03];
+        let (mut t, mut x) = (row, row);
+        quant_dequant_row(&mut t);
+        quant_dequant_row_xnnpack(&mut x);
+        let (mn, mx) = (-7.03f32, 5.55f32);
+        assert_eq!((t[0] / ((mx - mn) / 255.0)).round(), 112.0);
+        assert_eq!((x[0] * (255.0 / (mx - mn))).round(), 113.0);
+    }
 }

@@ -139,6 +139,22 @@ impl Weight {
     }
 }
 
+/// A linear's per-row dynamic int8 activation quantization. Both rules take the row's range
+/// including 0 and round half to even; they differ in float arithmetic, so values at or near a
+/// rounding tie can land on different integers — enough to move a quantized model's logits by
+/// percents, so each front end keeps the rule its runtime uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActQuant {
+    /// x is used as it is.
+    None,
+    /// torchao (`choose_qparams_affine` + `quantize_affine`): scale = range / 255,
+    /// q = round(x / scale) + zero point. Vulkan's in-graph qparams compute the same.
+    Torchao,
+    /// XNNPACK's qd8 convert: multiplier = 255 / range, q = round(x · multiplier) + zero point,
+    /// the zero point taken from whichever range end rounds with the smaller error.
+    Xnnpack,
+}
+
 /// Rotary embedding pairing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -181,11 +197,11 @@ pub enum OpKind {
         eps: f32,
     },
     /// `y[..., N] = x[..., K] · Wᵀ (+ bias)`; inputs: x, weight tensors (per `weight`), optional bias.
-    /// With `act_quant`, x is first quantized per row to asymmetric int8 and dequantized, as
-    /// torchao's dynamic activation quantization does.
+    /// Unless `act_quant` is `None`, x is first quantized per row to asymmetric int8 and
+    /// dequantized by that rule (dynamic activation quantization, the "8da" of 8da4w).
     Linear {
         weight: Weight,
-        act_quant: bool,
+        act_quant: ActQuant,
         has_bias: bool,
     },
     /// Batched `a @ b` with broadcast batch dims.
@@ -543,7 +559,11 @@ impl OpKind {
                 format!(
                     "linear[{}{}]",
                     w(weight),
-                    if *act_quant { ",dq8" } else { "" }
+                    match act_quant {
+                        ActQuant::None => "",
+                        ActQuant::Torchao => ",dq8",
+                        ActQuant::Xnnpack => ",dq8-xnn",
+                    }
                 )
             }
             OpKind::Embedding { weight } => format!("embedding[{}]", w(weight)),

@@ -77,10 +77,22 @@ impl Backend for IrBackend {
                 Io::Sym(_) => None,
             })
             .collect();
+        // A one-element argument fits a one-element input of any rank (XNNPACK, for one, declares
+        // 0-dim tensors as [1]).
+        let scalar_shapes: Vec<Option<Vec<usize>>> = inputs
+            .iter()
+            .map(|io| match io {
+                Io::Tensor(t) if graph.tensors[*t].max_numel() == 1 => {
+                    Some(graph.tensors[*t].max_shape.clone())
+                }
+                _ => None,
+            })
+            .collect();
         let exec = (self.make)(graph)?;
         Ok(Box::new(IrDelegate {
             exec,
             input_dtypes,
+            scalar_shapes,
             n_outputs: outputs.len(),
         }))
     }
@@ -89,6 +101,7 @@ impl Backend for IrBackend {
 struct IrDelegate {
     exec: Box<dyn IrExecutor>,
     input_dtypes: Vec<Option<ir::DType>>,
+    scalar_shapes: Vec<Option<Vec<usize>>>,
     n_outputs: usize,
 }
 
@@ -119,7 +132,11 @@ impl DelegateExecutor for IrDelegate {
             match (dt, &mem.values[id]) {
                 (Some(dt), Value::Tensor(t)) => {
                     let b = mem.bytes(t)?;
-                    owned.push((t.sizes.clone(), convert(b, t.dtype, *dt)));
+                    let sizes = match &self.scalar_shapes[k] {
+                        Some(s) if t.numel() == 1 => s.clone(),
+                        _ => t.sizes.clone(),
+                    };
+                    owned.push((sizes, convert(b, t.dtype, *dt)));
                     syms.push(None);
                 }
                 (None, Value::Int(v)) => {

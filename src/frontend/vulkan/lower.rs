@@ -565,7 +565,7 @@ impl Lower<'_> {
                 self.g.op(
                     OpKind::Linear {
                         weight: Weight::F32,
-                        act_quant: false,
+                        act_quant: ir::ActQuant::None,
                         has_bias: b.is_some(),
                     },
                     ins,
@@ -592,7 +592,7 @@ impl Lower<'_> {
                 self.g.op(
                     OpKind::Linear {
                         weight: Weight::Q4 { group },
-                        act_quant: false,
+                        act_quant: ir::ActQuant::None,
                         has_bias: b.is_some(),
                     },
                     ins,
@@ -616,7 +616,7 @@ impl Lower<'_> {
                 self.g.op(
                     OpKind::Linear {
                         weight: Weight::Q4 { group },
-                        act_quant: true,
+                        act_quant: ir::ActQuant::Torchao,
                         has_bias: b.is_some(),
                     },
                     ins,

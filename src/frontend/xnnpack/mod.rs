@@ -5,6 +5,7 @@
 //! the IR is a separate step downstream. Slot numbers follow `serialization/schema.fbs`.
 
 mod header;
+pub mod lower;
 mod node;
 mod value;
 
