@@ -1,7 +1,8 @@
 // y[m, n] = x[m, :] · W[n, :] (+ bias[n]) with W f32, 4-bit or 8-bit, dequantized in registers:
 // w = scale[n, g] * q + bias[n, g]. A weight larger than one storage binding is split by rows
 // (src/gpu/memory.rs); each chunk is one dispatch writing output columns [n0, n0 + n).
-//   act_quant  torchao's per-row int8 quantize-dequantize of x into a scratch buffer (8da4w).
+//   act_quant  per-row dynamic int8 quantize-dequantize of x into a scratch buffer (8da4w), by
+//              torchao's or XNNPACK's rounding (XNN_ROUNDING), as the CPU reference does.
 //   matvec_q   few rows of x (decode): a workgroup per 8 outputs, reading packed u32 words and
 //              vec4 activations; needs K % 8 == 0 (4-bit) or K % 4 == 0 (8-bit), which groups
 //              of a multiple of 8 guarantee.
@@ -23,6 +24,8 @@ struct Params {
     _pad1: u32,
 }
 
+// act_quant: XNNPACK's qd8 rounding (x · (255 / range)) instead of torchao's (x / (range / 255)).
+override XNN_ROUNDING: bool = false;
 // 0: f32, 1: 4-bit, 2: 8-bit.
 override KIND: u32 = 0u;
 override GROUP: u32 = 32u;
@@ -72,8 +75,30 @@ fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         }
         workgroupBarrier();
     }
-    let scale = max((red_hi[0] - red_lo[0]) / 255.0, 1.1920929e-7);
-    let zp = clamp(-128.0 - round(red_lo[0] / scale), -128.0, 127.0);
+    let lo_all = red_lo[0];
+    let hi_all = red_hi[0];
+    if XNN_ROUNDING {
+        // XNNPACK multiplies by 255 / range and picks the zero point from whichever end of the
+        // range it represents with less error; ties round differently from torchao's divide.
+        var mul = 1.0;
+        if lo_all != hi_all {
+            mul = 255.0 / (hi_all - lo_all);
+        }
+        let lo_m = lo_all * mul;
+        let hi_m = hi_all * mul;
+        var zp = 127.0 - hi_m;
+        if (-128.0 + lo_m) + (127.0 + hi_m) > 0.0 {
+            zp = -128.0 - lo_m;
+        }
+        zp = round(clamp(zp, -128.0, 127.0));
+        let inv = 1.0 / mul;
+        for (var j = t; j < p.k; j += WG) {
+            y[base + j] = round(clamp(x[base + j] * mul, -128.0 - zp, 127.0 - zp)) * inv;
+        }
+        return;
+    }
+    let scale = max((hi_all - lo_all) / 255.0, 1.1920929e-7);
+    let zp = clamp(-128.0 - round(lo_all / scale), -128.0, 127.0);
     for (var j = t; j < p.k; j += WG) {
         let q = clamp(round(x[base + j] / scale) + zp, -128.0, 127.0);
         y[base + j] = (q - zp) * scale;

@@ -593,6 +593,65 @@ fn linear_variants_match_cpu() {
     }
 }
 
+/// Identity weights make the linear return its quantize-dequantized activations, so a single
+/// tie rounded the other way shows as a whole quantization step.
+#[test]
+fn activation_quant_rounds_ties_as_its_reference() {
+    use pteria::ir::cpu::{quant_dequant_row, quant_dequant_row_xnnpack};
+    use pteria::ir::ActQuant;
+    let (m, k) = (3, 203);
+    // Hundredths over a range of 5.1 land x · 50 and x / 0.02 on (near-)ties, where the two
+    // rules' float roundings disagree.
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| {
+            let (r, j) = (i / k, i % k);
+            match j {
+                0 => -2.55 + r as f32 * 0.5,
+                1 => 2.55,
+                _ => ((j * 37 + r * 11) % 511) as f32 / 100.0 - 2.55,
+            }
+        })
+        .collect();
+    let quantized = |f: fn(&mut [f32])| {
+        let mut v = x.clone();
+        v.chunks_mut(k).for_each(f);
+        v
+    };
+    let (torchao, xnn) = (
+        quantized(quant_dequant_row),
+        quantized(quant_dequant_row_xnnpack),
+    );
+    let differ = torchao.iter().zip(&xnn).filter(|(a, b)| a != b).count();
+    assert!(
+        differ > 0,
+        "the rows must contain ties the two rules round apart"
+    );
+    let mut eye = vec![0f32; k * k];
+    (0..k).for_each(|i| eye[i * k + i] = 1.0);
+    for aq in [ActQuant::Torchao, ActQuant::Xnnpack] {
+        let mut t = T::default();
+        let xi = t.input_f(&[m, k], &x);
+        let w = t.const_f(&[k, k], &eye);
+        let y = t.op(
+            OpKind::Linear {
+                weight: Weight::F32,
+                act_quant: aq,
+                has_bias: false,
+            },
+            vec![xi, w],
+            DType::F32,
+            &[m, k],
+        );
+        t.out(y);
+        check(
+            &format!("act quant {aq:?} ({differ} ties differ)"),
+            &t,
+            TOL,
+            0.05,
+        );
+    }
+}
+
 #[test]
 fn linear_at_gemma_e2b_sizes_matches_cpu() {
     let mut rng = Rng::new(6);

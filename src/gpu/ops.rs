@@ -611,18 +611,11 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
                 env.grid(n_out, 1),
             )]
         }
-        // XNNPACK's activation rule runs as torchao's here for now; they differ only at ties.
         OpKind::Linear {
             weight,
             act_quant,
             has_bias,
-        } => linear(
-            env,
-            op,
-            *weight,
-            *act_quant != crate::ir::ActQuant::None,
-            *has_bias,
-        )?,
+        } => linear(env, op, *weight, *act_quant, *has_bias)?,
         OpKind::MatMul => matmul(env, op)?,
         OpKind::Embedding { weight } => embedding(env, op, *weight)?,
         OpKind::Rope {
@@ -873,7 +866,7 @@ fn linear(
     env: &Env,
     op: &Op,
     weight: Weight,
-    act_quant: bool,
+    act_quant: crate::ir::ActQuant,
     has_bias: bool,
 ) -> Result<Vec<Step>, String> {
     let out = op.outputs[0];
@@ -897,11 +890,12 @@ fn linear(
     }
     let mut steps = Vec::new();
     let mut xsrc = Res::Tensor(x);
-    if act_quant {
+    if act_quant != crate::ir::ActQuant::None {
+        let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
         steps.push(step(
             "linear",
             "act_quant",
-            vec![("WG", WG as f64)],
+            vec![("WG", WG as f64), ("XNN_ROUNDING", b(xnn))],
             P::default().u(m).u(0).u(k).u(0).u(0).u(0),
             Res::Scratch(0),
             vec![Res::Tensor(x)],
