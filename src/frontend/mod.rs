@@ -58,6 +58,21 @@ impl crate::runtime::delegate::FrontEnd for XnnpackFrontEnd {
     }
 }
 
+/// The MLX delegate format as an IR front end.
+pub struct MlxFrontEnd;
+
+impl crate::runtime::delegate::FrontEnd for MlxFrontEnd {
+    fn backend_id(&self) -> &'static str {
+        mlx::BACKEND_ID
+    }
+    fn lower(&self, d: &BackendDelegate, named: &NamedData) -> Result<crate::ir::Graph, String> {
+        let m = mlx::parse(&d.data, named).map_err(|e| e.to_string())?;
+        let mut g = mlx::lower::lower(&m, named)?;
+        crate::ir::passes::optimize(&mut g);
+        Ok(g)
+    }
+}
+
 /// A registry with every delegate format we can lower, each executed by `make`.
 pub fn backends(
     make: crate::runtime::delegate::ExecutorFactory,
@@ -69,6 +84,10 @@ pub fn backends(
         Arc::new(VulkanFrontEnd),
         make.clone(),
     )));
-    r.register(Arc::new(IrBackend::new(Arc::new(XnnpackFrontEnd), make)));
+    r.register(Arc::new(IrBackend::new(
+        Arc::new(XnnpackFrontEnd),
+        make.clone(),
+    )));
+    r.register(Arc::new(IrBackend::new(Arc::new(MlxFrontEnd), make)));
     r
 }

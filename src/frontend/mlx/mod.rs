@@ -2,7 +2,7 @@
 //!
 //! `parse` turns a delegate blob (handed over by `pte`, with the program's named data) into an owned,
 //! fully validated `MlxGraph`: slot counts, instruction chains of typed `Node`s, I/O maps, named
-//! slots and tensor metadata. Lowering to the IR is the next step and lives elsewhere.
+//! slots and tensor metadata. `lower` turns it into the IR.
 //!
 //! Two `OpNode` union orders exist in the wild: executorch 1.5.1's, and the Software Mansion fork's
 //! (which exported the published Gemma 4 MLX files) with `CumMaxNode` inserted at tag 112. Tags
@@ -10,6 +10,7 @@
 //! schema table under both orders and the one that fits is kept (`MlxGraph::tag_table`).
 
 mod fields;
+pub mod lower;
 mod node;
 mod schema;
 #[cfg(test)]

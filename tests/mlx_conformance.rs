@@ -1,0 +1,111 @@
+//! MLX fixtures through the IR: every call of each MLXBackend program matches its golden within
+//! the manifest's tolerance, on the CPU executor and on the GPU executor (lavapipe in CI). fp32 is
+//! checked against the portable program's ExecuTorch run, int4 against the eager quantized model.
+
+mod common;
+
+use pteria::pte::Program;
+use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
+use pteria::runtime::{HostTensor, Method, Output};
+use serde_json::Value;
+use std::sync::Arc;
+
+fn manifest() -> Value {
+    let text = std::fs::read_to_string(common::fixtures().join("manifest.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ints(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .expect("an array of integers")
+        .iter()
+        .map(|x| x.as_i64().expect("an integer"))
+        .collect()
+}
+
+/// Rel-L2 of every call of one program against its golden.
+fn rel_l2_per_call(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<Vec<f64>, String> {
+    let file = entry["file"].as_str().unwrap();
+    let program = Program::open(&common::fixtures().join(file), &[]).map_err(|e| e.to_string())?;
+    let backends = pteria::frontend::backends(make);
+    let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
+    let (shape, golden) =
+        common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
+    let vocab = shape[1];
+    let calls = m["inputs"]["calls"].as_array().unwrap();
+    assert_eq!(shape[0], calls.len(), "{file}: golden rows vs calls");
+    let mut errs = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        let (toks, pos) = (ints(&c["tokens"][0]), ints(&c["input_pos"]));
+        let out = method
+            .execute(&[
+                HostTensor::from_i64(&[1, toks.len()], &toks),
+                HostTensor::from_i64(&[pos.len()], &pos),
+            ])
+            .map_err(|e| format!("{file} call {i}: {e}"))?;
+        let Output::Tensor(t) = &out[0] else {
+            return Err(format!("{file} call {i}: no tensor output"));
+        };
+        let got = t.to_f32().map_err(|e| e.to_string())?;
+        errs.push(common::rel_l2(&got, &golden[i * vocab..(i + 1) * vocab]));
+    }
+    Ok(errs)
+}
+
+fn mlx_entries(m: &Value) -> Vec<Value> {
+    let v: Vec<Value> = m["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["backend"] == "mlx")
+        .cloned()
+        .collect();
+    assert!(v.len() >= 2, "expected the fp32 and int4 MLX fixtures");
+    v
+}
+
+fn check_all(device: &str, make: impl Fn() -> ExecutorFactory) {
+    let m = manifest();
+    let mut failures = Vec::new();
+    for e in mlx_entries(&m) {
+        let file = e["file"].as_str().unwrap();
+        let tol = e["tolerance_rel_l2_per_call"].as_f64().unwrap();
+        match rel_l2_per_call(&e, &m, make()) {
+            Ok(errs) => {
+                let calls: Vec<String> = errs.iter().map(|x| format!("{x:.2e}")).collect();
+                println!(
+                    "{device} {file}: per call [{}] (tolerance {tol:.0e})",
+                    calls.join(", ")
+                );
+                // NaN fails too.
+                if !errs.iter().all(|&x| x <= tol) {
+                    failures.push(format!("{file}: [{}] > {tol:.0e}", calls.join(", ")));
+                }
+            }
+            Err(err) => failures.push(err),
+        }
+    }
+    assert!(failures.is_empty(), "{device}: {}", failures.join("\n"));
+}
+
+#[test]
+fn mlx_fixtures_match_goldens_on_the_cpu_executor() {
+    check_all("cpu", cpu_executor);
+}
+
+#[test]
+fn mlx_fixtures_match_goldens_on_the_gpu_executor() {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+        return;
+    }
+    let ctx = match pteria::gpu::Context::new() {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            println!("skipped: no GPU adapter ({e}); install mesa-vulkan-drivers for lavapipe");
+            return;
+        }
+    };
+    println!("adapter: {:?}", ctx.adapter());
+    check_all("gpu", || gpu_executor(ctx.clone()));
+}
