@@ -1,12 +1,15 @@
 //! XNNPACK conformance: every fixture program with `XnnpackBackend` delegates, lowered to the IR
-//! and run on the CPU reference executor (the rest of the program on the CPU kernels), reproduces
-//! its golden logits on every call — prefill, then decode steps — within the manifest's tolerance.
+//! and run on the CPU reference executor and on the GPU executor (lavapipe in CI; the rest of the
+//! program on the CPU kernels), reproduces its golden logits on every call — prefill, then decode
+//! steps — within the manifest's tolerance.
 
 mod common;
 
 use pteria::pte::Program;
+use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
 use pteria::runtime::{BackendRegistry, HostTensor, Method, Output};
 use serde_json::Value;
+use std::sync::Arc;
 
 fn manifest() -> Value {
     let text =
@@ -78,8 +81,7 @@ fn rel_l2_per_call(
         .collect())
 }
 
-#[test]
-fn xnnpack_programs_match_their_goldens_on_every_call() {
+fn check_all(device: &str, make: ExecutorFactory) {
     let m = manifest();
     let entries: Vec<Value> = programs(&m)
         .into_iter()
@@ -89,7 +91,7 @@ fn xnnpack_programs_match_their_goldens_on_every_call() {
         !entries.is_empty(),
         "the manifest lists no xnnpack programs"
     );
-    let backends = pteria::frontend::backends(pteria::runtime::delegate::cpu_executor());
+    let backends = pteria::frontend::backends(make);
     let mut failures = Vec::new();
     for e in &entries {
         let file = e["file"].as_str().expect("file");
@@ -99,7 +101,7 @@ fn xnnpack_programs_match_their_goldens_on_every_call() {
                 let worst = errs.iter().copied().fold(0f64, f64::max);
                 let calls: Vec<String> = errs.iter().map(|x| format!("{x:.2e}")).collect();
                 println!(
-                    "{file}: worst rel-L2 {worst:.3e} (tolerance {tol:.0e}); per call [{}]",
+                    "{device} {file}: worst rel-L2 {worst:.3e} (tolerance {tol:.0e}); per call [{}]",
                     calls.join(", ")
                 );
                 // NaN fails too: `f64::max` above skips it, this comparison does not.
@@ -110,5 +112,27 @@ fn xnnpack_programs_match_their_goldens_on_every_call() {
             Err(err) => failures.push(format!("{file}: {err}")),
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(failures.is_empty(), "{device}: {}", failures.join("\n"));
+}
+
+#[test]
+fn xnnpack_programs_match_their_goldens_on_every_call() {
+    check_all("cpu", cpu_executor());
+}
+
+#[test]
+fn xnnpack_programs_match_their_goldens_on_the_gpu_executor() {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+        return;
+    }
+    let ctx = match pteria::gpu::Context::new() {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            println!("skipped: no GPU adapter ({e}); install mesa-vulkan-drivers for lavapipe");
+            return;
+        }
+    };
+    println!("adapter: {:?}", ctx.adapter());
+    check_all("gpu", gpu_executor(ctx));
 }
