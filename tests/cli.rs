@@ -108,3 +108,53 @@ fn logits_errors_go_to_stderr_with_a_nonzero_exit() {
     assert!(!ok);
     assert!(err.contains("exceeds the declared bounds"), "{err}");
 }
+
+/// Every line of the "blob ops" and of the "IR ops" histograms over all delegates in `inspect`'s
+/// output.
+fn delegate_histograms(out: &str) -> (Vec<String>, Vec<String>) {
+    let lines: Vec<&str> = out.lines().collect();
+    let section = |title: &str| -> Vec<String> {
+        let mut v = Vec::new();
+        for (at, _) in lines.iter().enumerate().filter(|(_, l)| l.trim() == title) {
+            v.extend(
+                lines[at + 1..]
+                    .iter()
+                    .take_while(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+                    .map(|l| l.trim().to_string()),
+            );
+        }
+        v
+    };
+    (section("blob ops:"), section("IR ops:"))
+}
+
+#[test]
+fn inspect_shows_blob_nodes_and_the_ir_ops_they_lower_to_for_every_format() {
+    for (file, node, ir) in [
+        (
+            "gemma4_tiny_mlx_int4.pte",
+            "52 x QuantizedMatmulNode",
+            "52 x linear[q4g32]",
+        ),
+        (
+            "gemma4_tiny_vulkan_8da4w.pte",
+            "52 x et_vk.linear_dq8ca_q4gsw.default",
+            "52 x linear[q4g32,dq8]",
+        ),
+        (
+            "gemma4_tiny_xnnpack_8da4w.pte",
+            "3 x XNNFullyConnected",
+            "3 x linear[q4g32,dq8-xnn]",
+        ),
+    ] {
+        let (ok, out, err) = pteria(&["inspect", &fixture(file)]);
+        assert!(ok, "{file}: {err}");
+        assert!(!out.contains("does not lower"), "{file}:\n{out}");
+        let (nodes, ops) = delegate_histograms(&out);
+        assert!(
+            nodes.iter().any(|l| l == node),
+            "{file} blob ops: {nodes:?}"
+        );
+        assert!(ops.iter().any(|l| l == ir), "{file} IR ops: {ops:?}");
+    }
+}

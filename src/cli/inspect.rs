@@ -143,6 +143,16 @@ pub fn describe(p: &Program) -> Result<String> {
                 Some(Err(e)) => writeln!(s, "      blob does not parse: {e}")?,
                 None => writeln!(s, "      (no front end reads this backend's format)")?,
             }
+            match pteria::frontend::delegate_ir_histogram(d, &p.named_data) {
+                Some(Ok(hist)) => {
+                    writeln!(s, "      IR ops:")?;
+                    for (k, n) in &hist {
+                        writeln!(s, "        {n:4} x {k}")?;
+                    }
+                }
+                Some(Err(e)) => writeln!(s, "      does not lower to the IR: {e}")?,
+                None => {}
+            }
             for (k, v) in &d.compile_specs {
                 writeln!(s, "      compile spec {k}: {} bytes", v.len())?;
             }

@@ -28,6 +28,22 @@ pub fn delegate_histogram(
     })
 }
 
+/// The IR ops a delegate blob lowers to (after the load-time passes), by label, for `inspect`;
+/// `None` for a backend id no front end knows.
+pub fn delegate_ir_histogram(
+    d: &BackendDelegate,
+    named: &NamedData,
+) -> Option<Result<BTreeMap<String, usize>, String>> {
+    use crate::runtime::delegate::FrontEnd;
+    let front: &dyn FrontEnd = match d.id.as_str() {
+        vulkan::BACKEND_ID => &VulkanFrontEnd,
+        mlx::BACKEND_ID => &MlxFrontEnd,
+        xnnpack::BACKEND_ID => &XnnpackFrontEnd,
+        _ => return None,
+    };
+    Some(front.lower(d, named).map(|g| g.op_histogram()))
+}
+
 /// The Vulkan delegate format as an IR front end.
 pub struct VulkanFrontEnd;
 
