@@ -4,6 +4,7 @@
 //! `runtime` (CPU reference executor) → LLM runner → chat core → shells.
 
 pub mod catalog;
+pub mod chat;
 pub mod download;
 pub mod fb;
 pub mod frontend;

@@ -1,0 +1,686 @@
+//! The chat core as a shell drives it, on real files in temporary data directories: the tiny
+//! Llama fixture run by our CPU runtime as a bundled model and as a model downloaded from a
+//! loopback hub, conversations and settings persisted and restored, streaming, stop, regenerate.
+
+mod common;
+#[allow(dead_code)]
+#[path = "downloads/hub.rs"]
+mod hub;
+
+use common::fixtures;
+use hub::{Fault, Hub};
+use pteria::catalog::{Catalog, DeviceFacts, Memory, Os};
+use pteria::chat::{
+    Author, ChatCore, ChatError, ChatEvent, CoreConfig, DeviceChoice, DownloadEvent, LoadEvent,
+    Settings, VariantState,
+};
+use pteria::download::{DownloadOptions, HubConfig, RetryPolicy};
+use pteria::llm::{ContextPolicy, RunnerConfig};
+use serde_json::json;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+const LLAMA: &str = "llama_tiny_portable_fp32.pte";
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A compact ChatML-like template (one role letter per turn) so conversations fit the fixture's
+/// 32-token context: each message costs its bytes plus 3 tokens.
+const TEMPLATE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'][0] + m['content'] + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>a' }}{% endif %}";
+
+/// `tokenizer.json` for the fixture's 256-entry vocabulary: ids 0 `<unk>`, 1 `<s>`, 2 `</s>`,
+/// 3 `<|im_start|>`, 4 `<|im_end|>`, then bytes 0x05..0xFF as byte-fallback tokens.
+fn tokenizer_json() -> String {
+    let specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"];
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for b in 0..=255u32 {
+        match specials.get(b as usize) {
+            Some(s) => {
+                vocab.insert(s.to_string(), json!(b));
+                added.push(
+                    json!({"id": b, "content": s, "single_word": false, "lstrip": false,
+                                  "rstrip": false, "normalized": false, "special": true}),
+                );
+            }
+            None => {
+                vocab.insert(format!("<0x{b:02X}>"), json!(b));
+            }
+        }
+    }
+    json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    })
+    .to_string()
+}
+
+fn tokenizer_config() -> String {
+    json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE}).to_string()
+}
+
+const CATALOG: &str = r#"
+[[model]]
+id = "tiny"
+name = "Tiny Llama (bundled)"
+bundled = "models/tiny"
+files = ["tokenizer.json", "tokenizer_config.json"]
+context_length = 32
+kv_values_per_token = 128
+overhead_bytes = 1000
+
+[[model.variant]]
+id = "portable-fp32"
+backend = "portable"
+quantization = "fp32"
+file = "model.pte"
+approx_bytes = 500000
+
+[[model]]
+id = "remote"
+name = "Tiny Llama (hub)"
+repo = "org/tiny"
+revision = "v1"
+files = ["tok/tokenizer.json", "tok/tokenizer_config.json"]
+context_length = 32
+kv_values_per_token = 128
+overhead_bytes = 1000
+
+[[model.variant]]
+id = "cpu-fp32"
+backend = "portable"
+quantization = "fp32"
+file = "cpu/model.pte"
+approx_bytes = 500000
+"#;
+
+struct Setup {
+    dir: tempfile::TempDir,
+    hub: Hub,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let bundled = dir.path().join("assets/models/tiny");
+        std::fs::create_dir_all(&bundled).unwrap();
+        std::fs::copy(fixtures().join(LLAMA), bundled.join("model.pte")).unwrap();
+        std::fs::write(bundled.join("tokenizer.json"), tokenizer_json()).unwrap();
+        std::fs::write(bundled.join("tokenizer_config.json"), tokenizer_config()).unwrap();
+        let hub = Hub::start();
+        let program = std::fs::read(fixtures().join(LLAMA)).unwrap();
+        hub.add_file("org/tiny", "v1", "cpu/model.pte", program, true);
+        hub.add_file(
+            "org/tiny",
+            "v1",
+            "tok/tokenizer.json",
+            tokenizer_json().into(),
+            false,
+        );
+        let cfg = tokenizer_config().into();
+        hub.add_file("org/tiny", "v1", "tok/tokenizer_config.json", cfg, false);
+        Setup { dir, hub }
+    }
+
+    fn config(&self) -> CoreConfig {
+        CoreConfig {
+            data_dir: self.dir.path().join("data"),
+            assets_dir: self.dir.path().join("assets"),
+            catalog: Catalog::from_toml(CATALOG).unwrap(),
+            hub: HubConfig {
+                endpoint: self.hub.endpoint(),
+                token: None,
+            },
+            download: DownloadOptions {
+                retry: RetryPolicy {
+                    attempts: 2,
+                    first_delay: Duration::from_millis(10),
+                    max_delay: Duration::from_millis(20),
+                },
+                connect_timeout: Duration::from_secs(2),
+                idle_timeout: Duration::from_secs(5),
+                available_space: Some(1 << 30),
+            },
+            device_facts: Some(DeviceFacts {
+                os: Os::current(),
+                gpus: Vec::new(),
+                memory: Some(Memory {
+                    total_bytes: 8 << 30,
+                    available_bytes: 4 << 30,
+                }),
+                notes: Vec::new(),
+            }),
+            runner: RunnerConfig::default(),
+            context: ContextPolicy { reserve_tokens: 4 },
+        }
+    }
+
+    /// A core with greedy, short replies on the CPU.
+    fn open(&self) -> ChatCore {
+        let core = ChatCore::open(self.config()).unwrap();
+        core.update_settings(Settings {
+            temperature: 0.0,
+            max_tokens: Some(6),
+            device: DeviceChoice::Cpu,
+            ..Settings::default()
+        })
+        .unwrap();
+        core
+    }
+}
+
+fn load(core: &ChatCore, spec: Option<&str>) -> Vec<LoadEvent> {
+    let (tx, rx) = mpsc::channel();
+    core.load_model(spec, move |e| tx.send(e).unwrap()).unwrap();
+    let events: Vec<LoadEvent> = rx.iter().collect();
+    assert!(
+        matches!(events.last(), Some(LoadEvent::Loaded { .. })),
+        "{events:?}"
+    );
+    events
+}
+
+/// Events until the final one.
+fn collect(rx: &mpsc::Receiver<ChatEvent>) -> Vec<ChatEvent> {
+    let mut out = Vec::new();
+    loop {
+        let e = rx.recv_timeout(TIMEOUT).expect("the reply never finished");
+        let last = matches!(e, ChatEvent::Finished { .. } | ChatEvent::Failed { .. });
+        out.push(e);
+        if last {
+            return out;
+        }
+    }
+}
+
+fn deltas(events: &[ChatEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ChatEvent::Delta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn send(core: &ChatCore, id: &str, text: &str) -> Vec<ChatEvent> {
+    let (tx, rx) = mpsc::channel();
+    core.send(id, text, move |e| {
+        let _ = tx.send(e);
+    })
+    .unwrap();
+    collect(&rx)
+}
+
+#[test]
+fn a_reply_streams_is_saved_and_the_conversation_is_restored_on_the_next_start() {
+    let s = Setup::new();
+    let core = s.open();
+    let events = load(&core, None);
+    let LoadEvent::Loaded { model } = &events[1] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(
+        (model.spec.as_str(), model.context_tokens),
+        ("tiny:portable-fp32", 32)
+    );
+    assert_eq!(core.loaded_model().unwrap().spec, "tiny:portable-fp32");
+
+    let c = core.create_conversation(None).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let started = core
+        .send(&c.id, "hi", move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+    assert_eq!(
+        started.title, "hi",
+        "the first message names the conversation"
+    );
+    assert_eq!(started.user_message.as_ref().unwrap().content, "hi");
+    let events = collect(&rx);
+    assert!(matches!(events[0], ChatEvent::Prefill { .. }), "{events:?}");
+    let ChatEvent::Finished { message, usage } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    let streamed = deltas(&events);
+    assert!(!streamed.is_empty());
+    assert_eq!(message.content, streamed);
+    assert_eq!(message.id, started.assistant_id);
+    let stats = message.stats.as_ref().unwrap();
+    // "hi" costs 2 + 3 tokens and the generation prompt 2; greedy for 6 tokens.
+    assert_eq!((stats.prompt_tokens, stats.generated_tokens), (7, 6));
+    assert_eq!(stats.stop, "max tokens");
+    assert!(stats.ttft_ms.is_some_and(|t| t > 0.0));
+    assert!(stats.decode_tokens_per_s > 0.0);
+    assert_eq!(
+        (usage.used_tokens, usage.context_tokens),
+        (13, 32),
+        "prompt + reply of a 32-token context"
+    );
+    assert_eq!(core.context_usage(&c.id).unwrap(), Some(*usage));
+    assert!(!core.is_replying());
+
+    // A fresh core on the same data directory: settings, the conversation and the model
+    // choice come back from disk.
+    drop(core);
+    let again = ChatCore::open(s.config()).unwrap();
+    assert!(again.warnings().is_empty(), "{:?}", again.warnings());
+    assert_eq!(again.settings().temperature, 0.0);
+    assert_eq!(
+        again.settings().model.as_deref(),
+        Some("tiny:portable-fp32")
+    );
+    let list = again.conversations();
+    assert_eq!(list.len(), 1);
+    assert_eq!((list[0].title.as_str(), list[0].message_count), ("hi", 2));
+    let restored = again.conversation(&c.id).unwrap();
+    assert_eq!(restored.messages[0].author, Author::User);
+    assert_eq!(&restored.messages[1], message);
+
+    // The same greedy question in a new conversation gets the same reply.
+    load(&again, None);
+    let c2 = again.create_conversation(Some("second")).unwrap();
+    let events = send(&again, &c2.id, "hi");
+    let ChatEvent::Finished { message: m2, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(m2.content, message.content);
+    assert_eq!(again.conversation(&c2.id).unwrap().title, "second");
+}
+
+#[test]
+fn stop_ends_the_reply_and_what_was_written_is_saved() {
+    let s = Setup::new();
+    let core = s.open();
+    core.update_settings(Settings {
+        max_tokens: None,
+        ..core.settings()
+    })
+    .unwrap();
+    load(&core, None);
+    let c = core.create_conversation(None).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stopper = core.clone();
+    core.send(&c.id, "hi", move |e| {
+        // Stop as soon as the first text arrives: from the engine's thread, as a UI would.
+        if matches!(e, ChatEvent::Delta { .. }) {
+            stopper.stop();
+        }
+        let _ = tx.send(e);
+    })
+    .unwrap();
+    let events = collect(&rx);
+    let ChatEvent::Finished { message, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert!(message.stopped);
+    let stats = message.stats.as_ref().unwrap();
+    assert_eq!(stats.stop, "cancelled");
+    // Without the stop, the never-ending fixture would fill the 25 positions left.
+    assert!(stats.generated_tokens < 5, "{stats:?}");
+    assert_eq!(message.content, deltas(&events));
+    let saved = core.conversation(&c.id).unwrap();
+    assert_eq!(saved.messages.last().unwrap(), message);
+    assert!(!core.stop(), "nothing left to stop");
+}
+
+#[test]
+fn regenerate_replaces_the_last_reply() {
+    let s = Setup::new();
+    let core = s.open();
+    load(&core, None);
+    let c = core.create_conversation(None).unwrap();
+    let first = send(&core, &c.id, "hi");
+    let ChatEvent::Finished { message: m1, .. } = first.last().unwrap() else {
+        panic!("{first:?}")
+    };
+    let (tx, rx) = mpsc::channel();
+    let started = core
+        .regenerate(&c.id, move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+    assert!(started.user_message.is_none());
+    let events = collect(&rx);
+    let ChatEvent::Finished { message: m2, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert_ne!(m1.id, m2.id);
+    // Greedy: the same prompt gets the same text again.
+    assert_eq!(m1.content, m2.content);
+    let saved = core.conversation(&c.id).unwrap();
+    assert_eq!(saved.messages.len(), 2);
+    assert_eq!(saved.messages[1].id, m2.id);
+
+    let empty = core.create_conversation(None).unwrap();
+    assert!(matches!(
+        core.regenerate(&empty.id, |_| {}),
+        Err(ChatError::NothingToRegenerate)
+    ));
+}
+
+#[test]
+fn replies_need_a_loaded_model_and_one_at_a_time() {
+    let s = Setup::new();
+    let core = s.open();
+    let c = core.create_conversation(None).unwrap();
+    assert!(matches!(
+        core.send(&c.id, "hi", |_| {}),
+        Err(ChatError::NoModel)
+    ));
+    load(&core, None);
+    assert!(matches!(
+        core.send(&c.id, "  ", |_| {}),
+        Err(ChatError::EmptyMessage)
+    ));
+    assert!(matches!(
+        core.send("0-nope", "hi", |_| {}),
+        Err(ChatError::NoConversation { .. })
+    ));
+    // A reply held open by its callback: a second send is refused until it finishes.
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let (tx, rx) = mpsc::channel();
+    core.send(&c.id, "hi", move |e| {
+        if matches!(e, ChatEvent::Prefill { .. }) {
+            let _ = gate_rx.recv_timeout(TIMEOUT);
+        }
+        let _ = tx.send(e);
+    })
+    .unwrap();
+    assert!(core.is_replying());
+    assert!(matches!(
+        core.send(&c.id, "again", |_| {}),
+        Err(ChatError::ReplyRunning)
+    ));
+    assert!(matches!(
+        core.load_model(None, |_| {}),
+        Err(ChatError::ReplyRunning)
+    ));
+    drop(gate_tx);
+    collect(&rx);
+    assert!(!core.is_replying());
+}
+
+#[test]
+fn conversations_are_created_renamed_listed_and_deleted_on_disk() {
+    let s = Setup::new();
+    let core = s.open();
+    let a = core.create_conversation(Some("alpha")).unwrap();
+    let b = core.create_conversation(None).unwrap();
+    assert_eq!(b.title, "New chat");
+    let renamed = core.rename_conversation(&b.id, "  beta  ").unwrap();
+    assert_eq!(renamed.title, "beta");
+    assert!(core.rename_conversation(&b.id, " ").is_err());
+    let titles: Vec<String> = core.conversations().into_iter().map(|c| c.title).collect();
+    assert_eq!(titles, ["beta", "alpha"], "newest change first");
+    let file = s
+        .dir
+        .path()
+        .join("data/conversations")
+        .join(format!("{}.json", a.id));
+    assert!(file.is_file());
+    core.delete_conversation(&a.id).unwrap();
+    assert!(!file.exists());
+    assert!(matches!(
+        core.conversation(&a.id),
+        Err(ChatError::NoConversation { .. })
+    ));
+    let reopened = ChatCore::open(s.config()).unwrap();
+    let titles: Vec<String> = reopened
+        .conversations()
+        .into_iter()
+        .map(|c| c.title)
+        .collect();
+    assert_eq!(titles, ["beta"]);
+}
+
+#[test]
+fn settings_are_validated_and_persisted() {
+    let s = Setup::new();
+    let core = s.open();
+    let wanted = Settings {
+        system_prompt: "Be terse.".into(),
+        temperature: 0.3,
+        top_p: 0.8,
+        top_k: 20,
+        min_p: 0.1,
+        max_tokens: Some(99),
+        thinking: true,
+        device: DeviceChoice::Gpu,
+        model: Some("ignored:here".into()),
+    };
+    let saved = core.update_settings(wanted.clone()).unwrap();
+    assert_eq!(saved.model, None, "the model changes only by loading one");
+    let bad = Settings {
+        top_p: 0.0,
+        ..wanted.clone()
+    };
+    let e = core.update_settings(bad).unwrap_err().to_string();
+    assert!(e.contains("top_p"), "{e}");
+    let reopened = ChatCore::open(s.config()).unwrap();
+    assert_eq!(
+        reopened.settings(),
+        Settings {
+            model: None,
+            ..wanted
+        }
+    );
+
+    // A damaged settings file is set aside and reported, and the app still starts.
+    let path = s.dir.path().join("data/settings.json");
+    std::fs::write(&path, "{ not json").unwrap();
+    let core = ChatCore::open(s.config()).unwrap();
+    assert_eq!(core.settings(), Settings::default());
+    assert_eq!(core.warnings().len(), 1, "{:?}", core.warnings());
+    assert!(s.dir.path().join("data/settings.json.damaged").is_file());
+}
+
+fn state_of(core: &ChatCore, spec: &str) -> VariantState {
+    let models = core.models().unwrap();
+    models
+        .iter()
+        .flat_map(|m| &m.variants)
+        .find(|v| v.spec == spec)
+        .unwrap()
+        .state
+        .clone()
+}
+
+fn download(core: &ChatCore, spec: &str) -> (Vec<DownloadEvent>, mpsc::Receiver<DownloadEvent>) {
+    let (tx, rx) = mpsc::channel();
+    core.download(spec, move |e| {
+        let _ = tx.send(e);
+    })
+    .unwrap();
+    (Vec::new(), rx)
+}
+
+fn until_final(
+    rx: &mpsc::Receiver<DownloadEvent>,
+    mut seen: Vec<DownloadEvent>,
+) -> Vec<DownloadEvent> {
+    loop {
+        let e = rx.recv_timeout(TIMEOUT).expect("download never finished");
+        let last = !matches!(e, DownloadEvent::Progress { .. });
+        seen.push(e);
+        if last {
+            return seen;
+        }
+    }
+}
+
+#[test]
+fn the_model_list_shows_bundled_fit_default_and_download_state() {
+    let s = Setup::new();
+    let core = s.open();
+    let models = core.models().unwrap();
+    assert_eq!(models.len(), 2);
+    let tiny = &models[0];
+    assert!(tiny.bundled);
+    let v = &tiny.variants[0];
+    assert_eq!(v.state, VariantState::Bundled);
+    assert_eq!((v.backend, v.gpu), ("portable", false));
+    assert!(v.platform_default);
+    // The real file size replaces the catalog's estimate once the file is there.
+    assert_eq!(
+        v.bytes,
+        std::fs::metadata(fixtures().join(LLAMA)).unwrap().len()
+    );
+    assert_eq!(v.fit.light, "green");
+    assert!(v.fit.summary.contains("available"), "{}", v.fit.summary);
+    assert_eq!(models[1].variants[0].state, VariantState::Remote);
+
+    // A bundled model whose files are missing is marked so, and cannot load.
+    std::fs::remove_file(s.dir.path().join("assets/models/tiny/model.pte")).unwrap();
+    assert_eq!(
+        state_of(&core, "tiny:portable-fp32"),
+        VariantState::BundledMissing
+    );
+    let e = core.load_model(Some("tiny"), |_| {}).unwrap_err();
+    assert!(matches!(e, ChatError::NotAvailable { .. }), "{e}");
+    assert!(matches!(
+        core.download("tiny:portable-fp32", |_| {}),
+        Err(ChatError::Bundled { .. })
+    ));
+}
+
+#[test]
+fn a_model_is_downloaded_with_progress_cancelled_resumed_loaded_and_deleted() {
+    let s = Setup::new();
+    let core = s.open();
+    let spec = "remote:cpu-fp32";
+    assert!(matches!(
+        core.load_model(Some(spec), |_| {}),
+        Err(ChatError::NotAvailable { .. })
+    ));
+    assert!(matches!(
+        core.download("remote", |_| {}),
+        Err(ChatError::VariantRequired { .. })
+    ));
+
+    // A slow first try, cancelled once bytes arrive: the partial file stays.
+    s.hub.fail_next_get(
+        "cpu/model.pte",
+        Fault::Trickle {
+            chunk: 4096,
+            every: Duration::from_millis(20),
+        },
+    );
+    let (mut seen, rx) = download(&core, spec);
+    assert!(matches!(
+        core.download(spec, |_| {}),
+        Err(ChatError::AlreadyDownloading { .. })
+    ));
+    loop {
+        let e = rx.recv_timeout(TIMEOUT).unwrap();
+        let started = matches!(&e, DownloadEvent::Progress { done, .. } if *done > 8192);
+        seen.push(e);
+        if started {
+            break;
+        }
+    }
+    assert!(matches!(
+        state_of(&core, spec),
+        VariantState::Downloading { .. }
+    ));
+    assert!(core.cancel_download(spec));
+    let events = until_final(&rx, seen);
+    let DownloadEvent::Failed { cancelled, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert!(cancelled);
+    assert!(matches!(
+        state_of(&core, spec),
+        VariantState::Partial { bytes } if bytes > 0
+    ));
+    assert!(!core.cancel_download(spec));
+
+    // The second try resumes and finishes; progress ends at the total.
+    let (seen, rx) = download(&core, spec);
+    let events = until_final(&rx, seen);
+    let program = std::fs::metadata(fixtures().join(LLAMA)).unwrap().len();
+    let total = program + tokenizer_json().len() as u64 + tokenizer_config().len() as u64;
+    let DownloadEvent::Finished { bytes, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(*bytes, total);
+    let last_progress = events.iter().rev().find_map(|e| match e {
+        DownloadEvent::Progress { done, total, .. } => Some((*done, *total)),
+        _ => None,
+    });
+    assert_eq!(last_progress, Some((total, total)));
+    let resumed = s
+        .hub
+        .requests_for("cpu/model.pte")
+        .iter()
+        .filter_map(|r| r.range_start())
+        .max();
+    assert!(resumed.is_some_and(|r| r > 0), "no ranged resume request");
+    assert_eq!(state_of(&core, spec), VariantState::Downloaded);
+
+    // Loaded from the cache and chatted with; then deleted, which unloads it.
+    load(&core, Some("remote"));
+    assert_eq!(core.loaded_model().unwrap().spec, spec);
+    let c = core.create_conversation(None).unwrap();
+    let events = send(&core, &c.id, "hi");
+    assert!(matches!(events.last(), Some(ChatEvent::Finished { .. })));
+    let freed = core.delete_model(spec).unwrap();
+    assert_eq!(freed, total);
+    assert!(core.loaded_model().is_none());
+    assert_eq!(state_of(&core, spec), VariantState::Remote);
+    assert!(matches!(
+        core.send(&c.id, "hi", |_| {}),
+        Err(ChatError::NoModel)
+    ));
+}
+
+#[test]
+fn a_failed_load_reports_why_and_leaves_no_model() {
+    let s = Setup::new();
+    let core = s.open();
+    load(&core, None);
+    // A damaged program where the bundled one was.
+    let program = s.dir.path().join("assets/models/tiny/model.pte");
+    std::fs::write(&program, b"not a program").unwrap();
+    let (tx, rx) = mpsc::channel();
+    core.load_model(Some("tiny"), move |e| tx.send(e).unwrap())
+        .unwrap();
+    let events: Vec<LoadEvent> = rx.iter().collect();
+    let Some(LoadEvent::Failed { error, .. }) = events.last() else {
+        panic!("{events:?}")
+    };
+    assert!(error.contains("model.pte"), "{error}");
+    assert!(core.loaded_model().is_none());
+}
+
+#[test]
+fn the_data_directory_is_only_written_atomically() {
+    let s = Setup::new();
+    let core = s.open();
+    let c = core.create_conversation(None).unwrap();
+    core.rename_conversation(&c.id, "x").unwrap();
+    let names: Vec<String> = walk(&s.dir.path().join("data"));
+    assert!(
+        names.iter().all(|n| !n.ends_with(".tmp")),
+        "temporary files left: {names:?}"
+    );
+    assert!(names.iter().any(|n| n.ends_with("settings.json")));
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}
