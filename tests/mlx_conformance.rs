@@ -109,3 +109,75 @@ fn mlx_fixtures_match_goldens_on_the_gpu_executor() {
     println!("adapter: {:?}", ctx.adapter());
     check_all("gpu", || gpu_executor(ctx.clone()));
 }
+
+/// Rel-L2 per call of `mlx_llm_ops.pte` (an attention block written with the MLX LLM custom ops:
+/// rope with a position offset, linear and ring-buffer KV-cache updates, lower-right causal GQA
+/// `custom_sdpa`, SDPA with a sliding-window mask, RMSNorm with and without weight) against the
+/// same module run in PyTorch eager.
+fn llm_ops_rel_l2(make: ExecutorFactory) -> Result<(Vec<f64>, f64), String> {
+    let dir = common::fixtures();
+    let spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("mlx_llm_ops.json")).unwrap())
+            .unwrap();
+    let tol = spec["tolerance_rel_l2_per_call"].as_f64().unwrap();
+    let c = spec["hidden"].as_u64().unwrap() as usize;
+    let program = Program::open(&dir.join("mlx_llm_ops.pte"), &[]).map_err(|e| e.to_string())?;
+    let backends = pteria::frontend::backends(make);
+    let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
+    let (_, xs) = common::read_npy(&dir.join("mlx_llm_ops.inputs.npy"));
+    let (_, golden) = common::read_npy(&dir.join("mlx_llm_ops.golden.npy"));
+    let mut row = 0;
+    let mut errs = Vec::new();
+    for (i, call) in spec["calls"].as_array().unwrap().iter().enumerate() {
+        let pos = ints(&call["input_pos"]);
+        let t = pos.len();
+        let x: Vec<f32> = xs[row * c..(row + t) * c]
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let out = method
+            .execute(&[
+                HostTensor::from_f32(&[1, t, c], &x),
+                HostTensor::from_i64(&[t], &pos),
+            ])
+            .map_err(|e| format!("call {i}: {e}"))?;
+        let Output::Tensor(y) = &out[0] else {
+            return Err(format!("call {i}: no tensor output"));
+        };
+        let got = y.to_f32().map_err(|e| e.to_string())?;
+        errs.push(common::rel_l2(&got, &golden[row * c..(row + t) * c]));
+        row += t;
+    }
+    Ok((errs, tol))
+}
+
+fn check_llm_ops(device: &str, make: ExecutorFactory) {
+    let (errs, tol) = llm_ops_rel_l2(make).unwrap_or_else(|e| panic!("{device}: {e}"));
+    let calls: Vec<String> = errs.iter().map(|x| format!("{x:.2e}")).collect();
+    println!(
+        "{device} mlx_llm_ops.pte: per call [{}] (tolerance {tol:.0e})",
+        calls.join(", ")
+    );
+    assert!(
+        errs.iter().all(|&e| e <= tol),
+        "{device}: [{}] > {tol:.0e}",
+        calls.join(", ")
+    );
+}
+
+#[test]
+fn mlx_llm_custom_ops_match_pytorch_eager_on_the_cpu_executor() {
+    check_llm_ops("cpu", cpu_executor());
+}
+
+#[test]
+fn mlx_llm_custom_ops_match_pytorch_eager_on_the_gpu_executor() {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+        return;
+    }
+    match pteria::gpu::Context::new() {
+        Ok(ctx) => check_llm_ops("gpu", gpu_executor(Arc::new(ctx))),
+        Err(e) => println!("skipped: no GPU adapter ({e})"),
+    }
+}

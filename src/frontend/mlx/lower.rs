@@ -75,6 +75,9 @@ fn binary(k: NodeKind) -> Option<BinaryOp> {
         K::GreaterEqual => BinaryOp::Ge,
         K::LogicalAnd => BinaryOp::And,
         K::LogicalOr => BinaryOp::Or,
+        // On bools (the only operands accepted for them below) these are the logical ops.
+        K::BitwiseAnd => BinaryOp::And,
+        K::BitwiseOr => BinaryOp::Or,
         _ => return None,
     })
 }
@@ -625,6 +628,10 @@ impl<'a> Lower<'a> {
             Node::Binary { op, a, b, out } => {
                 let bop = binary(*op).ok_or("binary op without a lowering")?;
                 let (a, b) = (self.read(*a)?, self.read(*b)?);
+                let bitwise = matches!(op, NodeKind::BitwiseAnd | NodeKind::BitwiseOr);
+                if bitwise && (self.dt(a) != DType::Bool || self.dt(b) != DType::Bool) {
+                    return Err("bitwise and/or of non-bool tensors".into());
+                }
                 self.binary(bop, a, b, *out)?;
             }
             Node::Where {
@@ -929,9 +936,6 @@ impl<'a> Lower<'a> {
                 value,
                 dtype: d,
             } => {
-                let FloatOrVid::Float(value) = *value else {
-                    return Err("fill value from a value slot".into());
-                };
                 let req: Vec<Int> = shape
                     .iter()
                     .map(|&v| self.int(v))
@@ -943,9 +947,15 @@ impl<'a> Lower<'a> {
                         _ => Err("a full() dimension has no known upper bound".to_string()),
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                let y = self.write(*out, dtype(*d)?, max)?;
-                self.g
-                    .op(OpKind::Full { value, shape: req }, vec![], vec![y]);
+                let dt = dtype(*d)?;
+                match *value {
+                    FloatOrVid::Float(value) => {
+                        let y = self.write(*out, dt, max)?;
+                        self.g
+                            .op(OpKind::Full { value, shape: req }, vec![], vec![y]);
+                    }
+                    FloatOrVid::Vid(v) => self.full_of_symbol(v, req, max, dt, *out)?,
+                }
             }
             Node::ARange {
                 out,
@@ -1065,6 +1075,55 @@ impl<'a> Lower<'a> {
             }
             other => return Err(format!("{} has no lowering", other.name())),
         }
+        Ok(())
+    }
+
+    /// A tensor filled with a host integer: `arange(v, v + 1)` broadcast to the shape.
+    fn full_of_symbol(
+        &mut self,
+        v: super::Vid,
+        req: Vec<Int>,
+        max: Vec<usize>,
+        dt: DType,
+        out: Tid,
+    ) -> Result<(), String> {
+        let start = self.int(IntOrVid::Vid(v))?;
+        let end = self.sym(format!("v{}+1", v.0), self.upper(start).map(|u| u + 1));
+        self.g.nodes.push(IrNode::Sym(SymOp::Arith {
+            out: end,
+            op: SymArith::Add,
+            a: start,
+            b: Int::Lit(1),
+        }));
+        let one = self.scratch("full_value", dt, vec![1]);
+        self.g.op(
+            OpKind::Arange {
+                start,
+                end: Int::Sym(end),
+                step: 1,
+            },
+            vec![],
+            vec![one],
+        );
+        let ones: Vec<Int> = req.iter().map(|_| Int::Lit(1)).collect();
+        if req.iter().all(|r| *r == Int::Lit(1)) {
+            let y = self.write(out, dt, max)?;
+            self.op(OpKind::Reshape { shape: ones }, vec![one], y);
+            return Ok(());
+        }
+        let unit = self.scratch("full_value", dt, vec![1; req.len()]);
+        self.op(OpKind::Reshape { shape: ones }, vec![one], unit);
+        let zeros = self.scratch("full_zeros", dt, max.clone());
+        self.g.op(
+            OpKind::Full {
+                value: 0.0,
+                shape: req,
+            },
+            vec![],
+            vec![zeros],
+        );
+        let y = self.write(out, dt, max)?;
+        self.op(OpKind::Binary(BinaryOp::Add), vec![unit, zeros], y);
         Ok(())
     }
 
