@@ -181,3 +181,30 @@ fn mlx_llm_custom_ops_match_pytorch_eager_on_the_gpu_executor() {
         Err(e) => println!("skipped: no GPU adapter ({e})"),
     }
 }
+
+/// The runner chunks prefill by `forward`'s declared token bound; the MLX delegate declares the
+/// same bound for its tokens slot, and the program's method info carries it.
+#[test]
+fn mlx_programs_declare_their_max_input_length() {
+    let m = manifest();
+    for e in mlx_entries(&m) {
+        let file = e["file"].as_str().unwrap();
+        let program = Program::open(&common::fixtures().join(file), &[]).unwrap();
+        let meta = pteria::llm::ModelMetadata::read(&program).unwrap();
+        assert_eq!(meta.max_input_len, 31, "{file}");
+        assert_eq!(meta.max_chunk(), 31, "{file}");
+        let plan = program.plan("forward").unwrap();
+        let g = pteria::frontend::mlx::parse(&plan.delegates[0].data, &program.named_data).unwrap();
+        let tokens = g
+            .meta(pteria::frontend::mlx::Tid(g.input_map[0].idx))
+            .unwrap();
+        assert_eq!(
+            tokens.shape[1],
+            pteria::frontend::mlx::ShapeDim::Dynamic {
+                min: 2,
+                max: Some(31)
+            },
+            "{file}"
+        );
+    }
+}

@@ -1735,3 +1735,380 @@ fn slice_len(start: i64, end: i64, step: usize, n: usize) -> usize {
     let (s, e) = (fix(start), fix(end));
     e.saturating_sub(s).div_ceil(step.max(1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frontend::mlx::{NamedSlot, ShapeDim, SlotVariant, TagTable, TensorMeta, Vid};
+    use crate::ir::cpu::CpuExecutor;
+    use crate::ir::InputValue;
+
+    fn meta(shape: &[usize], dtype: ScalarType) -> TensorMeta {
+        TensorMeta {
+            shape: shape.iter().map(|&n| ShapeDim::Static(n)).collect(),
+            dtype,
+            dim_order: Vec::new(),
+        }
+    }
+
+    /// A graph over `consts` (meta, bytes), then inputs, outputs and mutable buffers (metas), and
+    /// `temps` temp slots; slots are numbered in that order.
+    struct Toy {
+        m: MlxGraph,
+        data: Vec<Vec<u8>>,
+    }
+
+    fn toy(
+        consts: Vec<(TensorMeta, Vec<u8>)>,
+        inputs: Vec<TensorMeta>,
+        outputs: Vec<TensorMeta>,
+        mutable: Vec<TensorMeta>,
+        temps: u32,
+        chain: Vec<Node>,
+    ) -> Toy {
+        let (nc, ni, no, nm) = (consts.len(), inputs.len(), outputs.len(), mutable.len());
+        let slots = |from: usize, n: usize| -> Vec<SlotVariant> {
+            (from..from + n)
+                .map(|i| SlotVariant {
+                    idx: i as u32,
+                    slot_type: SlotType::Tensor,
+                })
+                .collect()
+        };
+        let named_slots = (0..nc)
+            .map(|i| NamedSlot {
+                name: format!("c/{i}"),
+                slot: slots(i, 1)[0],
+            })
+            .collect();
+        let (metas, data): (Vec<TensorMeta>, Vec<Vec<u8>>) = consts.into_iter().unzip();
+        let mut tensor_meta = metas;
+        tensor_meta.extend(inputs);
+        tensor_meta.extend(outputs);
+        tensor_meta.extend(mutable);
+        Toy {
+            m: MlxGraph {
+                version: "1".into(),
+                num_constant_tensors: nc as u32,
+                num_input_tensors: ni as u32,
+                num_output_tensors: no as u32,
+                num_mutable_buffer_tensors: nm as u32,
+                num_temp_tensors: temps,
+                num_values: 8,
+                chains: vec![chain],
+                main_chain_idx: 0,
+                init_chain_idx: None,
+                input_map: slots(nc, ni),
+                output_map: slots(nc + ni, no),
+                mutable_buffer_map: slots(nc + ni + no, nm),
+                named_slots,
+                tensor_meta,
+                tag_table: TagTable::Executorch151,
+                constant_slots: (0..nc).collect(),
+            },
+            data,
+        }
+    }
+
+    impl Toy {
+        fn lower(&self) -> Result<Graph, String> {
+            lower_with(&self.m, &|t: Tid| {
+                self.data
+                    .get(t.0 as usize)
+                    .map(|b| owned(b.clone()))
+                    .ok_or_else(|| format!("no constant {}", t.0))
+            })
+        }
+
+        fn run(&self, inputs: &[(Vec<usize>, Vec<u8>)]) -> Vec<Vec<f32>> {
+            let g = self.lower().unwrap_or_else(|e| panic!("{e}"));
+            g.validate().unwrap();
+            let mut e = CpuExecutor::new(g).unwrap();
+            let ins: Vec<InputValue> = inputs
+                .iter()
+                .map(|(shape, data)| InputValue::Tensor {
+                    shape: shape.clone(),
+                    data,
+                })
+                .collect();
+            e.run(&ins)
+                .unwrap()
+                .into_iter()
+                .map(|h| {
+                    to_f64(h.dtype, &h.data)
+                        .into_iter()
+                        .map(|v| v as f32)
+                        .collect()
+                })
+                .collect()
+        }
+    }
+
+    /// Deterministic values in [-1, 1).
+    fn noise(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn affine_quantized_matmul_matches_dequantized_reference_for_4_and_8_bits() {
+        let (m, n, k) = (3, 5, 256);
+        for (bits, group) in [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)] {
+            let levels = 1u32 << bits;
+            let q: Vec<u32> = (0..n * k)
+                .map(|i| (i as u32).wrapping_mul(2654435761) % levels)
+                .collect();
+            // MLX packing: element j at bits `bits * (j % per)` of little-endian word j / per.
+            let per = 32 / bits;
+            let mut words = vec![0u32; n * k / per];
+            for (j, &v) in q.iter().enumerate() {
+                words[j / per] |= v << (bits * (j % per));
+            }
+            let groups = k / group;
+            let scales: Vec<f32> = noise(n * groups, 1)
+                .iter()
+                .map(|v| 0.01 + v.abs() * 0.05)
+                .collect();
+            let biases: Vec<f32> = noise(n * groups, 2).iter().map(|v| v * 0.3).collect();
+            let x = noise(m * k, 3);
+            let u32_bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let t = toy(
+                vec![
+                    (meta(&[n, k * bits / 32], ScalarType::UInt32), u32_bytes),
+                    (meta(&[n, groups], ScalarType::Float), f32_bytes(&scales)),
+                    (meta(&[n, groups], ScalarType::Float), f32_bytes(&biases)),
+                ],
+                vec![meta(&[m, k], ScalarType::Float)],
+                vec![meta(&[m, n], ScalarType::Float)],
+                vec![],
+                0,
+                vec![Node::QuantizedMatmul {
+                    x: Tid(3),
+                    w: Tid(0),
+                    scales: Tid(1),
+                    out: Tid(4),
+                    biases: Some(Tid(2)),
+                    group_size: group as i32,
+                    bits: bits as i32,
+                    mode: "affine".into(),
+                    transpose: true,
+                }],
+            );
+            let got = &t.run(&[(vec![m, k], f32_bytes(&x))])[0];
+            for r in 0..m {
+                for c in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|j| {
+                            let g = c * groups + j / group;
+                            let w = scales[g] as f64 * q[c * k + j] as f64 + biases[g] as f64;
+                            w * x[r * k + j] as f64
+                        })
+                        .sum();
+                    let e = (got[r * n + c] as f64 - want).abs();
+                    assert!(
+                        e <= 1e-4 * want.abs().max(1.0),
+                        "{bits}-bit group {group} [{r},{c}]: {} vs {want}",
+                        got[r * n + c]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unsupported_quantization_is_refused_with_its_parameters() {
+        let qmm = |bits: i32, group: i32, mode: &str| Node::QuantizedMatmul {
+            x: Tid(3),
+            w: Tid(0),
+            scales: Tid(1),
+            out: Tid(4),
+            biases: Some(Tid(2)),
+            group_size: group,
+            bits,
+            mode: mode.into(),
+            transpose: true,
+        };
+        for (node, want) in [
+            (qmm(3, 32, "affine"), "3-bit weights"),
+            (qmm(4, 16, "affine"), "group size 16"),
+            (qmm(4, 32, "mxfp4"), "mode `mxfp4`"),
+        ] {
+            let t = toy(
+                vec![
+                    (meta(&[4, 8], ScalarType::UInt32), vec![0; 128]),
+                    (meta(&[4, 2], ScalarType::Float), vec![0; 32]),
+                    (meta(&[4, 2], ScalarType::Float), vec![0; 32]),
+                ],
+                vec![meta(&[1, 64], ScalarType::Float)],
+                vec![meta(&[1, 4], ScalarType::Float)],
+                vec![],
+                0,
+                vec![node],
+            );
+            let e = t.lower().unwrap_err();
+            assert!(e.contains(want) && e.contains("QuantizedMatmulNode"), "{e}");
+        }
+    }
+
+    #[test]
+    fn nodes_without_a_lowering_are_listed_together() {
+        let t = toy(
+            vec![],
+            vec![meta(&[4], ScalarType::Float)],
+            vec![meta(&[4], ScalarType::Float)],
+            vec![],
+            1,
+            vec![
+                Node::Cumsum {
+                    x: Tid(0),
+                    out: Tid(2),
+                    axis: 0,
+                    reverse: false,
+                    inclusive: true,
+                },
+                Node::Flip {
+                    x: Tid(2),
+                    out: Tid(1),
+                    axes: vec![0],
+                },
+            ],
+        );
+        let e = t.lower().unwrap_err();
+        assert!(e.contains("CumsumNode") && e.contains("FlipNode"), "{e}");
+    }
+
+    /// A KV-cache write through another slot, then a read of the buffer's old value: in-place
+    /// storage cannot give it, so lowering refuses instead of computing with the new value.
+    #[test]
+    fn reading_a_mutable_buffer_after_an_in_place_update_is_refused() {
+        let t = toy(
+            vec![],
+            vec![meta(&[1, 4], ScalarType::Float)],
+            vec![meta(&[8, 4], ScalarType::Float)],
+            vec![meta(&[8, 4], ScalarType::Float)],
+            1,
+            vec![
+                Node::SliceUpdate {
+                    dst: Tid(2),
+                    update: Tid(0),
+                    out: Tid(3),
+                    axis: IntOrVid::Int(0),
+                    start: IntOrVid::Int(2),
+                    stop: IntOrVid::Int(3),
+                    step: 1,
+                },
+                Node::Contiguous {
+                    x: Tid(2),
+                    out: Tid(1),
+                },
+            ],
+        );
+        let e = t.lower().unwrap_err();
+        assert!(e.contains("read after a SliceUpdate"), "{e}");
+    }
+
+    #[test]
+    fn kv_cache_update_writes_the_rows_and_persists_across_calls() {
+        // cache[ItemInt(pos[0]) .. + T] = update, then out = cache (the IdCopy-back form).
+        let t = toy(
+            vec![],
+            vec![
+                meta(&[1, 2, 3, 4], ScalarType::Float),
+                TensorMeta {
+                    shape: vec![ShapeDim::Dynamic {
+                        min: 1,
+                        max: Some(3),
+                    }],
+                    dtype: ScalarType::Long,
+                    dim_order: Vec::new(),
+                },
+            ],
+            vec![meta(&[1, 2, 6, 4], ScalarType::Float)],
+            vec![meta(&[1, 2, 6, 4], ScalarType::Float)],
+            2,
+            vec![
+                Node::Take {
+                    x: Tid(1),
+                    out: Tid(4),
+                    index: IntOrVidOrTid::Int(0),
+                    axis: 0,
+                },
+                Node::ItemInt {
+                    x: Tid(4),
+                    out: Vid(0),
+                },
+                Node::SymSize {
+                    a: Tid(0),
+                    dim: 2,
+                    out: Vid(1),
+                },
+                Node::IntArith {
+                    op: NodeKind::AddInt,
+                    a: IntOrVid::Vid(Vid(0)),
+                    b: IntOrVid::Vid(Vid(1)),
+                    out: Vid(2),
+                },
+                Node::SliceUpdate {
+                    dst: Tid(3),
+                    update: Tid(0),
+                    out: Tid(5),
+                    axis: IntOrVid::Int(2),
+                    start: IntOrVid::Vid(Vid(0)),
+                    stop: IntOrVid::Vid(Vid(2)),
+                    step: 1,
+                },
+                Node::Contiguous {
+                    x: Tid(5),
+                    out: Tid(2),
+                },
+                Node::IdCopy {
+                    x: Tid(5),
+                    out: Tid(3),
+                },
+            ],
+        );
+        let g = t.lower().unwrap();
+        let mut e = CpuExecutor::new(g).unwrap();
+        let mut want = vec![0f32; 2 * 6 * 4];
+        for (call, (pos, len)) in [(0usize, 3usize), (3, 1), (4, 2)].into_iter().enumerate() {
+            let upd = noise(2 * len * 4, 10 + call as u64);
+            for h in 0..2 {
+                for r in 0..len {
+                    for d in 0..4 {
+                        want[(h * 6 + pos + r) * 4 + d] = upd[(h * len + r) * 4 + d];
+                    }
+                }
+            }
+            let positions: Vec<u8> = (pos..pos + len)
+                .flat_map(|p| (p as i64).to_le_bytes())
+                .collect();
+            let ub = f32_bytes(&upd);
+            let out = e
+                .run(&[
+                    InputValue::Tensor {
+                        shape: vec![1, 2, len, 4],
+                        data: &ub,
+                    },
+                    InputValue::Tensor {
+                        shape: vec![len],
+                        data: &positions,
+                    },
+                ])
+                .unwrap();
+            let got: Vec<f32> = to_f64(out[0].dtype, &out[0].data)
+                .into_iter()
+                .map(|v| v as f32)
+                .collect();
+            assert_eq!(got, want, "call {call}");
+        }
+    }
+}
