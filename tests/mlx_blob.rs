@@ -354,15 +354,24 @@ fn fork_tag_layout_is_detected_on_a_rewritten_fixture() {
         for blob in blobs {
             let up = mlx::parse(&blob, &program.named_data).unwrap();
             let (fork_blob, moved) = as_fork_blob(&blob);
-            let fork = mlx::parse(&fork_blob, &program.named_data)
-                .unwrap_or_else(|e| panic!("{} as the fork wrote it: {e}", path.display()));
-            assert_eq!(fork.chains, up.chains, "{}", path.display());
-            if moved > 0 {
-                rewritten += 1;
-                assert_eq!(fork.tag_table, TagTable::SwmFork, "{}", path.display());
-            } else {
-                // No tag from 112 on: the two layouts read identically.
-                assert_eq!(fork.tag_table, TagTable::Executorch151);
+            match mlx::parse(&fork_blob, &program.named_data) {
+                Ok(fork) => {
+                    assert_eq!(fork.chains, up.chains, "{}", path.display());
+                    if moved > 0 {
+                        rewritten += 1;
+                        assert_eq!(fork.tag_table, TagTable::SwmFork, "{}", path.display());
+                    } else {
+                        // No tag from 112 on: the two layouts read identically.
+                        assert_eq!(fork.tag_table, TagTable::Executorch151);
+                    }
+                }
+                // Some shifted tags land on a kind with the same fields (BitwiseAnd at 129 is
+                // BitwiseOr's tag in the fork): if nothing else tells the orders apart, the
+                // reader must refuse rather than guess.
+                Err(e @ mlx::MlxError::AmbiguousTagLayout { .. }) => {
+                    assert!(moved > 0, "{}: {e}", path.display());
+                }
+                Err(e) => panic!("{} as the fork wrote it: {e}", path.display()),
             }
             // A tag beyond both tables is refused, naming the mismatch.
             let mut bad = blob.clone();
