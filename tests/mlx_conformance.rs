@@ -208,3 +208,66 @@ fn mlx_programs_declare_their_max_input_length() {
         );
     }
 }
+
+/// Rel-L2 per call of `mlx_quant_ops.pte` (torchao weight-only quantized embeddings, int4 group 32
+/// and int8 group 64, and linears, int8 group 128 and int4 group 64 with a bias, as the MLX recipe
+/// quantizes them) against the quantized module in PyTorch eager.
+fn quant_ops_rel_l2(make: ExecutorFactory) -> Result<(Vec<f64>, f64), String> {
+    let dir = common::fixtures();
+    let spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("mlx_quant_ops.json")).unwrap())
+            .unwrap();
+    let tol = spec["tolerance_rel_l2_per_call"].as_f64().unwrap();
+    let n = spec["out_features"].as_u64().unwrap() as usize;
+    let program = Program::open(&dir.join("mlx_quant_ops.pte"), &[]).map_err(|e| e.to_string())?;
+    let backends = pteria::frontend::backends(make);
+    let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
+    let (_, golden) = common::read_npy(&dir.join("mlx_quant_ops.golden.npy"));
+    let mut row = 0;
+    let mut errs = Vec::new();
+    for (i, call) in spec["calls"].as_array().unwrap().iter().enumerate() {
+        let toks = ints(&call["tokens"]);
+        let t = toks.len();
+        let out = method
+            .execute(&[HostTensor::from_i64(&[1, t], &toks)])
+            .map_err(|e| format!("call {i}: {e}"))?;
+        let Output::Tensor(y) = &out[0] else {
+            return Err(format!("call {i}: no tensor output"));
+        };
+        let got = y.to_f32().map_err(|e| e.to_string())?;
+        errs.push(common::rel_l2(&got, &golden[row * n..(row + t) * n]));
+        row += t;
+    }
+    Ok((errs, tol))
+}
+
+fn check_quant_ops(device: &str, make: ExecutorFactory) {
+    let (errs, tol) = quant_ops_rel_l2(make).unwrap_or_else(|e| panic!("{device}: {e}"));
+    let calls: Vec<String> = errs.iter().map(|x| format!("{x:.2e}")).collect();
+    println!(
+        "{device} mlx_quant_ops.pte: per call [{}] (tolerance {tol:.0e})",
+        calls.join(", ")
+    );
+    assert!(
+        errs.iter().all(|&e| e <= tol),
+        "{device}: [{}] > {tol:.0e}",
+        calls.join(", ")
+    );
+}
+
+#[test]
+fn mlx_quantized_embeddings_and_linears_match_pytorch_eager_on_the_cpu_executor() {
+    check_quant_ops("cpu", cpu_executor());
+}
+
+#[test]
+fn mlx_quantized_embeddings_and_linears_match_pytorch_eager_on_the_gpu_executor() {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+        return;
+    }
+    match pteria::gpu::Context::new() {
+        Ok(ctx) => check_quant_ops("gpu", gpu_executor(Arc::new(ctx))),
+        Err(e) => println!("skipped: no GPU adapter ({e})"),
+    }
+}

@@ -127,7 +127,8 @@ fn unsupported(n: &Node) -> Option<&'static str> {
         | Node::Full { .. }
         | Node::FullLike { .. }
         | Node::ARange { .. }
-        | Node::QuantizedMatmul { .. } => true,
+        | Node::QuantizedMatmul { .. }
+        | Node::Dequantize { .. } => true,
         _ => false,
     };
     (!ok).then(|| n.name())
@@ -249,6 +250,11 @@ struct Lower<'a> {
     stale: HashSet<u32>,
     /// Size symbols already made, per (tensor, dim).
     sizes: HashMap<(TensorId, usize), SymId>,
+    /// Placeholders for rows gathered from a packed (uint32) constant: (constant slot, indices).
+    /// Only `Dequantize` reads them, and turns the pair into a quantized embedding.
+    packed_rows: HashMap<TensorId, (Tid, TensorId)>,
+    /// Rows gathered from a constant by an index tensor: (constant, indices).
+    gathered: HashMap<TensorId, (TensorId, TensorId)>,
 }
 
 impl<'a> Lower<'a> {
@@ -272,6 +278,8 @@ impl<'a> Lower<'a> {
             transposed: HashMap::new(),
             stale: HashSet::new(),
             sizes: HashMap::new(),
+            packed_rows: HashMap::new(),
+            gathered: HashMap::new(),
         }
     }
 
@@ -378,6 +386,12 @@ impl<'a> Lower<'a> {
             ));
         }
         if let Some(&t) = self.cur.get(&tid.0) {
+            if self.packed_rows.contains_key(&t) {
+                return Err(format!(
+                    "rows of packed weight `{}` are read by a node other than DequantizeNode",
+                    self.slot_name(tid)
+                ));
+            }
             return Ok(t);
         }
         match self.class(tid)? {
@@ -909,8 +923,73 @@ impl<'a> Lower<'a> {
                 index,
                 axis: a,
             } => {
-                let src = self.read(*x)?;
-                self.take(src, *index, *a, *out)?;
+                let packed = self.class(*x)? == TensorClass::Constant
+                    && self.m.meta(*x).map(|m| m.dtype) == Some(ScalarType::UInt32);
+                match index {
+                    IntOrVidOrTid::Tid(i) if packed && *a == 0 => {
+                        // A quantized embedding's row gather; its DequantizeNode follows.
+                        let idx = self.read(*i)?;
+                        let t = self.write(*out, DType::U8, vec![0])?;
+                        self.packed_rows.insert(t, (*x, idx));
+                    }
+                    _ => {
+                        let src = self.read(*x)?;
+                        self.take(src, *index, *a, *out)?;
+                    }
+                }
+            }
+            Node::Dequantize {
+                w,
+                scales,
+                out,
+                biases,
+                group_size,
+                bits,
+                mode,
+                global_scale,
+                dtype: d,
+            } => {
+                if mode != "affine" || global_scale.is_some() {
+                    return Err(format!(
+                        "quantization mode `{mode}` (only affine, without a global scale, is supported)"
+                    ));
+                }
+                let rows = self.cur.get(&w.0).and_then(|t| self.packed_rows.get(t));
+                let Some(&(packed, idx)) = rows else {
+                    return Err("only rows gathered from a packed constant (a quantized \
+                                embedding) can be dequantized"
+                        .into());
+                };
+                let table = |l: &mut Self, t: Tid, what: &str| -> Result<TensorId, String> {
+                    let g = l.read(t)?;
+                    match l.gathered.get(&g) {
+                        Some(&(c, i)) if i == idx => Ok(c),
+                        _ => Err(format!(
+                            "{what} must be rows of a constant gathered with the weight's indices"
+                        )),
+                    }
+                };
+                let st = table(self, *scales, "scales")?;
+                let bt = biases.map(|b| table(self, b, "biases")).transpose()?;
+                let (weight, tensors) =
+                    self.quantized_weight(packed, st, bt, *group_size, *bits)?;
+                let k = match weight {
+                    Weight::Q4 { .. } => self.g.tensors[tensors[0]].max_shape[1] * 2,
+                    _ => self.g.tensors[tensors[0]].max_shape[1],
+                };
+                let mut shape = self.ms(idx);
+                shape.push(k);
+                let dt = match d {
+                    Some(d) => dtype(*d)?,
+                    None => DType::F32,
+                };
+                if !dt.is_float() {
+                    return Err(format!("dequantize to {dt:?}"));
+                }
+                let y = self.write(*out, dt, shape)?;
+                let mut ins = tensors;
+                ins.push(idx);
+                self.op(OpKind::Embedding { weight }, ins, y);
             }
             Node::FullLike {
                 x,
@@ -1020,8 +1099,9 @@ impl<'a> Lower<'a> {
                     return Err("QuantizedMatmul with transpose=false".into());
                 }
                 let x = self.read(*x)?;
-                let (weight, tensors) =
-                    self.quantized_weight(*w, *scales, *biases, *group_size, *bits)?;
+                let st = self.read(*scales)?;
+                let bt = biases.map(|b| self.read(b)).transpose()?;
+                let (weight, tensors) = self.quantized_weight(*w, st, bt, *group_size, *bits)?;
                 let n = self.g.tensors[tensors[1]].max_shape[0];
                 let mut shape = self.ms(x);
                 *shape.last_mut().ok_or("QuantizedMatmul of a scalar")? = n;
@@ -1286,11 +1366,15 @@ impl<'a> Lower<'a> {
                     return Err("take with float indices".into());
                 }
                 let is = self.ms(idx);
+                let constant = matches!(self.g.tensors[src].role, Role::Constant(_));
                 let mut shape: Vec<usize> = xs[..d].to_vec();
                 shape.extend(&is);
                 shape.extend(&xs[d + 1..]);
                 if d == 0 && r == 2 && self.dt(src) == DType::F32 {
                     let y = self.write(out, DType::F32, shape)?;
+                    if constant {
+                        self.gathered.insert(y, (src, idx));
+                    }
                     self.op(
                         OpKind::Embedding {
                             weight: Weight::F32,
@@ -1317,6 +1401,9 @@ impl<'a> Lower<'a> {
                     req.extend((0..is.len()).map(|i| self.size_sym(idx, i)));
                     req.extend((d + 1..r).map(|i| self.size_sym(src, i)));
                     let y = self.write(out, self.dt(src), shape)?;
+                    if constant && d == 0 {
+                        self.gathered.insert(y, (src, idx));
+                    }
                     self.op(OpKind::Reshape { shape: req }, vec![g], y);
                 }
             }
@@ -1412,8 +1499,8 @@ impl<'a> Lower<'a> {
     fn quantized_weight(
         &mut self,
         w: Tid,
-        scales: Tid,
-        biases: Option<Tid>,
+        scales: TensorId,
+        biases: Option<TensorId>,
         group: i32,
         bits: i32,
     ) -> Result<(Weight, Vec<TensorId>), String> {
@@ -1473,13 +1560,9 @@ impl<'a> Lower<'a> {
                 _ => Err(format!("{what} must be constants")),
             }
         };
-        let st = self.read(scales)?;
-        let s = to_f32(self, st, "scales")?;
+        let s = to_f32(self, scales, "scales")?;
         let mut bias = match biases {
-            Some(b) => {
-                let bt = self.read(b)?;
-                to_f32(self, bt, "biases")?
-            }
+            Some(b) => to_f32(self, b, "biases")?,
             None => vec![0.0; n * groups],
         };
         let name = self.slot_name(w);
