@@ -2194,4 +2194,162 @@ mod tests {
             assert_eq!(got, want, "call {call}");
         }
     }
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        f32_bytes(v)
+    }
+
+    /// `mx.fast.rope` by its definition: angle `(offset + t) · scale · inv_freq[i]`, pairs split
+    /// in halves or interleaved, dims past `dims` unchanged.
+    fn rope_reference(
+        x: &[f32],
+        shape: [usize; 4],
+        dims: usize,
+        offset: i64,
+        inv_freq: &[f64],
+        scale: f64,
+        traditional: bool,
+    ) -> Vec<f32> {
+        let [b, h, t, d] = shape;
+        let half = dims / 2;
+        let mut y = x.to_vec();
+        for row in 0..b * h * t {
+            let pos = (offset + (row % t) as i64) as f64;
+            let r = &x[row * d..(row + 1) * d];
+            for i in 0..half {
+                let a = pos * scale * inv_freq[i];
+                let (c, s) = (a.cos(), a.sin());
+                let (p, q) = if traditional {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + half)
+                };
+                let (xp, xq) = (r[p] as f64, r[q] as f64);
+                y[row * d + p] = (xp * c - xq * s) as f32;
+                y[row * d + q] = (xq * c + xp * s) as f32;
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn rope_with_a_tensor_offset_matches_the_reference() {
+        let shape = [1, 2, 3, 8];
+        let x = noise(48, 21);
+        for (traditional, dims, freqs) in [
+            (false, 8, None),
+            (true, 6, None),
+            (false, 6, Some(vec![1.0f32, 7.5, 60.0])),
+        ] {
+            let mut consts = Vec::new();
+            if let Some(f) = &freqs {
+                consts.push((meta(&[3], ScalarType::Float), f32s(f)));
+            }
+            let nc = consts.len() as u32;
+            let (xi, pi, oi) = (nc, nc + 1, nc + 2);
+            let t = toy(
+                consts,
+                vec![
+                    meta(&shape, ScalarType::Float),
+                    meta(&[1], ScalarType::Long),
+                ],
+                vec![meta(&shape, ScalarType::Float)],
+                vec![meta(&[1, 2, 16, 8], ScalarType::Float)],
+                0,
+                vec![Node::Rope {
+                    x: Tid(xi),
+                    out: Tid(oi),
+                    dims: dims as i32,
+                    offset: VidOrTid::Tid(Tid(pi)),
+                    freqs: freqs.as_ref().map(|_| Tid(0)),
+                    traditional,
+                    base: 10000.0,
+                    scale: 0.5,
+                }],
+            );
+            let inv: Vec<f64> = match &freqs {
+                Some(f) => f.iter().map(|&v| 1.0 / v as f64).collect(),
+                None => (0..dims / 2)
+                    .map(|i| 10000f64.powf(-2.0 * i as f64 / dims as f64))
+                    .collect(),
+            };
+            let offset = 5i64;
+            let got = &t.run(&[
+                (shape.to_vec(), f32s(&x)),
+                (vec![1], offset.to_le_bytes().to_vec()),
+            ])[0];
+            let want = rope_reference(&x, shape, dims, offset, &inv, 0.5, traditional);
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5,
+                    "traditional={traditional} dims={dims} freqs={}: [{j}] {g} vs {w}",
+                    freqs.is_some()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sdpa_with_a_bool_mask_attends_where_true_with_grouped_heads() {
+        // q [1, 4, 2, 8] over k/v [1, 2, 5, 8]; a bool mask [1, 1, 2, 5]; no causal flag.
+        let (hq, hkv, s, kv, d) = (4, 2, 2, 5, 8);
+        let (q, k, v) = (
+            noise(hq * s * d, 31),
+            noise(hkv * kv * d, 32),
+            noise(hkv * kv * d, 33),
+        );
+        let mask: Vec<bool> = (0..s * kv).map(|i| i % 3 != 1).collect();
+        let t = toy(
+            vec![],
+            vec![
+                meta(&[1, hq, s, d], ScalarType::Float),
+                meta(&[1, hkv, kv, d], ScalarType::Float),
+                meta(&[1, hkv, kv, d], ScalarType::Float),
+                meta(&[1, 1, s, kv], ScalarType::Bool),
+            ],
+            vec![meta(&[1, hq, s, d], ScalarType::Float)],
+            vec![],
+            0,
+            vec![Node::Sdpa {
+                q: Tid(0),
+                k: Tid(1),
+                v: Tid(2),
+                out: Tid(4),
+                scale: 0.7,
+                mask: Some(Tid(3)),
+                causal: false,
+            }],
+        );
+        let got = &t.run(&[
+            (vec![1, hq, s, d], f32s(&q)),
+            (vec![1, hkv, kv, d], f32s(&k)),
+            (vec![1, hkv, kv, d], f32s(&v)),
+            (vec![1, 1, s, kv], mask.iter().map(|&m| m as u8).collect()),
+        ])[0];
+        for h in 0..hq {
+            let g = h / (hq / hkv);
+            for i in 0..s {
+                let qr = &q[(h * s + i) * d..(h * s + i + 1) * d];
+                let logits: Vec<f64> = (0..kv)
+                    .map(|j| {
+                        if !mask[i * kv + j] {
+                            return f64::NEG_INFINITY;
+                        }
+                        let kr = &k[(g * kv + j) * d..(g * kv + j + 1) * d];
+                        0.7 * qr.iter().zip(kr).map(|(a, b)| (a * b) as f64).sum::<f64>()
+                    })
+                    .collect();
+                let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = logits.iter().map(|l| (l - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..d {
+                    let want: f64 = (0..kv)
+                        .map(|j| e[j] / z * v[(g * kv + j) * d + c] as f64)
+                        .sum();
+                    let gv = got[(h * s + i) * d + c] as f64;
+                    assert!((gv - want).abs() <= 1e-5, "h{h} q{i} d{c}: {gv} vs {want}");
+                }
+            }
+        }
+    }
 }
