@@ -2216,8 +2216,8 @@ mod tests {
         for row in 0..b * h * t {
             let pos = (offset + (row % t) as i64) as f64;
             let r = &x[row * d..(row + 1) * d];
-            for i in 0..half {
-                let a = pos * scale * inv_freq[i];
+            for (i, f) in inv_freq.iter().enumerate().take(half) {
+                let a = pos * scale * f;
                 let (c, s) = (a.cos(), a.sin());
                 let (p, q) = if traditional {
                     (2 * i, 2 * i + 1)
