@@ -47,6 +47,44 @@ fn inspect_names_the_delegate_backend() {
     assert!(out.contains("backend VulkanBackend"), "{out}");
 }
 
+/// Which ops run where: kernel calls outside delegates on the CPU runtime, each delegate's blob
+/// ops and the IR ops they lower to; delegates with the same ops print once.
+#[test]
+fn inspect_says_which_ops_run_where() {
+    let (ok, out, err) = pteria(&["inspect", &fixture("gemma4_tiny_vulkan_fp32.pte")]);
+    assert!(ok, "{err}");
+    let ir = out
+        .split("IR ops:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no IR op list:\n{out}"));
+    // The decomposed RMSNorm is fused on the way.
+    assert!(
+        ir.contains("x linear[f32]") && ir.contains("x rms_norm"),
+        "{out}"
+    );
+    assert!(out.contains("delegates: 1 (1 distinct)"), "{out}");
+
+    let (ok, out, err) = pteria(&["inspect", &fixture("gemma4_tiny_xnnpack_8da4w.pte")]);
+    assert!(ok, "{err}");
+    let cpu = out
+        .split("operators outside delegates (CPU runtime kernels):")
+        .nth(1)
+        .and_then(|s| s.split("delegates:").next())
+        .unwrap_or_else(|| panic!("no CPU kernel list:\n{out}"));
+    assert!(cpu.contains("x llama::custom_sdpa.out"), "{out}");
+    assert!(!cpu.contains("[not supported]"), "{out}");
+    // ~120 XNNPACK partitions, far fewer distinct ones.
+    let line = out.lines().find(|l| l.contains("delegates: ")).unwrap();
+    let nums: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    assert!(nums[0] > 100 && nums[1] < nums[0], "{line}");
+    assert_eq!(out.matches("\n    delegate ").count(), nums[1], "{out}");
+    assert!(out.contains("same ops in "), "{out}");
+    assert!(out.contains("x linear[q4g32,dq8-xnn]"), "{out}");
+}
+
 #[test]
 fn logits_prints_one_json_object_with_every_call() {
     let (ok, out, err) = pteria(&[

@@ -100,7 +100,7 @@ pub fn describe(p: &Program) -> Result<String> {
             }
         }
         if !hist.is_empty() {
-            writeln!(s, "    operators (run on the CPU):")?;
+            writeln!(s, "    operators outside delegates (CPU runtime kernels):")?;
             for (k, n) in &hist {
                 let mark = if pteria::runtime::kernels::lookup(k).is_some() {
                     ""
@@ -126,36 +126,67 @@ pub fn describe(p: &Program) -> Result<String> {
             })
             .sum();
         writeln!(s, "    constant tensors: {}", fmt_bytes(consts))?;
+        // Delegates with the same ops print once (an LLM export repeats one per layer).
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
         for (i, d) in m.delegates.iter().enumerate() {
-            writeln!(
-                s,
-                "    delegate {i}: backend {} ({} blob)",
-                d.id,
-                fmt_bytes(d.data.len())
-            )?;
+            let mut body = String::new();
             match pteria::frontend::delegate_histogram(d, &p.named_data) {
                 Some(Ok(hist)) => {
-                    writeln!(s, "      blob ops:")?;
+                    writeln!(body, "      blob ops:")?;
                     for (k, n) in &hist {
-                        writeln!(s, "        {n:4} x {k}")?;
+                        writeln!(body, "        {n:4} x {k}")?;
                     }
                 }
-                Some(Err(e)) => writeln!(s, "      blob does not parse: {e}")?,
-                None => writeln!(s, "      (no front end reads this backend's format)")?,
+                Some(Err(e)) => writeln!(body, "      blob does not parse: {e}")?,
+                None => writeln!(body, "      (no front end reads this backend's format)")?,
             }
             match pteria::frontend::delegate_ir_histogram(d, &p.named_data) {
                 Some(Ok(hist)) => {
-                    writeln!(s, "      IR ops:")?;
+                    writeln!(body, "      IR ops:")?;
                     for (k, n) in &hist {
-                        writeln!(s, "        {n:4} x {k}")?;
+                        writeln!(body, "        {n:4} x {k}")?;
                     }
                 }
-                Some(Err(e)) => writeln!(s, "      does not lower to the IR: {e}")?,
+                Some(Err(e)) => writeln!(body, "      does not lower to the IR: {e}")?,
                 None => {}
             }
             for (k, v) in &d.compile_specs {
-                writeln!(s, "      compile spec {k}: {} bytes", v.len())?;
+                writeln!(body, "      compile spec {k}: {} bytes", v.len())?;
             }
+            let key = format!("{}\n{body}", d.id);
+            match groups.iter_mut().find(|g| g.0 == key) {
+                Some(g) => g.1.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+        if !m.delegates.is_empty() {
+            writeln!(
+                s,
+                "    delegates: {} ({} distinct)",
+                m.delegates.len(),
+                groups.len()
+            )?;
+        }
+        for (key, ids) in &groups {
+            let d = &m.delegates[ids[0]];
+            writeln!(
+                s,
+                "    delegate {}: backend {} ({} blob)",
+                ids[0],
+                d.id,
+                fmt_bytes(d.data.len())
+            )?;
+            if ids.len() > 1 {
+                let shown: Vec<String> = ids[1..].iter().take(12).map(|i| i.to_string()).collect();
+                let more = if ids.len() > 13 { ", …" } else { "" };
+                writeln!(
+                    s,
+                    "      same ops in {} more: {}{more}",
+                    ids.len() - 1,
+                    shown.join(", ")
+                )?;
+            }
+            s.push_str(key.split_once('\n').map_or("", |k| k.1));
         }
     }
     if !metadata.is_empty() {
@@ -172,7 +203,12 @@ pub fn describe(p: &Program) -> Result<String> {
         }
     }
     writeln!(s, "segments: {}", p.segments.len())?;
-    for (i, r) in p.segments.iter().enumerate() {
+    // A per-layer export has a segment per delegate and weight: list the first few.
+    const SHOWN: usize = 16;
+    if p.segments.len() > SHOWN {
+        writeln!(s, "  (first {SHOWN})")?;
+    }
+    for (i, r) in p.segments.iter().enumerate().take(SHOWN) {
         writeln!(
             s,
             "  segment {i}: {} at offset {}",

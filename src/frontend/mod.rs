@@ -57,6 +57,11 @@ impl crate::runtime::delegate::FrontEnd for VulkanFrontEnd {
         crate::ir::passes::optimize(&mut g);
         Ok(g)
     }
+    fn unsupported_ops(&self, d: &BackendDelegate, named: &NamedData) -> Vec<String> {
+        // A blob that does not parse is reported by `lower`, with its reason.
+        vulkan::parse(&d.data, named)
+            .map_or_else(|_| Vec::new(), |vk| vulkan::lower::unsupported(&vk))
+    }
 }
 
 /// The XNNPACK delegate format as an IR front end.

@@ -53,7 +53,26 @@ pub struct CpuExecutor {
     /// Decoded constants, cached on first use.
     consts: Vec<Option<Val>>,
     /// Constants read as f32 on every call (quantization scales and biases), decoded once.
-    shared: Vec<Option<Arc<Vec<f32>>>>,
+    shared: Vec<Option<F32s>>,
+}
+
+/// f32 values shared across calls: a view of an aligned f32 constant (no copy of a large
+/// table's scales) or a decoded copy.
+#[derive(Clone)]
+enum F32s {
+    Decoded(Arc<Vec<f32>>),
+    View(Blob),
+}
+
+impl std::ops::Deref for F32s {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            F32s::Decoded(v) => v,
+            // Only built after `try_cast_slice` succeeded on these very bytes.
+            F32s::View(b) => bytemuck::cast_slice(b),
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, IrError>;
@@ -624,11 +643,20 @@ impl CpuExecutor {
         &mut self,
         t: TensorId,
         vals: &[Option<Val>],
-    ) -> std::result::Result<Arc<Vec<f32>>, String> {
+    ) -> std::result::Result<F32s, String> {
         if let Some(v) = &self.shared[t] {
             return Ok(v.clone());
         }
-        let v = Arc::new(self.get(t, vals)?.f());
+        let def = &self.graph.tensors[t];
+        if let (Role::Constant(b), DType::F32) = (&def.role, def.dtype) {
+            let b = b.slice(0..def.max_bytes()).map_err(|e| e.to_string())?;
+            if bytemuck::try_cast_slice::<u8, f32>(&b).is_ok() {
+                let v = F32s::View(b);
+                self.shared[t] = Some(v.clone());
+                return Ok(v);
+            }
+        }
+        let v = F32s::Decoded(Arc::new(self.get(t, vals)?.f()));
         if matches!(self.graph.tensors[t].role, Role::Constant(_)) {
             self.shared[t] = Some(v.clone());
             // The shared copy replaces the per-op one.
@@ -723,8 +751,8 @@ impl CpuExecutor {
                 Ok(t[r * cols..(r + 1) * cols].to_vec())
             }
             Weight::Q4 { group } | Weight::Q8 { group } => {
-                let scales = self.get(ts[1], vals)?.f();
-                let biases = self.get(ts[2], vals)?.f();
+                let scales = self.shared_f32(ts[1], vals)?;
+                let biases = self.shared_f32(ts[2], vals)?;
                 let groups = cols / group;
                 let raw = self.raw_const(ts[0])?;
                 let mut row = Vec::with_capacity(cols);

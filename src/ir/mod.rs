@@ -376,6 +376,10 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub inputs: Vec<Io>,
     pub outputs: Vec<TensorId>,
+    /// Host integers the delegate also returns, as (position among all the delegate's outputs,
+    /// symbol); `outputs` fill the other positions in order. (A Vulkan delegate can return a
+    /// `sym_size` to the CPU ops around it.)
+    pub sym_outputs: Vec<(usize, SymId)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -531,6 +535,14 @@ impl Graph {
         }
         if let Some(&t) = self.outputs.iter().find(|&&t| t >= nt) {
             return Err(IrError::Invalid(format!("output tensor {t} out of range")));
+        }
+        let total = self.outputs.len() + self.sym_outputs.len();
+        for &(k, s) in &self.sym_outputs {
+            if s >= ns || k >= total {
+                return Err(IrError::Invalid(format!(
+                    "symbol output {s} at position {k} out of range"
+                )));
+            }
         }
         Ok(())
     }

@@ -13,6 +13,10 @@ pub trait FrontEnd: Send + Sync {
     /// The backend id the format is registered under (`VulkanBackend`, …).
     fn backend_id(&self) -> &'static str;
     fn lower(&self, delegate: &BackendDelegate, named: &NamedData) -> Result<ir::Graph, String>;
+    /// Every operator of the blob that `lower` has no lowering for (empty if unknown).
+    fn unsupported_ops(&self, _delegate: &BackendDelegate, _named: &NamedData) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Runs IR graphs; implemented by the CPU executor and the GPU executor.
@@ -57,6 +61,10 @@ impl Backend for IrBackend {
         self.front.backend_id()
     }
 
+    fn unsupported_ops(&self, delegate: &BackendDelegate, named: &NamedData) -> Vec<String> {
+        self.front.unsupported_ops(delegate, named)
+    }
+
     fn init(
         &self,
         delegate: &BackendDelegate,
@@ -88,12 +96,16 @@ impl Backend for IrBackend {
                 _ => None,
             })
             .collect();
+        // Symbol outputs are host values: a copy of the graph (constants are shared views)
+        // re-derives them from the call's inputs, the same way the executor does.
+        let sym_graph = (!graph.sym_outputs.is_empty()).then(|| graph.clone());
         let exec = (self.make)(graph)?;
         Ok(Box::new(IrDelegate {
             exec,
             input_dtypes,
             scalar_shapes,
             n_outputs: outputs.len(),
+            sym_graph,
         }))
     }
 }
@@ -102,7 +114,9 @@ struct IrDelegate {
     exec: Box<dyn IrExecutor>,
     input_dtypes: Vec<Option<ir::DType>>,
     scalar_shapes: Vec<Option<Vec<usize>>>,
+    /// Tensor outputs only.
     n_outputs: usize,
+    sym_graph: Option<ir::Graph>,
 }
 
 fn convert(bytes: &[u8], from: ir::DType, to: ir::DType) -> Vec<u8> {
@@ -119,11 +133,12 @@ fn convert(bytes: &[u8], from: ir::DType, to: ir::DType) -> Vec<u8> {
 impl DelegateExecutor for IrDelegate {
     fn execute(&mut self, mem: &mut Memory, args: &[usize]) -> Result<(), String> {
         let n_in = self.input_dtypes.len();
-        if args.len() != n_in + self.n_outputs {
+        let n_syms = self.sym_graph.as_ref().map_or(0, |g| g.sym_outputs.len());
+        if args.len() != n_in + self.n_outputs + n_syms {
             return Err(format!(
                 "delegate call has {} arguments; the graph has {n_in} inputs and {} outputs",
                 args.len(),
-                self.n_outputs
+                self.n_outputs + n_syms
             ));
         }
         let mut owned: Vec<(Vec<usize>, Vec<u8>)> = Vec::new();
@@ -168,7 +183,19 @@ impl DelegateExecutor for IrDelegate {
             })
             .collect();
         let outs = self.exec.run(&inputs)?;
-        for (host, &id) in outs.iter().zip(&args[n_in..]) {
+        let mut out_ids: Vec<usize> = args[n_in..].to_vec();
+        if let Some(g) = &self.sym_graph {
+            let plan = ir::infer_shapes(g, &inputs).map_err(|e| e.to_string())?;
+            for &(k, s) in &g.sym_outputs {
+                mem.values[out_ids[k]] = Value::Int(plan.syms[s]);
+            }
+            let syms: Vec<usize> = g.sym_outputs.iter().map(|&(k, _)| k).collect();
+            out_ids = (0..out_ids.len())
+                .filter(|k| !syms.contains(k))
+                .map(|k| out_ids[k])
+                .collect();
+        }
+        for (host, &id) in outs.iter().zip(&out_ids) {
             let t = mem.tensor(id)?.clone();
             let data = convert(&host.data, host.dtype, t.dtype);
             let mut ctx = super::kernels::KernelCtx::new(mem, std::slice::from_ref(&id));

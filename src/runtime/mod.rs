@@ -166,6 +166,11 @@ pub trait Backend: Send + Sync {
         delegate: &BackendDelegate,
         named_data: &NamedData,
     ) -> std::result::Result<Box<dyn DelegateExecutor>, String>;
+    /// The operators in `delegate` this backend cannot run, every one of them (empty when it
+    /// can run them all, or cannot tell without `init`), so that a load error lists them all.
+    fn unsupported_ops(&self, _delegate: &BackendDelegate, _named_data: &NamedData) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Backends by id; a delegate whose id is not registered is a load-time error.
@@ -239,10 +244,31 @@ impl Method {
             })
             .collect();
         missing.retain(|k| used.iter().any(|&o| plan.operators[o].key() == *k));
-        if !missing.is_empty() {
+        let mut problems: Vec<String> = missing
+            .iter()
+            .map(|k| format!("{k} (CPU kernel)"))
+            .collect();
+        // Every delegate's unsupported operators too, before any (slow) delegate init.
+        let mut in_delegates: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for d in &plan.delegates {
+            if let Some(b) = backends.get(&d.id) {
+                for op in b.unsupported_ops(d, &program.named_data) {
+                    *in_delegates.entry((d.id.clone(), op)).or_default() += 1;
+                }
+            }
+        }
+        for ((backend, op), n) in &in_delegates {
+            let times = if *n > 1 {
+                format!(", {n} delegates")
+            } else {
+                String::new()
+            };
+            problems.push(format!("{op} ({backend}{times})"));
+        }
+        if !problems.is_empty() {
             return Err(RuntimeError::UnsupportedOps {
                 method: name.to_string(),
-                ops: missing.join(", "),
+                ops: problems.join(", "),
             });
         }
 

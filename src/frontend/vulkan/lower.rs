@@ -4,8 +4,8 @@
 
 use super::schema::{OperatorCall, VkDataType, VkGraph, VkValue};
 use crate::ir::{
-    self, AttnLayout, BinaryOp, DType, Graph, Int, Io, OpKind, Role, SymArith, SymOp, TensorId,
-    UnaryOp, Weight,
+    self, AttnLayout, BinaryOp, DType, Graph, Int, Io, OpKind, Role, RopeStyle, SymArith, SymOp,
+    TensorId, UnaryOp, Weight,
 };
 use crate::pte::{Blob, Bytes};
 use std::collections::BTreeSet;
@@ -45,11 +45,30 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Normalises the spellings exports use (`aten.x.default`, bare fused names, `et_vk.` prefixes).
-fn canonical(name: &str) -> &str {
+/// `et_vk` ops that serializers also write without their namespace (a plain OpOverload's
+/// `__name__`), canonically spelled with it.
+const ET_VK_BARE: &[&str] = &[
+    "select_as_symint.default",
+    "linear_q4gsw.default",
+    "linear_dq8ca_q4gsw.default",
+    "embedding_q4gsw.default",
+    "apply_rotary_emb.default",
+    "apply_rotary_emb_hf.default",
+    "prepack.default",
+];
+
+/// Normalises the spellings exports use (`aten.x.default`, bare fused names, `et_vk.` prefixes):
+/// the gemma fork's ops are canonically bare (as the fork registers them first), other `et_vk`
+/// ops canonically namespaced.
+fn canonical(name: &str) -> std::borrow::Cow<'_, str> {
     let n = name.strip_prefix("llama.").unwrap_or(name);
-    n.strip_prefix("et_vk.")
-        .map_or(n, |r| if r.starts_with("gemma_") { r } else { n })
+    if let Some(r) = n.strip_prefix("et_vk.").filter(|r| r.starts_with("gemma_")) {
+        return r.into();
+    }
+    if ET_VK_BARE.contains(&n) {
+        return format!("et_vk.{n}").into();
+    }
+    n.into()
 }
 
 struct Lower<'a> {
@@ -58,18 +77,24 @@ struct Lower<'a> {
     map: Vec<Mapped>,
 }
 
-/// Lowers the whole graph; an error lists every unsupported operator at once.
-pub fn lower(vk: &VkGraph) -> Result<Graph, String> {
-    let unsupported: BTreeSet<&str> = vk
+/// Every operator name in the chain that has no lowering, as spelled in the blob, sorted.
+pub fn unsupported(vk: &VkGraph) -> Vec<String> {
+    let names: BTreeSet<&str> = vk
         .chain
         .iter()
         .map(|c| c.name.as_str())
-        .filter(|n| !supported(canonical(n)))
+        .filter(|n| !supported(&canonical(n)))
         .collect();
+    names.into_iter().map(String::from).collect()
+}
+
+/// Lowers the whole graph; an error lists every unsupported operator at once.
+pub fn lower(vk: &VkGraph) -> Result<Graph, String> {
+    let unsupported = unsupported(vk);
     if !unsupported.is_empty() {
         return Err(format!(
             "VulkanBackend operators not supported yet: {}",
-            unsupported.into_iter().collect::<Vec<_>>().join(", ")
+            unsupported.join(", ")
         ));
     }
     let mut l = Lower {
@@ -97,8 +122,11 @@ pub fn lower(vk: &VkGraph) -> Result<Graph, String> {
         };
         l.g.inputs.push(io);
     }
-    for &id in &vk.output_ids {
-        l.g.outputs.push(l.tensor(id)?);
+    for (k, &id) in vk.output_ids.iter().enumerate() {
+        match l.map[id] {
+            Mapped::Sym(s) => l.g.sym_outputs.push((k, s)),
+            _ => l.g.outputs.push(l.tensor(id)?),
+        }
     }
     Ok(l.g)
 }
@@ -165,6 +193,28 @@ fn supported(n: &str) -> bool {
             | "aten.eq.Tensor"
             | "aten.eq.Scalar"
             | "aten.sum.dim_IntList"
+            | "et_vk.embedding_q4gsw.default"
+            | "aten.full_like.default"
+            | "aten.full.default"
+            | "aten.ge.Scalar"
+            | "aten.gt.Scalar"
+            | "aten.le.Scalar"
+            | "aten.lt.Scalar"
+            | "aten.ne.Scalar"
+            | "aten.ge.Tensor"
+            | "aten.gt.Tensor"
+            | "aten.le.Tensor"
+            | "aten.lt.Tensor"
+            | "aten.ne.Tensor"
+            | "aten.logical_and.default"
+            | "aten.logical_or.default"
+            | "aten.logical_not.default"
+            | "aten.bitwise_and.Tensor"
+            | "aten.bitwise_or.Tensor"
+            | "gemma_sdpa_with_kv_cache.default"
+            | "gemma_custom_sdpa.default"
+            | "et_vk.apply_rotary_emb.default"
+            | "et_vk.apply_rotary_emb_hf.default"
     )
 }
 
@@ -173,9 +223,12 @@ impl Lower<'_> {
         // KV caches are constants in the blob that the attention ops update: make them State.
         let mut caches = BTreeSet::new();
         for c in &self.vk.chain {
-            match canonical(&c.name) {
-                "sdpa_with_kv_cache.default" => {
+            match &*canonical(&c.name) {
+                "sdpa_with_kv_cache.default" | "gemma_sdpa_with_kv_cache.default" => {
                     caches.extend(c.args.get(3..5).into_iter().flatten().copied());
+                }
+                "gemma_custom_sdpa.default" => {
+                    caches.extend(c.args.get(1..3).into_iter().flatten().copied());
                 }
                 "update_cache.default" => caches.extend(c.args.get(1).copied()),
                 _ => {}
@@ -233,6 +286,7 @@ impl Lower<'_> {
                 }
             };
         }
+        self.share_kv_caches(&prepacks);
         for (src, dst) in prepacks {
             let s = self.tensor(src)?;
             if written.contains(&dst) {
@@ -247,6 +301,59 @@ impl Lower<'_> {
             }
         }
         Ok(())
+    }
+
+    /// YOCO KV sharing: a `gemma_custom_sdpa` whose cache operand is not a cache some earlier op
+    /// updated, but a constant with the same bytes and shape as one, reads that cache (the fork
+    /// realizes one tensor per cache data pointer for these read-only consumers). The latest
+    /// such donor wins: Gemma 4's KV-shared layers read the last sliding / global layer before
+    /// them, and sliding and global caches differ in head dim.
+    fn share_kv_caches(&mut self, prepacks: &[(usize, usize)]) {
+        let origin = |id: usize| prepacks.iter().find(|p| p.1 == id).map_or(id, |p| p.0);
+        // Key caches and value caches apart: their (zero) bytes are alike.
+        let mut donors: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
+        for c in &self.vk.chain {
+            match &*canonical(&c.name) {
+                "sdpa_with_kv_cache.default" | "gemma_sdpa_with_kv_cache.default" => {
+                    for (list, i) in donors.iter_mut().zip(3..5) {
+                        list.extend(c.args.get(i).copied());
+                    }
+                }
+                "gemma_custom_sdpa.default" => {
+                    for (list, i) in donors.iter().zip(1..3) {
+                        let Some(&id) = c.args.get(i) else { continue };
+                        if list.contains(&id) {
+                            continue;
+                        }
+                        let donor = list
+                            .iter()
+                            .rev()
+                            .find(|&&d| self.same_constant(origin(d), origin(id)));
+                        if let Some(&d) = donor {
+                            self.map[id] = self.map[d].clone();
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Both values are constant tensors of one dtype and shape holding the same bytes.
+    fn same_constant(&self, a: usize, b: usize) -> bool {
+        let (Some(ta), Some(tb)) = (self.vk.tensor(a), self.vk.tensor(b)) else {
+            return false;
+        };
+        let (Some(ca), Some(cb)) = (ta.constant_id, tb.constant_id) else {
+            return false;
+        };
+        if ta.datatype != tb.datatype || ta.dims != tb.dims {
+            return false;
+        }
+        let (ka, kb) = (&self.vk.constants[ca], &self.vk.constants[cb]);
+        ca == cb
+            || (ka.named_key.is_some() && ka.named_key == kb.named_key)
+            || ka.data[..] == kb.data[..]
     }
 
     /// 64-bit constants narrow to 32 bits (as the Vulkan runtime does); the rest stay zero-copy.
@@ -485,9 +592,269 @@ impl Lower<'_> {
         Ok([wt, st2, bt])
     }
 
+    /// The output ValueList of a multi-output op, which must hold `n` tensors.
+    fn out_list(&self, c: &OperatorCall, n: usize) -> Result<Vec<TensorId>, String> {
+        let Some(Mapped::List(items)) = c.args.last().and_then(|&o| self.map.get(o)) else {
+            return Err("output is not a value list".into());
+        };
+        if items.len() != n {
+            return Err(format!("{} outputs, expected {n}", items.len()));
+        }
+        items.clone().iter().map(|&i| self.tensor(i)).collect()
+    }
+
+    /// One rotary embedding of x `[B, S, H, D]` (tables indexed by sequence position).
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &mut self,
+        x: TensorId,
+        y: TensorId,
+        [cos, sin]: [TensorId; 2],
+        style: RopeStyle,
+        rotary: usize,
+        start: Int,
+        whole_head: bool,
+    ) -> Result<(), String> {
+        let xs = &self.g.tensors[x].max_shape;
+        let d = match xs[..] {
+            [_, _, _, d] => d,
+            _ => return Err(format!("rotary input {xs:?} is not [B, S, H, D]")),
+        };
+        if rotary == 0 || rotary > d || (whole_head && rotary != d) {
+            return Err(format!("rotary width {rotary} does not fit head dim {d}"));
+        }
+        let kind = OpKind::Rope {
+            style,
+            rotary,
+            seq_dim: 1,
+            start,
+        };
+        self.g.op(kind, vec![x, cos, sin], vec![y]);
+        Ok(())
+    }
+
+    /// HF rotary tables `[P, R]` hold `cat(freqs, freqs)`: the IR's Rope takes the first half.
+    /// Constant tables are checked to really repeat; computed ones are sliced.
+    fn half_tables(&mut self, cos: usize, sin: usize) -> Result<(TensorId, TensorId), String> {
+        let mut out = Vec::new();
+        for id in [cos, sin] {
+            let t = self.tensor(id)?;
+            let def = self.g.tensors[t].clone();
+            let [p, r] = def.max_shape[..] else {
+                return Err(format!("rotary table {:?} is not [P, R]", def.max_shape));
+            };
+            if r % 2 != 0 {
+                return Err(format!("rotary table width {r} is odd"));
+            }
+            let half = r / 2;
+            let role = match &def.role {
+                Role::Constant(b) => {
+                    let v = crate::runtime::tensor::to_f32(def.dtype, b);
+                    if v.len() < p * r {
+                        return Err("rotary table constant is too short".into());
+                    }
+                    let mut h = Vec::with_capacity(p * half);
+                    for row in v[..p * r].chunks_exact(r) {
+                        if row[..half] != row[half..] {
+                            return Err(
+                                "apply_rotary_emb_hf table whose two halves differ (not rotate_half RoPE)"
+                                    .into(),
+                            );
+                        }
+                        h.extend_from_slice(&row[..half]);
+                    }
+                    Some(Role::Constant(owned(f32_bytes(&h))))
+                }
+                _ => None,
+            };
+            let dt = if role.is_some() {
+                DType::F32
+            } else {
+                def.dtype
+            };
+            let is_const = role.is_some();
+            let h = self.g.add_tensor(
+                format!("v{id}.half"),
+                dt,
+                vec![p, half],
+                role.unwrap_or(Role::Activation),
+            );
+            if !is_const {
+                let kind = OpKind::Slice {
+                    dim: 1,
+                    start: Int::Lit(0),
+                    end: Int::Lit(half as i64),
+                    step: 1,
+                };
+                self.g.op(kind, vec![t], vec![h]);
+            }
+            out.push(h);
+        }
+        Ok((out[0], out[1]))
+    }
+
+    /// The gemma fork's attention core (`GemmaSDPA.cpp`): scale 1.0; with an additive mask
+    /// `[1, 1, S, >= C]` the mask alone encodes causality and any sliding window, without one
+    /// attention is causal. The fork adds its optional softcap *after* the mask (audio encoder
+    /// only); the IR's Sdpa caps before masking, so a softcap is refused rather than changed.
+    fn gemma_sdpa(
+        &mut self,
+        c: &OperatorCall,
+        [q, kc, vc]: [TensorId; 3],
+        start: Int,
+        mask_arg: usize,
+        causal_arg: usize,
+        softcap_arg: Option<usize>,
+    ) -> Result<(), String> {
+        if let Some(i) = softcap_arg {
+            let cap = self.double(c.args[i])?;
+            if cap > 0.0 {
+                return Err(format!(
+                    "logit softcap {cap} applied after the mask (the fork's audio path) has no IR lowering"
+                ));
+            }
+        }
+        let mask = self.opt_tensor(mask_arg)?;
+        let is_causal = match self.map.get(causal_arg) {
+            Some(Mapped::Null) | None => None,
+            _ => Some(self.boolean(causal_arg)?),
+        };
+        let mut ins = vec![q, kc, vc];
+        if let Some(m) = mask {
+            let ms = self.g.tensors[m].max_shape.clone();
+            let [1, 1, s, w] = ms[..] else {
+                return Err(format!(
+                    "attention mask {ms:?} is not [1, 1, S, C] (per-head masks have no IR lowering)"
+                ));
+            };
+            let rows = self.size_sym(m, 2);
+            let m2 = self.g.add_tensor(
+                "mask2d",
+                self.g.tensors[m].dtype,
+                vec![s, w],
+                Role::Activation,
+            );
+            self.reshape(m, vec![rows, Int::Lit(w as i64)], m2);
+            ins.push(m2);
+        } else if is_causal == Some(false) {
+            return Err("neither an attention mask nor is_causal".into());
+        }
+        let y = self.out(c)?;
+        let kind = OpKind::Sdpa {
+            layout: AttnLayout::Bshd,
+            scale: 1.0,
+            causal: mask.is_none(),
+            window: None,
+            softcap: None,
+            start,
+        };
+        self.g.op(kind, ins, vec![y]);
+        Ok(())
+    }
+
+    /// embedding_q4gsw tables → canonical Q4. ExecuTorch's reference
+    /// (`custom_ops_lib.embedding_q4gsw_impl`): element 2j is the low nibble minus 8 when
+    /// `is_linear_weight` (the packing 4-bit linears use, so a tied LM head shares the bytes),
+    /// else the high nibble minus 8; scales are `[V, D/group]`, one row per token. Linear
+    /// packing and f32 scales stay zero-copy; only the biases (`-8·scale`) are derived.
+    fn q4_embedding_weights(
+        &mut self,
+        w: usize,
+        s: usize,
+        group: usize,
+        linear_packing: bool,
+    ) -> Result<[TensorId; 3], String> {
+        let (wt, st) = (self.tensor(w)?, self.tensor(s)?);
+        let (v, d2) = match self.g.tensors[wt].max_shape[..] {
+            [v, d2] => (v, d2),
+            ref d => {
+                return Err(format!(
+                    "embedding_q4gsw weight dims {d:?} are not [V, D/2]"
+                ))
+            }
+        };
+        if self.g.tensors[wt].dtype != DType::U8 {
+            return Err("embedding_q4gsw weight is not uint8".into());
+        }
+        let d = d2 * 2;
+        if group == 0 || d % group != 0 {
+            return Err(format!("group size {group} does not divide D = {d}"));
+        }
+        let groups = d / group;
+        let sdims = self.g.tensors[st].max_shape.clone();
+        let scols = match sdims[..] {
+            [r, c] if r == v && c >= groups => c,
+            [n] if groups == 1 && n == v => 1,
+            _ => {
+                return Err(format!(
+                    "embedding_q4gsw scales {sdims:?} do not match [{v}, {groups}]"
+                ))
+            }
+        };
+        let (Role::Constant(wb), Role::Constant(sb)) =
+            (&self.g.tensors[wt].role, &self.g.tensors[st].role)
+        else {
+            return Err("embedding_q4gsw weight or scales are not constant".into());
+        };
+        let (wb, sb) = (wb.clone(), sb.clone());
+        let wb = if linear_packing {
+            wb
+        } else {
+            // Swapping the nibbles turns the high-first packing into the linear one.
+            owned(wb.iter().map(|b| b.rotate_left(4)).collect())
+        };
+        let sv = crate::runtime::tensor::to_f32(self.g.tensors[st].dtype, &sb);
+        if sv.len() < v * scols {
+            return Err(format!(
+                "embedding_q4gsw scales hold fewer than {v}×{scols} values"
+            ));
+        }
+        let dense = scols == groups && self.g.tensors[st].dtype == DType::F32;
+        let scales: Vec<f32> = if dense {
+            Vec::new()
+        } else {
+            (0..v)
+                .flat_map(|r| sv[r * scols..r * scols + groups].iter().copied())
+                .collect()
+        };
+        let src = if dense {
+            &sv[..v * groups]
+        } else {
+            &scales[..]
+        };
+        let biases: Vec<f32> = src.iter().map(|x| -8.0 * x).collect();
+        let st2 = if dense {
+            st
+        } else {
+            self.g.add_tensor(
+                format!("v{s}.scales"),
+                DType::F32,
+                vec![v, groups],
+                Role::Constant(owned(f32_bytes(&scales))),
+            )
+        };
+        let wt2 = if linear_packing {
+            wt
+        } else {
+            self.g.add_tensor(
+                format!("v{w}.linear_packed"),
+                DType::U8,
+                vec![v, d2],
+                Role::Constant(wb),
+            )
+        };
+        let bt = self.g.add_tensor(
+            format!("v{s}.biases"),
+            DType::F32,
+            vec![v, groups],
+            Role::Constant(owned(f32_bytes(&biases))),
+        );
+        Ok([wt2, st2, bt])
+    }
+
     fn op(&mut self, c: &OperatorCall) -> Result<(), String> {
         let a = |i: usize| Self::arg(c, i);
-        match canonical(&c.name) {
+        match &*canonical(&c.name) {
             "sym_size.int" => {
                 let t = self.tensor(a(0)?)?;
                 let d = self.dim(self.lit(a(1)?)?, self.rank(t))?;
@@ -957,6 +1324,116 @@ impl Lower<'_> {
                     .op(OpKind::Arange { start, end, step }, vec![], vec![y]);
             }
             "aten.eq.Tensor" | "aten.eq.Scalar" => self.binary(c, BinaryOp::Eq, None)?,
+            "aten.ne.Tensor" | "aten.ne.Scalar" => self.binary(c, BinaryOp::Ne, None)?,
+            "aten.ge.Tensor" | "aten.ge.Scalar" => self.binary(c, BinaryOp::Ge, None)?,
+            "aten.gt.Tensor" | "aten.gt.Scalar" => self.binary(c, BinaryOp::Gt, None)?,
+            "aten.le.Tensor" | "aten.le.Scalar" => self.binary(c, BinaryOp::Le, None)?,
+            "aten.lt.Tensor" | "aten.lt.Scalar" => self.binary(c, BinaryOp::Lt, None)?,
+            // Bool operands only (the partitioner admits no other dtype), where bitwise and
+            // logical agree.
+            "aten.logical_and.default" | "aten.bitwise_and.Tensor" => {
+                self.binary(c, BinaryOp::And, None)?
+            }
+            "aten.logical_or.default" | "aten.bitwise_or.Tensor" => {
+                self.binary(c, BinaryOp::Or, None)?
+            }
+            "aten.logical_not.default" => self.unary(c, UnaryOp::LogicalNot)?,
+            "aten.full_like.default" => {
+                // (self, fill_value, dtype?, layout?, device?, pin_memory?, memory_format?, out):
+                // the output's dtype is already resolved in the output tensor.
+                let x = self.tensor(a(0)?)?;
+                let value = self.double(a(1)?)?;
+                let shape = self.dims_of(x);
+                let y = self.out(c)?;
+                self.g.op(OpKind::Full { value, shape }, vec![], vec![y]);
+            }
+            "aten.full.default" => {
+                // (size, fill_value, dtype?, layout?, device?, pin_memory?, out)
+                let shape = self.ints(a(0)?)?;
+                let value = self.double(a(1)?)?;
+                let y = self.out(c)?;
+                self.g.op(OpKind::Full { value, shape }, vec![], vec![y]);
+            }
+            "gemma_sdpa_with_kv_cache.default" => {
+                // (q, k, v, key_cache, value_cache, start_pos, seq_len, attn_mask?, is_causal,
+                //  [softcap], out): both caches updated at start_pos, then gemma attention.
+                let (q, k, v) = (
+                    self.tensor(a(0)?)?,
+                    self.tensor(a(1)?)?,
+                    self.tensor(a(2)?)?,
+                );
+                let (kc, vc) = (self.tensor(a(3)?)?, self.tensor(a(4)?)?);
+                let start = self.int(a(5)?)?;
+                let softcap = (c.args.len() > 10).then_some(9);
+                for (cache, new) in [(kc, k), (vc, v)] {
+                    self.g.op(
+                        OpKind::CacheUpdate { axis: 1, start },
+                        vec![cache, new],
+                        vec![cache],
+                    );
+                }
+                self.gemma_sdpa(c, [q, kc, vc], start, a(7)?, a(8)?, softcap)?;
+            }
+            "gemma_custom_sdpa.default" => {
+                // (q, key_cache, value_cache, start_pos, seq_len, attn_mask?, is_causal,
+                //  [softcap], out): read-only, the caches already hold this step's K/V.
+                let q = self.tensor(a(0)?)?;
+                let (kc, vc) = (self.tensor(a(1)?)?, self.tensor(a(2)?)?);
+                let start = self.int(a(3)?)?;
+                let softcap = (c.args.len() > 8).then_some(7);
+                self.gemma_sdpa(c, [q, kc, vc], start, a(5)?, a(6)?, softcap)?;
+            }
+            "et_vk.apply_rotary_emb.default" => {
+                // (xq, xk, freqs_cos [S, D/2], freqs_sin, out: (xq', xk')): Llama's pairwise
+                // rotation of dims (2i, 2i+1) by tables already sliced to this call's positions.
+                let (cos, sin) = (self.tensor(a(2)?)?, self.tensor(a(3)?)?);
+                let cs = self.g.tensors[cos].max_shape.clone();
+                let [_, half] = cs[..] else {
+                    return Err(format!(
+                        "apply_rotary_emb tables {cs:?} are not [S, D/2] (per-head tables have no IR lowering)"
+                    ));
+                };
+                let xs = [self.tensor(a(0)?)?, self.tensor(a(1)?)?];
+                for (x, y) in xs.into_iter().zip(self.out_list(c, 2)?) {
+                    self.rope(
+                        x,
+                        y,
+                        [cos, sin],
+                        RopeStyle::Interleaved,
+                        2 * half,
+                        Int::Lit(0),
+                        true,
+                    )?;
+                }
+            }
+            "et_vk.apply_rotary_emb_hf.default" => {
+                // (xq, xk, freqs_cos [P, R], freqs_sin, start_pos, out: (xq', xk')): HF
+                // rotate_half on the first R dims at rows start_pos.., the rest passed through.
+                let start = self.int(a(4)?)?;
+                let (cos, sin) = self.half_tables(a(2)?, a(3)?)?;
+                let rotary = 2 * self.g.tensors[cos].max_shape[1];
+                let xs = [self.tensor(a(0)?)?, self.tensor(a(1)?)?];
+                for (x, y) in xs.into_iter().zip(self.out_list(c, 2)?) {
+                    self.rope(x, y, [cos, sin], RopeStyle::Half, rotary, start, false)?;
+                }
+            }
+            "et_vk.embedding_q4gsw.default" => {
+                // (weight u8 [V, D/2], weight_scales [V, D/group], group_size, indices,
+                // is_linear_weight=False) -> [..indices, D]
+                let group = self.lit(a(2)?)?;
+                let idx = self.tensor(a(3)?)?;
+                let linear_packing = c.args.len() > 5 && self.boolean(a(4)?)?;
+                let group = usize::try_from(group).map_err(|_| format!("group size {group}"))?;
+                let [w, s, b] = self.q4_embedding_weights(a(0)?, a(1)?, group, linear_packing)?;
+                let y = self.out(c)?;
+                self.g.op(
+                    OpKind::Embedding {
+                        weight: Weight::Q4 { group },
+                    },
+                    vec![w, s, b, idx],
+                    vec![y],
+                );
+            }
             "aten.sum.dim_IntList" => {
                 let x = self.tensor(a(0)?)?;
                 let r = self.rank(x);

@@ -6,6 +6,8 @@
 
 mod header;
 pub mod lower;
+#[cfg(test)]
+mod op_tests;
 mod read;
 mod schema;
 #[cfg(test)]

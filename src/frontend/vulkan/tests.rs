@@ -6,7 +6,7 @@ use crate::pte::Bytes;
 use std::sync::Arc;
 
 /// A table field for the test builder.
-enum F {
+pub(super) enum F {
     I8(i8),
     U8(u8),
     Bool(bool),
@@ -28,7 +28,7 @@ enum F {
 }
 
 /// A table: (slot, field) pairs.
-struct T(Vec<(usize, F)>);
+pub(super) struct T(pub(super) Vec<(usize, F)>);
 
 /// Writes tables front to back: a table, then its children, patching forward `uoffset`s.
 struct W(Vec<u8>);
@@ -154,7 +154,7 @@ impl W {
     }
 }
 
-fn flatbuffer(root: &T, ident: &[u8; 4]) -> Vec<u8> {
+pub(super) fn flatbuffer(root: &T, ident: &[u8; 4]) -> Vec<u8> {
     let mut w = W(vec![0u8; 8]);
     w.0[4..8].copy_from_slice(ident);
     let pos = w.table(root);
@@ -163,7 +163,7 @@ fn flatbuffer(root: &T, ident: &[u8; 4]) -> Vec<u8> {
 }
 
 /// Header + flatbuffer + raw constant region, laid out as the upstream serializer does.
-fn blob_of(fb: &[u8], raw: &[u8]) -> Blob {
+pub(super) fn blob_of(fb: &[u8], raw: &[u8]) -> Blob {
     let fb_off = 32;
     let bytes_off = fb_off + fb.len().div_ceil(16) * 16;
     let h = VulkanHeader {
@@ -179,11 +179,11 @@ fn blob_of(fb: &[u8], raw: &[u8]) -> Blob {
     Blob::whole(Arc::new(Bytes::Owned(b)))
 }
 
-fn value(tag: u8, payload: T) -> T {
+pub(super) fn value(tag: u8, payload: T) -> T {
     T(vec![(0, F::U8(tag)), (1, F::Table(payload))])
 }
 
-fn tensor(datatype: i8, dims: &[u32], constant_id: i32, mem_obj_id: i32) -> T {
+pub(super) fn tensor(datatype: i8, dims: &[u32], constant_id: i32, mem_obj_id: i32) -> T {
     T(vec![
         (0, F::I8(datatype)),
         (1, F::VecU32(dims.to_vec())),
@@ -192,7 +192,7 @@ fn tensor(datatype: i8, dims: &[u32], constant_id: i32, mem_obj_id: i32) -> T {
     ])
 }
 
-fn op(name: &'static str, args: &[i32]) -> T {
+pub(super) fn op(name: &'static str, args: &[i32]) -> T {
     T(vec![
         (0, F::U32(7)),
         (1, F::Str(name)),
@@ -200,7 +200,7 @@ fn op(name: &'static str, args: &[i32]) -> T {
     ])
 }
 
-fn inline_bytes(offset: u64, length: u64) -> T {
+pub(super) fn inline_bytes(offset: u64, length: u64) -> T {
     T(vec![(0, F::U64(offset)), (1, F::U64(length))])
 }
 
