@@ -1,6 +1,6 @@
 // Data movement: one strided copy (`gather`) covers permute, slice, select, expand, concat (one
 // dispatch per part) and copy; `index_select` gathers along a dim by an index tensor. Elements are
-// moved as 32-bit words; CONVERT converts between the f32 and i32 representations for `copy`.
+// moved as 32-bit words (16-byte words by `copy4` when contiguous); CONVERT converts between the f32 and i32 representations for `copy`.
 
 struct Params {
     n: u32,
@@ -35,6 +35,8 @@ override IDX_INT: bool = true;
 @group(0) @binding(1) var<storage, read> syms: array<i32>;
 @group(0) @binding(2) var<storage, read_write> y: array<u32>;
 @group(0) @binding(3) var<storage, read> x: array<u32>;
+@group(0) @binding(2) var<storage, read_write> y4: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> idx: array<u32>;
 
 fn at(v: array<vec4<u32>, 2>, d: u32) -> u32 {
@@ -77,6 +79,17 @@ fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         src += u32(clamp(v, 0, p.dyn_n)) * p.dyn_stride;
     }
     y[dst] = convert(x[src]);
+}
+
+// A contiguous copy of p.n 16-byte words from x4[src_base] to y4[dst_base]: the streaming case
+// of `gather` (copy, reshape into new storage), and the device's bandwidth yardstick.
+@compute @workgroup_size(WG)
+fn copy4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.x + wg.y * nwg.x) * WG + lid;
+    if i < p.n {
+        y4[p.dst_base + i] = x4[p.src_base + i];
+    }
 }
 
 @compute @workgroup_size(WG)

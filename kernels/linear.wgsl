@@ -3,13 +3,12 @@
 // (src/gpu/memory.rs); each chunk is one dispatch writing output columns [n0, n0 + n).
 //   act_quant  per-row dynamic int8 quantize-dequantize of x into a scratch buffer (8da4w), by
 //              torchao's or XNNPACK's rounding (XNN_ROUNDING), as the CPU reference does.
-//   matvec_q   few rows of x (decode): a workgroup per 8 outputs, reading packed u32 words and
-//              vec4 activations; needs K % 8 == 0 (4-bit) or K % 4 == 0 (8-bit), which groups
-//              of a multiple of 8 guarantee.
-//   matvec_q_wide  the same reading 16-byte weight quads, for more bytes in flight per
-//              invocation; needs a quad inside one group (group % 32 for 4-bit, % 16 for 8-bit).
-//              The host picks it for 8-bit weights, where it measured faster.
-//   matvec_f32 the same for f32 weights, coalesced scalar reads, any K.
+//   matvec     few rows of x (decode): teams of invocations own 4 rows each and read 16-byte
+//              weight quads (needs a quad inside one group: group % 32 for 4-bit, % 16 for
+//              8-bit, K % 4 for f32); team sums by subgroup shuffles or shared memory.
+//   matvec_q   the same for smaller groups: 8 rows per workgroup, single packed words; needs
+//              K % 8 == 0 (4-bit) or K % 4 == 0 (8-bit).
+//   matvec_f32 f32 weights of any K, coalesced scalar reads.
 //   tiled      many rows (prefill): 64x64 output tiles, 16-deep K slices in shared memory.
 
 struct Params {
@@ -37,8 +36,11 @@ override WG: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> yu: array<u32>;
 @group(0) @binding(3) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> x4: array<vec4<f32>>;
+// x as raw words: f32, or from act_quant_packed int8 words, then (s, zp) per row.
+@group(0) @binding(3) var<storage, read> xu4: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> w4: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
@@ -47,18 +49,66 @@ override WG: u32 = 256u;
 
 // ---- act_quant: one workgroup per row of x; writes y = quant_dequant(x) (same shape). ----
 
+// a / b correctly rounded (to nearest, ties to even), as the CPU reference divides: WGSL's
+// division may be off by ulps (it is on NVIDIA), which moves values sitting on rounding ties, and
+// fma is not fused everywhere (lavapipe), so a residual step cannot fix it. Long division of the
+// 24-bit significands in integers; zeros, subnormals, infinities and NaN take plain division.
+fn div_rn(a: f32, b: f32) -> f32 {
+    let ua = bitcast<u32>(a);
+    let ub = bitcast<u32>(b);
+    let ea = (ua >> 23u) & 0xffu;
+    let eb = (ub >> 23u) & 0xffu;
+    if ea == 0u || eb == 0u || ea == 255u || eb == 255u {
+        return a / b;
+    }
+    let ma = (ua & 0x7fffffu) | 0x800000u;
+    let mb = (ub & 0x7fffffu) | 0x800000u;
+    var e = i32(ea) - i32(eb) + 127;
+    var rem = ma;
+    if rem < mb {
+        rem = rem << 1u;
+        e -= 1;
+    }
+    // 24 quotient bits and a guard bit; what is left decides ties.
+    var q = 0u;
+    for (var i = 0u; i < 25u; i++) {
+        q = q << 1u;
+        if rem >= mb {
+            rem -= mb;
+            q |= 1u;
+        }
+        rem = rem << 1u;
+    }
+    let guard = q & 1u;
+    q = q >> 1u;
+    if guard == 1u && (rem != 0u || (q & 1u) == 1u) {
+        q += 1u;
+    }
+    if q == 0x1000000u {
+        q = q >> 1u;
+        e += 1;
+    }
+    if e <= 0 || e >= 255 {
+        return a / b;
+    }
+    return bitcast<f32>(((ua ^ ub) & 0x80000000u) | (u32(e) << 23u) | (q & 0x7fffffu));
+}
+
 var<workgroup> red_lo: array<f32, WG>;
 var<workgroup> red_hi: array<f32, WG>;
 
-@compute @workgroup_size(WG)
-fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) t: u32) {
-    let row = wg.x + wg.y * nwg.x;
-    if row >= p.m {
-        return;
-    }
+// The row's quantization: x ≈ s · (q - zp) with q an integer in [-128, 127].
+struct RowQuant {
+    // torchao: 1 / scale is not used; XNNPACK: mul = 255 / range.
+    mul: f32,
+    s: f32,
+    zp: f32,
+}
+
+// Range of row `row` of x (always including 0, as both rules do) → its quantization parameters.
+// Every invocation of the workgroup must call it (barriers).
+fn row_quant(row: u32, t: u32) -> RowQuant {
     let base = row * p.k;
-    // The range always includes 0, as torchao's does.
     var lo = 0.0;
     var hi = 0.0;
     for (var j = t; j < p.k; j += WG) {
@@ -82,7 +132,7 @@ fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         // range it represents with less error; ties round differently from torchao's divide.
         var mul = 1.0;
         if lo_all != hi_all {
-            mul = 255.0 / (hi_all - lo_all);
+            mul = div_rn(255.0, hi_all - lo_all);
         }
         let lo_m = lo_all * mul;
         let hi_m = hi_all * mul;
@@ -90,18 +140,71 @@ fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         if (-128.0 + lo_m) + (127.0 + hi_m) > 0.0 {
             zp = -128.0 - lo_m;
         }
-        zp = round(clamp(zp, -128.0, 127.0));
-        let inv = 1.0 / mul;
-        for (var j = t; j < p.k; j += WG) {
-            y[base + j] = round(clamp(x[base + j] * mul, -128.0 - zp, 127.0 - zp)) * inv;
-        }
+        return RowQuant(mul, div_rn(1.0, mul), round(clamp(zp, -128.0, 127.0)));
+    }
+    let scale = max(div_rn(hi_all - lo_all, 255.0), 1.1920929e-7);
+    return RowQuant(0.0, scale, clamp(-128.0 - round(div_rn(lo_all, scale)), -128.0, 127.0));
+}
+
+// q of one element (an integer-valued float in [-128, 127]).
+fn quantize(v: f32, r: RowQuant) -> f32 {
+    if XNN_ROUNDING {
+        return round(clamp(v * r.mul, -128.0 - r.zp, 127.0 - r.zp)) + r.zp;
+    }
+    // Only a quotient near a rounding tie needs the exact (slow) division.
+    var d = v / r.s;
+    if abs(abs(fract(d)) - 0.5) < 1e-3 {
+        d = div_rn(v, r.s);
+    }
+    return clamp(round(d) + r.zp, -128.0, 127.0);
+}
+
+// One workgroup per row of x; writes y = s · (q - zp) (same shape as x), for the tiled kernel.
+@compute @workgroup_size(WG)
+fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) t: u32) {
+    let row = wg.x + wg.y * nwg.x;
+    if row >= p.m {
         return;
     }
-    let scale = max((hi_all - lo_all) / 255.0, 1.1920929e-7);
-    let zp = clamp(-128.0 - round(lo_all / scale), -128.0, 127.0);
+    let r = row_quant(row, t);
+    let base = row * p.k;
     for (var j = t; j < p.k; j += WG) {
-        let q = clamp(round(x[base + j] / scale) + zp, -128.0, 127.0);
-        y[base + j] = (q - zp) * scale;
+        y[base + j] = (quantize(x[base + j], r) - r.zp) * r.s;
+    }
+}
+
+// The same, packed for `matvec` with INT_X: row `row`'s q as K / 4 words of signed bytes, then
+// after all M rows, (s, zp) per row as two f32 words. For 4-bit weights (KIND 1) each 8
+// elements are stored as (0, 2, 4, 6), (1, 3, 5, 7): the order of a weight word's low and high
+// nibbles once masked with 0x0f0f0f0f.
+@compute @workgroup_size(WG)
+fn act_quant_packed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) t: u32) {
+    let row = wg.x + wg.y * nwg.x;
+    if row >= p.m {
+        return;
+    }
+    let r = row_quant(row, t);
+    let base = row * p.k;
+    let words = p.k / 4u;
+    for (var i = t; i < words; i += WG) {
+        var first = base + i * 4u;
+        var step = 1u;
+        if KIND == 1u {
+            first = base + (i / 2u) * 8u + (i % 2u);
+            step = 2u;
+        }
+        var word = 0u;
+        for (var j = 0u; j < 4u; j++) {
+            let q = i32(quantize(x[first + j * step], r));
+            word |= (u32(q) & 0xffu) << (8u * j);
+        }
+        yu[row * words + i] = word;
+    }
+    if t == 0u {
+        yu[p.m * words + 2u * row] = bitcast<u32>(r.s);
+        yu[p.m * words + 2u * row + 1u] = bitcast<u32>(r.zp);
     }
 }
 
@@ -218,63 +321,198 @@ fn matvec_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     reduce_and_store(t, rows, row0, m, acc_lo, acc_hi);
 }
 
-// One row's share of a 16-byte weight quad (32 nibbles or 16 bytes, all in one group).
-fn row_dot4(row: u32, quads: u32, i: u32, xrow: u32) -> f32 {
+// ---- matvec: the decode path ----
+// A team of TEAM consecutive invocations owns 4 rows; each invocation walks the rows' 16-byte
+// weight quads (32 nibbles, 16 bytes or 4 floats, all in one group) TEAM apart, so one load of x
+// serves 4 rows and a team reads its rows contiguously. Teams are as wide as it takes to keep
+// enough loads in flight: a few hundred rows of a long K need whole workgroups per row.
+// Nibbles become floats by the exponent trick (or-ing 0x4B000000 makes 2^23 + n, exact):
+// integer-to-float conversion runs at a fraction of the FMA rate on most GPUs.
+// Needs K % (elements per quad) == 0 and, quantized, GROUP % (elements per quad) == 0.
+override TEAM: u32 = 16u;
+// Lanes summed by subgroup shuffles (a power of two up to the subgroup size; 1: none), the
+// rest of the team through shared memory.
+override SG_LANES: u32 = 1u;
+// x comes from act_quant_packed: integer dot products of int8 activations with the raw 4/8-bit
+// weights (dot4I8Packed, DP4A where the GPU has it) replace the per-element dequantization:
+// Σ x·w over a group = s · (sc · (Σ q·n - zp Σ n) + b · (Σ q - zp · G)).
+override INT_X: bool = false;
+
+var<workgroup> red4: array<vec4<f32>, WG>;
+
+fn team_sum(v: vec4<f32>, t: u32, lane: u32) -> vec4<f32> {
+    var s = v;
+    // #if subgroups
+    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
+        s += subgroupShuffleXor(s, d);
+    }
+    // #endif
+    if SG_LANES >= TEAM {
+        return s;
+    }
+    // Every lane of a run of SG_LANES now holds its run's sum: add the runs' first lanes.
+    red4[t] = s;
+    workgroupBarrier();
+    for (var d = TEAM / 2u; d >= max(SG_LANES, 1u); d = d / 2u) {
+        if lane < d {
+            red4[t] += red4[t + d];
+        }
+        workgroupBarrier();
+    }
+    return red4[t - lane];
+}
+
+const MAGIC = 0x4B000000u;
+const MAGIC_F = 8388608.0;
+
+// The 8 nibbles of a word as floats, low nibble first, split into two vec4.
+fn nib_lo(word: u32) -> vec4<f32> {
+    let v = (vec4<u32>(word) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(0xfu);
+    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC)) - vec4<f32>(MAGIC_F);
+}
+fn nib_hi(word: u32) -> vec4<f32> {
+    let v = (vec4<u32>(word) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(0xfu);
+    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC)) - vec4<f32>(MAGIC_F);
+}
+// Signed bytes: 2^23 + 128 + b, then less both.
+fn sbytes(word: u32) -> vec4<f32> {
+    let v = ((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu)) ^ vec4<u32>(0x80u);
+    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC)) - vec4<f32>(MAGIC_F + 128.0);
+}
+
+// One row's share of quad i: x is the quad's activations (8, 4 or 1 vec4 used), sx their sum.
+fn quad_dot(row: u32, quads: u32, i: u32, xs: array<vec4<f32>, 8>, sx: f32) -> f32 {
     let q = w4[row * quads + i];
+    if KIND == 0u {
+        return dot(xs[0], bitcast<vec4<f32>>(q));
+    }
     var dq: f32;
-    var sx: f32;
-    // Unrolled by hand: indexing the quad's components in a loop defeats register allocation.
     if KIND == 1u {
-        let x0 = xrow + i * 8u;
-        let a0 = x4[x0];
-        let b0 = x4[x0 + 1u];
-        let a1 = x4[x0 + 2u];
-        let b1 = x4[x0 + 3u];
-        let a2 = x4[x0 + 4u];
-        let b2 = x4[x0 + 5u];
-        let a3 = x4[x0 + 6u];
-        let b3 = x4[x0 + 7u];
-        dq = dot(a0, nibbles(q.x, 0u)) + dot(b0, nibbles(q.x, 16u)) + dot(a1, nibbles(q.y, 0u))
-            + dot(b1, nibbles(q.y, 16u)) + dot(a2, nibbles(q.z, 0u)) + dot(b2, nibbles(q.z, 16u))
-            + dot(a3, nibbles(q.w, 0u)) + dot(b3, nibbles(q.w, 16u));
-        sx = dot(a0 + b0 + a1 + b1 + a2 + b2 + a3 + b3, vec4<f32>(1.0));
+        dq = dot(xs[0], nib_lo(q.x)) + dot(xs[1], nib_hi(q.x)) + dot(xs[2], nib_lo(q.y))
+            + dot(xs[3], nib_hi(q.y)) + dot(xs[4], nib_lo(q.z)) + dot(xs[5], nib_hi(q.z))
+            + dot(xs[6], nib_lo(q.w)) + dot(xs[7], nib_hi(q.w));
     } else {
-        let x0 = xrow + i * 4u;
-        let a0 = x4[x0];
-        let a1 = x4[x0 + 1u];
-        let a2 = x4[x0 + 2u];
-        let a3 = x4[x0 + 3u];
-        dq = dot(a0, signed_bytes(q.x)) + dot(a1, signed_bytes(q.y)) + dot(a2, signed_bytes(q.z))
-            + dot(a3, signed_bytes(q.w));
-        sx = dot(a0 + a1 + a2 + a3, vec4<f32>(1.0));
+        dq = dot(xs[0], sbytes(q.x)) + dot(xs[1], sbytes(q.y)) + dot(xs[2], sbytes(q.z))
+            + dot(xs[3], sbytes(q.w));
     }
     let per_quad = select(16u, 32u, KIND == 1u);
     let g = row * p.groups + i * per_quad / GROUP;
     return scales[g] * dq + biases[g] * sx;
 }
 
-@compute @workgroup_size(WG)
-fn matvec_q_wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) t: u32) {
-    let row0 = (wg.x + wg.y * nwg.x) * ROWS;
-    let m = wg.z;
-    let quads = p.k / select(16u, 32u, KIND == 1u);
-    let xrow = m * p.k / 4u;
-    let rows = min(ROWS, p.n - min(row0, p.n));
-    let last = p.n - 1u;
-    var acc_lo = vec4<f32>(0.0);
-    var acc_hi = vec4<f32>(0.0);
-    for (var i = t; i < quads; i += WG) {
-        acc_lo += vec4<f32>(row_dot4(min(row0, last), quads, i, xrow),
-                            row_dot4(min(row0 + 1u, last), quads, i, xrow),
-                            row_dot4(min(row0 + 2u, last), quads, i, xrow),
-                            row_dot4(min(row0 + 3u, last), quads, i, xrow));
-        acc_hi += vec4<f32>(row_dot4(min(row0 + 4u, last), quads, i, xrow),
-                            row_dot4(min(row0 + 5u, last), quads, i, xrow),
-                            row_dot4(min(row0 + 6u, last), quads, i, xrow),
-                            row_dot4(min(row0 + 7u, last), quads, i, xrow));
+// The row of x's zero point and scale (INT_X), read before the loop.
+var<private> zp_x: f32;
+var<private> s_x: f32;
+
+// One row's share of quad i against int8 activations (without the row's scale s_x).
+fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) -> f32 {
+    let q = w4[row * quads + i];
+    var sqn: i32;
+    var sn: i32;
+    var elems: f32;
+    if KIND == 1u {
+        let m4 = 0x0f0f0f0fu;
+        let l0 = q.x & m4;
+        let h0 = (q.x >> 4u) & m4;
+        let l1 = q.y & m4;
+        let h1 = (q.y >> 4u) & m4;
+        let l2 = q.z & m4;
+        let h2 = (q.z >> 4u) & m4;
+        let l3 = q.w & m4;
+        let h3 = (q.w >> 4u) & m4;
+        sqn = dot4I8Packed(l0, xa.x) + dot4I8Packed(h0, xa.y) + dot4I8Packed(l1, xa.z)
+            + dot4I8Packed(h1, xa.w) + dot4I8Packed(l2, xb.x) + dot4I8Packed(h2, xb.y)
+            + dot4I8Packed(l3, xb.z) + dot4I8Packed(h3, xb.w);
+        // Byte lanes of the sum stay below 8 · 15 = 120: no carries between them.
+        sn = i32(dot4U8Packed(l0 + h0 + l1 + h1 + l2 + h2 + l3 + h3, 0x01010101u));
+        elems = 32.0;
+    } else {
+        sqn = dot4I8Packed(q.x, xa.x) + dot4I8Packed(q.y, xa.y) + dot4I8Packed(q.z, xa.z)
+            + dot4I8Packed(q.w, xa.w);
+        let ones = 0x01010101u;
+        sn = dot4I8Packed(q.x, ones) + dot4I8Packed(q.y, ones) + dot4I8Packed(q.z, ones)
+            + dot4I8Packed(q.w, ones);
+        elems = 16.0;
     }
-    reduce_and_store(t, rows, row0, m, acc_lo, acc_hi);
+    let per_quad = select(16u, 32u, KIND == 1u);
+    let g = row * p.groups + i * per_quad / GROUP;
+    return scales[g] * (f32(sqn) - zp_x * f32(sn)) + biases[g] * (sq - zp_x * elems);
+}
+
+@compute @workgroup_size(WG)
+fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) t: u32) {
+    let lane = t % TEAM;
+    let row0 = ((wg.x + wg.y * nwg.x) * (WG / TEAM) + t / TEAM) * 4u;
+    let m = wg.z;
+    // x vec4s per quad: 8 (4-bit), 4 (8-bit), 1 (f32).
+    let xq = select(select(1u, 4u, KIND == 2u), 8u, KIND == 1u);
+    let quads = p.k / (xq * 4u);
+    let xrow = m * p.k / 4u;
+    // Rows past the chunk repeat its last row (no branch in the loop); only valid rows are
+    // written. Teams past the end still take part in the reduction's barriers.
+    let last = p.n - 1u;
+    let r0 = min(row0, last);
+    let r1 = min(row0 + 1u, last);
+    let r2 = min(row0 + 2u, last);
+    let r3 = min(row0 + 3u, last);
+    var acc = vec4<f32>(0.0);
+    if INT_X {
+        // 16 x bytes per vec4 word: 2 words per 4-bit quad, 1 per 8-bit quad.
+        let xw = select(1u, 2u, KIND == 1u);
+        let xrow16 = m * p.k / 16u;
+        let pr = p.m * p.k / 4u + 2u * m;
+        zp_x = bitcast<f32>(xu4[(pr + 1u) / 4u][(pr + 1u) % 4u]);
+        s_x = bitcast<f32>(xu4[pr / 4u][pr % 4u]);
+        for (var i = lane; i < quads; i += TEAM) {
+            let xa = xu4[xrow16 + i * xw];
+            var xb = vec4<u32>(0u);
+            if KIND == 1u {
+                xb = xu4[xrow16 + i * xw + 1u];
+            }
+            let ones = 0x01010101u;
+            let sq = f32(dot4I8Packed(xa.x, ones) + dot4I8Packed(xa.y, ones)
+                + dot4I8Packed(xa.z, ones) + dot4I8Packed(xa.w, ones)
+                + dot4I8Packed(xb.x, ones) + dot4I8Packed(xb.y, ones)
+                + dot4I8Packed(xb.z, ones) + dot4I8Packed(xb.w, ones));
+            acc += vec4<f32>(int_dot(r0, quads, i, xa, xb, sq), int_dot(r1, quads, i, xa, xb, sq),
+                             int_dot(r2, quads, i, xa, xb, sq), int_dot(r3, quads, i, xa, xb, sq));
+        }
+    }
+    for (var i = lane; i < quads && !INT_X; i += TEAM) {
+        var xs: array<vec4<f32>, 8>;
+        let x0 = xrow + i * xq;
+        xs[0] = bitcast<vec4<f32>>(xu4[x0]);
+        var sum4 = xs[0];
+        if KIND != 0u {
+            xs[1] = bitcast<vec4<f32>>(xu4[x0 + 1u]);
+            xs[2] = bitcast<vec4<f32>>(xu4[x0 + 2u]);
+            xs[3] = bitcast<vec4<f32>>(xu4[x0 + 3u]);
+            sum4 += xs[1] + xs[2] + xs[3];
+        }
+        if KIND == 1u {
+            xs[4] = bitcast<vec4<f32>>(xu4[x0 + 4u]);
+            xs[5] = bitcast<vec4<f32>>(xu4[x0 + 5u]);
+            xs[6] = bitcast<vec4<f32>>(xu4[x0 + 6u]);
+            xs[7] = bitcast<vec4<f32>>(xu4[x0 + 7u]);
+            sum4 += xs[4] + xs[5] + xs[6] + xs[7];
+        }
+        let sx = dot(sum4, vec4<f32>(1.0));
+        acc += vec4<f32>(quad_dot(r0, quads, i, xs, sx), quad_dot(r1, quads, i, xs, sx),
+                         quad_dot(r2, quads, i, xs, sx), quad_dot(r3, quads, i, xs, sx));
+    }
+    let s = team_sum(acc, t, lane);
+    let row = row0 + lane;
+    if lane < 4u && row < p.n {
+        var v = s[lane];
+        if INT_X {
+            v *= s_x;
+        }
+        if HAS_BIAS {
+            v += bias[p.n0 + row];
+        }
+        y[m * p.ldy + p.n0 + row] = v;
+    }
 }
 
 @compute @workgroup_size(TPR, RPW)

@@ -27,6 +27,9 @@ enum Command {
     Chat(cli::chat::Args),
     /// Answer one prompt (wrapped in the model's chat template) and print only the reply.
     Generate(cli::generate::Args),
+    /// Benchmark a program (prefill, decode, memory, per-op GPU time) or, with --kernels, the
+    /// decode mat-vec kernels against the device's streaming bandwidth.
+    Bench(cli::bench::Args),
 }
 
 fn main() {
@@ -37,6 +40,7 @@ fn main() {
         Command::Models(a) => cli::models::run(a),
         Command::Chat(a) => cli::chat::run(a),
         Command::Generate(a) => cli::generate::run(a),
+        Command::Bench(a) => cli::bench::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

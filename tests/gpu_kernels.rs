@@ -48,6 +48,27 @@ fn small_binding_ctx() -> Option<Arc<Context>> {
     .clone()
 }
 
+/// A device with subgroup operations left off, so kernels take their shared-memory paths.
+fn no_subgroup_ctx() -> Option<Arc<Context>> {
+    static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        open(ContextOptions {
+            no_subgroups: true,
+            ..Default::default()
+        })
+    })
+    .clone()
+}
+
+/// Both reduction paths: subgroups where the device has them, and shared memory.
+fn check_both(what: &str, t: &T, tol: f32, floor: f32) {
+    for (name, c) in [("", ctx()), (" (no subgroups)", no_subgroup_ctx())] {
+        if let Some(c) = c {
+            check_on(c, &format!("{what}{name}"), t, tol, floor);
+        }
+    }
+}
+
 /// xorshift64*: deterministic, so a failure reproduces.
 struct Rng(u64);
 impl Rng {
@@ -243,7 +264,10 @@ fn context_reports_the_adapter() {
     let a = ctx.adapter();
     assert!(!a.name.is_empty());
     assert!(a.max_storage_binding >= 16 << 20, "{a}");
-    eprintln!("GPU tests run on: {a}");
+    eprintln!(
+        "GPU tests run on: {a}, subgroups {:?}, f16 {}",
+        a.subgroup_sizes, a.shader_f16
+    );
 }
 
 #[test]
@@ -532,7 +556,7 @@ fn linear_graph(
     k: usize,
     n: usize,
     bias: bool,
-    act_quant: bool,
+    act_quant: pteria::ir::ActQuant,
 ) -> T {
     let mut t = T::default();
     let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
@@ -544,11 +568,7 @@ fn linear_graph(
     let y = t.op(
         OpKind::Linear {
             weight: w,
-            act_quant: if act_quant {
-                pteria::ir::ActQuant::Torchao
-            } else {
-                pteria::ir::ActQuant::None
-            },
+            act_quant,
             has_bias: bias,
         },
         ins,
@@ -581,11 +601,22 @@ fn linear_variants_match_cpu() {
         (Weight::Q4 { group: 32 }, 1, 256, 100, false, true),
         (Weight::Q4 { group: 32 }, 17, 128, 33, true, true),
         (Weight::Q8 { group: 32 }, 4, 64, 31, false, true),
+        // Dynamic int8 activations on the decode path: integer dot products (both roundings).
+        (Weight::Q4 { group: 128 }, 1, 1536, 77, true, true),
+        (Weight::Q4 { group: 64 }, 3, 640, 45, false, true),
+        (Weight::Q8 { group: 16 }, 2, 48, 19, true, true),
+        (Weight::Q8 { group: 128 }, 1, 1536, 70, false, true),
+        (Weight::Q4 { group: 8 }, 2, 40, 19, false, true),
     ];
-    for (w, m, k, n, bias, aq) in cases {
+    for (i, (w, m, k, n, bias, aq)) in cases.into_iter().enumerate() {
+        let aq = match (aq, i % 2) {
+            (false, _) => pteria::ir::ActQuant::None,
+            (true, 0) => pteria::ir::ActQuant::Torchao,
+            (true, _) => pteria::ir::ActQuant::Xnnpack,
+        };
         let t = linear_graph(&mut rng, w, m, k, n, bias, aq);
-        check(
-            &format!("linear {w:?} {m}x{k}->{n} bias={bias} act_quant={aq}"),
+        check_both(
+            &format!("linear {w:?} {m}x{k}->{n} bias={bias} act_quant={aq:?}"),
             &t,
             TOL,
             0.05,
@@ -655,14 +686,20 @@ fn activation_quant_rounds_ties_as_its_reference() {
 #[test]
 fn linear_at_gemma_e2b_sizes_matches_cpu() {
     let mut rng = Rng::new(6);
-    for (w, m) in [
-        (Weight::F32, 1),
-        (Weight::Q4 { group: 32 }, 1),
-        (Weight::Q4 { group: 32 }, 9),
-        (Weight::Q8 { group: 128 }, 1),
+    // Decode (M = 1, 2) picks teams of 16 or 32 lanes here; M = 9 takes the tiled kernel.
+    for (w, m, k, n) in [
+        (Weight::F32, 1, 1536, 6144),
+        (Weight::Q4 { group: 32 }, 1, 1536, 6144),
+        (Weight::Q4 { group: 128 }, 2, 1536, 2048),
+        (Weight::Q4 { group: 128 }, 1, 12288, 1536),
+        (Weight::Q4 { group: 32 }, 9, 1536, 6144),
+        (Weight::Q8 { group: 128 }, 1, 1536, 6144),
+        (Weight::Q8 { group: 32 }, 1, 6144, 1539),
     ] {
-        let t = linear_graph(&mut rng, w, m, 1536, 6144, false, false);
-        check(&format!("linear {w:?} {m}x1536->6144"), &t, TOL, 0.05);
+        let t = linear_graph(&mut rng, w, m, k, n, false, pteria::ir::ActQuant::None);
+        check_both(&format!("linear {w:?} {m}x{k}->{n}"), &t, TOL, 0.05);
+        let t = linear_graph(&mut rng, w, m, k, n, false, pteria::ir::ActQuant::Torchao);
+        check_both(&format!("linear {w:?} {m}x{k}->{n} dq8"), &t, TOL, 0.05);
     }
 }
 
@@ -680,7 +717,7 @@ fn weights_past_the_binding_limit_are_split_by_rows() {
         (Weight::Q4 { group: 32 }, 1, 128, 1500),
         (Weight::Q4 { group: 32 }, 10, 128, 1500),
     ] {
-        let t = linear_graph(&mut rng, w, m, k, n, true, false);
+        let t = linear_graph(&mut rng, w, m, k, n, true, pteria::ir::ActQuant::None);
         check_on(
             ctx.clone(),
             &format!("split linear {w:?} {m}x{k}->{n}"),
@@ -1252,64 +1289,5 @@ fn unsupported_ops_are_listed_together() {
         }
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("integer softmax should be unsupported"),
-    }
-}
-
-/// Decode mat-vec throughput against the device's copy bandwidth. Run on a real GPU with
-/// `cargo test --release --test gpu_kernels -- --ignored --nocapture bench`.
-#[test]
-#[ignore]
-fn bench_decode_matvec_bandwidth() {
-    let Some(ctx) = ctx() else { return };
-    let copy = ctx.copy_bandwidth(256 << 20, 20).unwrap();
-    eprintln!("{}\ncopy: {:.0} GB/s", ctx.adapter(), copy / 1e9);
-    let mut rng = Rng::new(15);
-    let (k, n) = (4096, 14336);
-    for (w, layers) in [
-        (Weight::F32, 6),
-        (Weight::Q8 { group: 128 }, 12),
-        (Weight::Q4 { group: 32 }, 16),
-        (Weight::Q4 { group: 128 }, 16),
-    ] {
-        let mut t = T::default();
-        let x = t.input_f(&[1, k], &rng.floats(k, 1.0));
-        let mut bytes = 0usize;
-        let mut last = x;
-        for _ in 0..layers {
-            let ws = quant_weight(&mut t, &mut rng, w, n, k);
-            bytes += ws
-                .iter()
-                .map(|&t2| t.g.tensors[t2].max_bytes())
-                .sum::<usize>();
-            let mut ins = vec![x];
-            ins.extend(ws);
-            last = t.op(
-                OpKind::Linear {
-                    weight: w,
-                    act_quant: pteria::ir::ActQuant::None,
-                    has_bias: false,
-                },
-                ins,
-                DType::F32,
-                &[1, n],
-            );
-        }
-        t.out(last);
-        let mut gpu = GpuExecutor::new(ctx.clone(), t.g.clone()).unwrap();
-        let vals = values(&t.inputs);
-        gpu.run(&vals).unwrap();
-        let iters = 20;
-        let t0 = std::time::Instant::now();
-        for _ in 0..iters {
-            gpu.run(&vals).unwrap();
-        }
-        let per_call = t0.elapsed().as_secs_f64() / iters as f64;
-        let bw = bytes as f64 / per_call;
-        eprintln!(
-            "linear {w:?} 1x{k}->{n} x{layers}: {:.1} us/layer, {:.0} GB/s = {:.0}% of copy",
-            per_call / layers as f64 * 1e6,
-            bw / 1e9,
-            100.0 * bw / copy
-        );
     }
 }

@@ -26,6 +26,30 @@ fn kernel_source(name: &str) -> Option<&'static str> {
     })
 }
 
+/// A kernel's source for this device. A module that names subgroup builtins fails validation on
+/// a device without the feature, and `override` constants cannot hide them: so the lines between
+/// `// #if subgroups` and `// #endif` are kept only on devices with subgroups (naga 30 wants no
+/// `enable subgroups;`); an `override` still picks the path at run time.
+fn with_subgroups(src: &'static str, subgroups: bool) -> std::borrow::Cow<'static, str> {
+    if !src.contains("// #if subgroups") {
+        return src.into();
+    }
+    let mut out = String::with_capacity(src.len());
+    let mut keep = true;
+    for line in src.lines() {
+        match line.trim() {
+            "// #if subgroups" => keep = subgroups,
+            "// #endif" => keep = true,
+            _ if keep => {
+                out.push_str(line);
+                out.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out.into()
+}
+
 /// How a context is opened.
 #[derive(Debug, Clone, Default)]
 pub struct ContextOptions {
@@ -34,6 +58,9 @@ pub struct ContextOptions {
     pub max_storage_binding: Option<u64>,
     /// Backends to try; `None` means every one wgpu offers here (`WGPU_BACKEND` still applies).
     pub backends: Option<wgpu::Backends>,
+    /// Leave subgroup operations off even where the adapter has them, so that the kernels'
+    /// shared-memory paths run (tests cover both).
+    pub no_subgroups: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -154,8 +181,12 @@ impl Context {
         }
         .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
         let info = adapter.get_info();
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
-        let features = adapter.features() & wanted;
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let mut features = adapter.features() & wanted;
+        if opts.no_subgroups {
+            features.remove(wgpu::Features::SUBGROUP);
+        }
         // Ask for everything the adapter offers: weights want the largest bindings and buffers,
         // kernels up to eight storage bindings.
         let limits = adapter.limits();
@@ -222,6 +253,16 @@ impl Context {
         self.features
     }
 
+    /// The smallest subgroup size, where kernels may use subgroup operations.
+    pub fn subgroup_min(&self) -> Option<u32> {
+        self.summary.subgroup_sizes.map(|(lo, _)| lo)
+    }
+
+    /// Whether GPU timestamps can time passes.
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
     /// The largest storage binding the executor plans with.
     pub fn max_storage_binding(&self) -> u64 {
         self.max_binding
@@ -254,40 +295,6 @@ impl Context {
             None => Ok(v),
             Some(e) => Err(e.to_string()),
         }
-    }
-
-    /// Device-to-device copy bandwidth in bytes per second (read + write counted once each):
-    /// the yardstick for memory-bound kernels such as the decode mat-vec.
-    pub fn copy_bandwidth(&self, bytes: u64, iterations: u32) -> Result<f64, GpuError> {
-        let bytes = bytes.min(self.max_binding).max(4) & !3;
-        let make = || {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("bandwidth"),
-                size: bytes,
-                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        };
-        let (a, b) = self.scoped(|| (make(), make())).map_err(GpuError::Device)?;
-        let run = |n: u32| -> Result<std::time::Duration, GpuError> {
-            let t = std::time::Instant::now();
-            let mut enc = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            for i in 0..n {
-                let (src, dst) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
-                enc.copy_buffer_to_buffer(src, 0, dst, 0, bytes);
-            }
-            self.queue.submit([enc.finish()]);
-            self.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| GpuError::Device(e.to_string()))?;
-            Ok(t.elapsed())
-        };
-        run(2)?;
-        let dt = run(iterations.max(1))?;
-        self.take_errors()?;
-        Ok(2.0 * bytes as f64 * iterations.max(1) as f64 / dt.as_secs_f64())
     }
 
     fn layout(&self, slots: &[Slot]) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
@@ -355,12 +362,13 @@ impl Context {
                 None => {
                     let src =
                         kernel_source(kernel).ok_or_else(|| shader_err("no such kernel".into()))?;
+                    let src = with_subgroups(src, self.features.contains(wgpu::Features::SUBGROUP));
                     let m = self
                         .scoped(|| {
                             self.device
                                 .create_shader_module(wgpu::ShaderModuleDescriptor {
                                     label: Some(kernel),
-                                    source: wgpu::ShaderSource::Wgsl(src.into()),
+                                    source: wgpu::ShaderSource::Wgsl(src),
                                 })
                         })
                         .map_err(shader_err)?;

@@ -31,6 +31,8 @@ const PARAM_BUDGET: u64 = 64 << 20;
 const UPLOAD_PIECE: usize = 64 << 20;
 
 struct Dispatch {
+    /// The graph node it belongs to (for per-op timings).
+    node: usize,
     pipeline: wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
     groups: [u32; 3],
@@ -56,6 +58,26 @@ pub struct ExecutorStats {
     pub replays: usize,
     /// Dispatches in the last call.
     pub last_dispatches: usize,
+}
+
+/// How long the GPU took over a call's dispatches.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplayTiming {
+    /// Seconds per replay of the call's dispatches (inputs, outputs and host work excluded).
+    pub seconds: f64,
+    /// Measured with GPU timestamps (otherwise wall-clock around submit and wait).
+    pub timestamps: bool,
+    /// Dispatches per replay.
+    pub dispatches: usize,
+}
+
+/// GPU time of one graph node's dispatches in one call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTime {
+    pub node: usize,
+    /// The op's `OpKind::label()`.
+    pub op: String,
+    pub seconds: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -421,6 +443,119 @@ impl GpuExecutor {
         Ok(outs)
     }
 
+    /// Runs one call, then times `reps` replays of its dispatches encoded back to back in one
+    /// submit: with GPU timestamps around the pass where the device has them, else by the wall
+    /// clock (which then includes one submit and wait, spread over the replays).
+    pub fn time_replays(
+        &mut self,
+        inputs: &[InputValue],
+        reps: u32,
+    ) -> Result<ReplayTiming, GpuError> {
+        self.run(inputs)?;
+        let reps = reps.max(1);
+        let shapes = infer_shapes(&self.graph, inputs)?.shapes;
+        let rec = self
+            .recordings
+            .get(&shapes)
+            .ok_or_else(|| GpuError::Device("recording missing after a run".into()))?;
+        let ctx = &self.ctx;
+        let stamps = ctx.has_timestamps().then(|| Stamps::new(ctx, 2));
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: stamps.as_ref().map(|s| s.writes(0)),
+            });
+            for _ in 0..reps {
+                for d in &rec.dispatches {
+                    pass.set_pipeline(&d.pipeline);
+                    pass.set_bind_group(0, &d.bind_group, &[]);
+                    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                }
+            }
+        }
+        if let Some(s) = &stamps {
+            s.resolve(&mut enc);
+        }
+        let t0 = std::time::Instant::now();
+        ctx.queue.submit([enc.finish()]);
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let wall = t0.elapsed().as_secs_f64();
+        ctx.take_errors()?;
+        let dispatches = rec.dispatches.len();
+        let seconds = match &stamps {
+            Some(s) => {
+                let t = s.read(ctx)?;
+                t[1].saturating_sub(t[0]) as f64 * ctx.queue.get_timestamp_period() as f64 * 1e-9
+            }
+            None => wall,
+        };
+        Ok(ReplayTiming {
+            seconds: seconds / reps as f64,
+            timestamps: stamps.is_some(),
+            dispatches,
+        })
+    }
+
+    /// Runs one call, then replays it once with every dispatch in its own timed pass and
+    /// returns the GPU time per graph node, in graph order; `None` without GPU timestamps.
+    /// Separate passes add a little per-dispatch overhead: use the shares, not the sum.
+    pub fn profile(&mut self, inputs: &[InputValue]) -> Result<Option<Vec<OpTime>>, GpuError> {
+        if !self.ctx.has_timestamps() {
+            return Ok(None);
+        }
+        self.run(inputs)?;
+        let shapes = infer_shapes(&self.graph, inputs)?.shapes;
+        let rec = self
+            .recordings
+            .get(&shapes)
+            .ok_or_else(|| GpuError::Device("recording missing after a run".into()))?;
+        let ctx = &self.ctx;
+        let period = ctx.queue.get_timestamp_period() as f64 * 1e-9;
+        let mut per_node: Vec<f64> = vec![0.0; self.graph.nodes.len()];
+        // A query set holds at most 4096 timestamps: 2 per dispatch.
+        for chunk in rec.dispatches.chunks(2048) {
+            let stamps = Stamps::new(ctx, 2 * chunk.len() as u32);
+            let mut enc = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            for (i, d) in chunk.iter().enumerate() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: Some(stamps.writes(2 * i as u32)),
+                });
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+            stamps.resolve(&mut enc);
+            ctx.queue.submit([enc.finish()]);
+            let t = stamps.read(ctx)?;
+            for (i, d) in chunk.iter().enumerate() {
+                per_node[d.node] += t[2 * i + 1].saturating_sub(t[2 * i]) as f64 * period;
+            }
+        }
+        ctx.take_errors()?;
+        let mut seen = vec![false; self.graph.nodes.len()];
+        let mut out = Vec::new();
+        for d in &rec.dispatches {
+            if !std::mem::replace(&mut seen[d.node], true) {
+                if let Node::Op(op) = &self.graph.nodes[d.node] {
+                    out.push(OpTime {
+                        node: d.node,
+                        op: op.kind.label(),
+                        seconds: per_node[d.node],
+                    });
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
     fn record(&mut self, plan: &Plan) -> Result<Recording, GpuError> {
         let mut steps: Vec<(usize, Step)> = Vec::new();
         {
@@ -436,6 +571,7 @@ impl GpuExecutor {
                 mem: &self.mem,
                 slot: &slot,
                 max_groups: self.ctx.max_workgroups(),
+                subgroup: self.ctx.subgroup_min(),
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {
                 let Node::Op(op) = node else { continue };
@@ -602,9 +738,79 @@ impl GpuExecutor {
             }
         };
         Ok(Dispatch {
+            node,
             pipeline: pipeline.pipeline,
             bind_group,
             groups: s.groups,
         })
+    }
+}
+
+/// A timestamp query set with its resolve and read-back buffers.
+struct Stamps {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    count: u32,
+}
+
+impl Stamps {
+    fn new(ctx: &Context, count: u32) -> Stamps {
+        let bytes = count as u64 * 8;
+        let buffer = |usage| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamps"),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        Stamps {
+            set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count,
+            }),
+            resolve: buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
+            read: buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+            count,
+        }
+    }
+
+    fn writes(&self, first: u32) -> wgpu::ComputePassTimestampWrites<'_> {
+        wgpu::ComputePassTimestampWrites {
+            query_set: &self.set,
+            beginning_of_pass_write_index: Some(first),
+            end_of_pass_write_index: Some(first + 1),
+        }
+    }
+
+    fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.resolve_query_set(&self.set, 0..self.count, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, self.count as u64 * 8);
+    }
+
+    /// The timestamps, after the submit that resolved them.
+    fn read(&self, ctx: &Context) -> Result<Vec<u64>, GpuError> {
+        let slice = self.read.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            _ => return Err(GpuError::Device("reading timestamps back failed".into())),
+        }
+        let v = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| GpuError::Device(format!("reading timestamps back: {e}")))?;
+            bytemuck::cast_slice::<u8, u64>(&view).to_vec()
+        };
+        self.read.unmap();
+        Ok(v)
     }
 }

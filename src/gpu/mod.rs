@@ -6,13 +6,14 @@
 //! signature and replays it. The CPU executor (`ir::cpu`) is the reference every kernel is tested
 //! against, and the fallback when `Context::new` finds no usable GPU.
 
+pub mod bench;
 mod context;
 mod executor;
 mod memory;
 mod ops;
 
 pub use context::{AdapterSummary, Context, ContextOptions};
-pub use executor::{ExecutorStats, GpuExecutor};
+pub use executor::{ExecutorStats, GpuExecutor, OpTime, ReplayTiming};
 pub use memory::MemoryReport;
 
 #[derive(Debug, thiserror::Error)]

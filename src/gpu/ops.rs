@@ -49,6 +49,8 @@ pub(crate) struct Env<'a> {
     /// Slot of an `Int` in the syms buffer: symbols first, then the graph's literals.
     pub slot: &'a dyn Fn(Int) -> u32,
     pub max_groups: u32,
+    /// The device's smallest subgroup size, where kernels may use subgroup operations.
+    pub subgroup: Option<u32>,
 }
 
 impl Env<'_> {
@@ -360,6 +362,36 @@ fn gather(
     let n: usize = shape.iter().product();
     if n == 0 {
         return Vec::new();
+    }
+    let dense = strides(shape);
+    if dynamic.is_none()
+        && conv == 0
+        && n % 4 == 0
+        && dst_base % 4 == 0
+        && src_strides == dense.as_slice()
+        && dst_strides == dense.as_slice()
+    {
+        let params = P::default()
+            .u(n / 4)
+            .u(0)
+            .u(0)
+            .u(dst_base / 4)
+            .u(0)
+            .i(0)
+            .u(0)
+            .u(0)
+            .arr(&[], 8)
+            .arr(&[], 8)
+            .arr(&[], 8);
+        return vec![step(
+            "layout",
+            "copy4",
+            vec![],
+            params,
+            Res::Tensor(out),
+            vec![Res::Tensor(x)],
+            env.grid((n / 4).div_ceil(WG), 1),
+        )];
     }
     let (slot, dn, ds) = match dynamic {
         Some((v, n, s)) => ((env.slot)(v), n, s),
@@ -856,6 +888,47 @@ fn matvec_aligned(weight: Weight, k: usize) -> bool {
     }
 }
 
+/// `(TEAM, WG)` of the `matvec` kernel for a weight of `n` rows of `k`, or `None` where its
+/// 16-byte quads would straddle a group (or K). A team of lanes shares 4 rows and walks about 4
+/// quads each; workgroups shrink (down to 64 invocations) until there are a few hundred of them,
+/// so small N still spreads over the device. `PTERIA_MATVEC_TUNE=TEAM,WG` overrides both, for
+/// benchmark sweeps.
+fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize)> {
+    let per_quad = match weight {
+        Weight::F32 => 4,
+        Weight::Q4 { group } if group % 32 == 0 => 32,
+        Weight::Q8 { group } if group % 16 == 0 => 16,
+        _ => return None,
+    };
+    if k % per_quad != 0 {
+        return None;
+    }
+    static TUNE: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
+    let tune = TUNE.get_or_init(|| {
+        let v = std::env::var("PTERIA_MATVEC_TUNE").ok()?;
+        let (t, w) = v.split_once(',')?;
+        let (t, w) = (
+            t.trim().parse::<usize>().ok()?,
+            w.trim().parse::<usize>().ok()?,
+        );
+        let ok = t.is_power_of_two() && (4..=256).contains(&t) && w.is_power_of_two();
+        (ok && w >= t && w <= 256).then_some((t, w))
+    });
+    if let Some(t) = *tune {
+        return Some(t);
+    }
+    let quads = k / per_quad;
+    // Widen teams until about 128k invocations share the rows (enough loads in flight to
+    // cover memory latency; a few hundred rows of a long K need teams of 256) and no lane walks
+    // more than 8 quads, but never past the quads a row has. Measured on an H100: 64-wide
+    // workgroups do as well as larger ones for narrow teams.
+    let mut team = 4;
+    while team < 256 && team * 2 <= quads && (n.div_ceil(4) * team < 131072 || quads > 8 * team) {
+        team *= 2;
+    }
+    Some((team, team.max(64)))
+}
+
 /// Outputs per workgroup of `matvec_q` (its `ROWS`).
 const MATVEC_ROWS: usize = 8;
 
@@ -890,12 +963,26 @@ fn linear(
     }
     let mut steps = Vec::new();
     let mut xsrc = Res::Tensor(x);
+    let matvec = m <= MATVEC_MAX_M && matvec_aligned(weight, k);
+    // Dynamic int8 activations meet 4/8-bit weights in integer dot products on the decode path.
+    let int_x = act_quant != crate::ir::ActQuant::None
+        && kind != 0
+        && matvec
+        && quad_matvec(weight, k, nn).is_some();
     if act_quant != crate::ir::ActQuant::None {
         let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
         steps.push(step(
             "linear",
-            "act_quant",
-            vec![("WG", WG as f64), ("XNN_ROUNDING", b(xnn))],
+            if int_x {
+                "act_quant_packed"
+            } else {
+                "act_quant"
+            },
+            vec![
+                ("WG", WG as f64),
+                ("XNN_ROUNDING", b(xnn)),
+                ("KIND", kind as f64),
+            ],
             P::default().u(m).u(0).u(k).u(0).u(0).u(0),
             Res::Scratch(0),
             vec![Res::Tensor(x)],
@@ -909,7 +996,6 @@ fn linear(
     } else {
         Res::Dummy
     };
-    let matvec = m <= MATVEC_MAX_M && matvec_aligned(weight, k);
     let (tpr, rpw) = (32usize, 8usize);
     for c in 0..count {
         let n0 = c * per;
@@ -928,7 +1014,31 @@ fn linear(
             ("GROUP", group as f64),
             ("HAS_BIAS", b(has_bias)),
         ];
-        if matvec && kind == 0 {
+        let quad = if matvec {
+            quad_matvec(weight, k, nc)
+        } else {
+            None
+        };
+        if let Some((team, wg)) = quad {
+            consts.extend([
+                ("TEAM", team as f64),
+                ("WG", wg as f64),
+                ("INT_X", b(int_x)),
+                (
+                    "SG_LANES",
+                    env.subgroup.map_or(1, |s| team.min(s as usize)) as f64,
+                ),
+            ]);
+            steps.push(step(
+                "linear",
+                "matvec",
+                consts,
+                p,
+                Res::Tensor(out),
+                inputs,
+                env.grid(nc.div_ceil(wg / team * 4), m),
+            ));
+        } else if matvec && kind == 0 {
             consts.extend([
                 ("TPR", tpr as f64),
                 ("RPW", rpw as f64),
@@ -944,18 +1054,16 @@ fn linear(
                 env.grid(nc.div_ceil(rpw), m),
             ));
         } else if matvec {
-            // 8-bit weights read 16-byte quads (each inside one group); on an H100 that is 20%
-            // faster for 8-bit and no faster for 4-bit, which keeps single words. Enough
-            // invocations for about 4 words or quads each, 32 to 256.
-            let (per_word, per_quad) = if kind == 1 { (8, 32) } else { (4, 16) };
-            let wide = kind == 2 && k % per_quad == 0 && group % per_quad == 0;
-            let units = if wide { k / per_quad } else { k / per_word };
-            let wg = units.div_ceil(4).next_power_of_two().clamp(32, 256);
+            // Groups smaller than a 16-byte quad: single words, 8 rows per workgroup.
+            let per_word = if kind == 1 { 8 } else { 4 };
+            let wg = (k / per_word)
+                .div_ceil(4)
+                .next_power_of_two()
+                .clamp(32, 256);
             consts.push(("WG", wg as f64));
-            let entry = if wide { "matvec_q_wide" } else { "matvec_q" };
             steps.push(step(
                 "linear",
-                entry,
+                "matvec_q",
                 consts,
                 p,
                 Res::Tensor(out),

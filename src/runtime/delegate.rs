@@ -267,3 +267,82 @@ pub fn executor_for(device: Device) -> Result<(ExecutorFactory, Option<String>),
         },
     }
 }
+
+/// A GPU executor that a benchmark can reach after the method owning it has run: it keeps its
+/// last call's inputs so that call can be replayed under GPU timestamps.
+pub struct ProfiledGpu {
+    exec: crate::gpu::GpuExecutor,
+    last: Vec<OwnedInput>,
+}
+
+enum OwnedInput {
+    Tensor(Vec<usize>, Vec<u8>),
+    Sym(i64),
+}
+
+/// The profiled executors a factory from [`profiled_gpu_executor`] has made, one per delegate.
+pub type ProfiledHandles = Arc<std::sync::Mutex<Vec<Arc<std::sync::Mutex<ProfiledGpu>>>>>;
+
+struct SharedGpu(Arc<std::sync::Mutex<ProfiledGpu>>);
+
+impl IrExecutor for SharedGpu {
+    fn run(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<HostTensor>, String> {
+        let mut p = self
+            .0
+            .lock()
+            .map_err(|_| "GPU executor poisoned".to_string())?;
+        p.last = inputs
+            .iter()
+            .map(|v| match v {
+                ir::InputValue::Tensor { shape, data } => {
+                    OwnedInput::Tensor(shape.clone(), data.to_vec())
+                }
+                ir::InputValue::Sym(s) => OwnedInput::Sym(*s),
+            })
+            .collect();
+        p.exec.run(inputs).map_err(|e| e.to_string())
+    }
+}
+
+impl ProfiledGpu {
+    /// GPU time per graph node of the last call, replayed; `None` without GPU timestamps.
+    pub fn profile_last(&mut self) -> Result<Option<Vec<crate::gpu::OpTime>>, String> {
+        let inputs: Vec<ir::InputValue> = self
+            .last
+            .iter()
+            .map(|v| match v {
+                OwnedInput::Tensor(shape, data) => ir::InputValue::Tensor {
+                    shape: shape.clone(),
+                    data,
+                },
+                OwnedInput::Sym(s) => ir::InputValue::Sym(*s),
+            })
+            .collect();
+        if inputs.is_empty() && !self.exec.graph().inputs.is_empty() {
+            return Ok(None);
+        }
+        self.exec.profile(&inputs).map_err(|e| e.to_string())
+    }
+
+    pub fn memory(&self) -> crate::gpu::MemoryReport {
+        self.exec.memory()
+    }
+}
+
+/// A GPU executor factory whose executors stay reachable through the returned handles.
+pub fn profiled_gpu_executor(ctx: Arc<crate::gpu::Context>) -> (ExecutorFactory, ProfiledHandles) {
+    let handles: ProfiledHandles = Arc::default();
+    let made = handles.clone();
+    let factory: ExecutorFactory = Arc::new(move |g| {
+        let exec = crate::gpu::GpuExecutor::new(ctx.clone(), g).map_err(|e| e.to_string())?;
+        let p = Arc::new(std::sync::Mutex::new(ProfiledGpu {
+            exec,
+            last: Vec::new(),
+        }));
+        made.lock()
+            .map_err(|_| "executor list poisoned".to_string())?
+            .push(p.clone());
+        Ok(Box::new(SharedGpu(p)) as Box<dyn IrExecutor>)
+    });
+    (factory, handles)
+}

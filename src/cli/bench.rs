@@ -1,0 +1,322 @@
+//! `pteria bench --kernels`: the decode mat-vec table at Gemma 4 E2B shapes against the device's
+//! streaming bandwidth. `pteria bench FILE.pte`: prefill and decode speed of a program.
+
+use anyhow::{bail, Result};
+use pteria::gpu::bench::{kernel_bench, KernelBenchOptions, MatVecResult};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The program to benchmark (not with --kernels).
+    file: Option<PathBuf>,
+    /// Benchmark the decode mat-vec kernels instead of a program.
+    #[arg(long)]
+    kernels: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Kernels: weight MiB each case chains through (keep it well past the GPU's caches).
+    #[arg(long, default_value_t = 256)]
+    mib: u64,
+    /// Kernels: only these K→N shapes, e.g. `1536x6144,12288x1536`.
+    #[arg(long, value_delimiter = ',')]
+    shapes: Vec<String>,
+    /// Kernels: only these weight formats: f32, q8g128, q4g128, q4g128dq8, q4g32.
+    #[arg(long, value_delimiter = ',')]
+    weights: Vec<String>,
+    /// Kernels: leave subgroup operations off (the shared-memory reduction paths).
+    #[arg(long)]
+    no_subgroups: bool,
+    /// Program: prompt tokens in the prefill call.
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    /// Program: decode steps after the prompt.
+    #[arg(long, default_value_t = 32)]
+    decode: usize,
+    /// Program: auto | cpu | gpu
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Program: method to run (takes tokens [1, T] and positions).
+    #[arg(long, default_value = "forward")]
+    method: String,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.kernels {
+        return kernels(&a);
+    }
+    let Some(file) = &a.file else {
+        bail!("give a program to benchmark, or --kernels");
+    };
+    program(&a, file)
+}
+
+/// Peak resident host memory of this process (Linux `VmHWM`), in bytes.
+fn peak_host_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[derive(serde::Serialize)]
+struct OpShare {
+    op: String,
+    calls: usize,
+    us: f64,
+    pct: f64,
+}
+
+#[derive(serde::Serialize)]
+struct ProgramReport {
+    file: String,
+    device: String,
+    load_s: f64,
+    prompt_len: usize,
+    decode_steps: usize,
+    /// The first prefill call, pipelines and recordings made on the way.
+    ttft_cold_ms: f64,
+    /// A prefill of the same length once recorded: time to first token.
+    ttft_ms: f64,
+    prefill_tok_per_s: f64,
+    /// The first decode step (records the decode call).
+    decode_first_ms: f64,
+    decode_ms: f64,
+    decode_tok_per_s: f64,
+    /// GPU memory the delegates' executors hold (weights, KV caches, activations).
+    gpu_bytes: Option<u64>,
+    peak_host_bytes: Option<u64>,
+    /// GPU time of one decode step by op, from timestamps (summed over delegates).
+    decode_gpu_us: Option<f64>,
+    decode_ops: Vec<OpShare>,
+}
+
+fn program(a: &Args, file: &std::path::Path) -> Result<()> {
+    use pteria::runtime::delegate::{self, Device};
+    use pteria::runtime::{HostTensor, Method};
+    use std::time::Instant;
+    let device: Device = a.device.parse().map_err(anyhow::Error::msg)?;
+    let gpu_ctx = match device {
+        Device::Cpu => None,
+        Device::Gpu => Some(pteria::gpu::Context::new()?),
+        Device::Auto => pteria::gpu::Context::new()
+            .ok()
+            .filter(|c| c.adapter().device_type != "cpu"),
+    };
+    let (make, handles, device_name) = match gpu_ctx {
+        Some(ctx) => {
+            let name = ctx.adapter().to_string();
+            let (f, h) = delegate::profiled_gpu_executor(Arc::new(ctx));
+            (f, Some(h), name)
+        }
+        None => (delegate::cpu_executor(), None, "cpu".to_string()),
+    };
+    let t0 = Instant::now();
+    let program = pteria::pte::Program::open(file, &[])?;
+    let backends = pteria::frontend::backends(make);
+    let mut method = Method::load(&program, &a.method, &backends)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let specs = method.input_specs();
+    if specs.len() != 2 {
+        bail!(
+            "method `{}` takes {} inputs; a benchmark needs (tokens [1, T], positions)",
+            a.method,
+            specs.len()
+        );
+    }
+    let max_t = specs[0].1.last().copied().unwrap_or(1);
+    let pos_is_start = specs[1].1.iter().product::<usize>() == 1 && max_t > 1;
+    if a.prompt_len == 0 || a.prompt_len > max_t {
+        bail!("--prompt-len must be 1..={max_t} for this method");
+    }
+    let mut call = |tokens: &[i64], pos: i64| -> Result<f64> {
+        let positions: Vec<i64> = if pos_is_start {
+            vec![pos]
+        } else {
+            (pos..pos + tokens.len() as i64).collect()
+        };
+        let tok = HostTensor::from_i64(&[1, tokens.len()], tokens).cast(specs[0].0);
+        let p = HostTensor::from_i64(&[positions.len()], &positions).cast(specs[1].0);
+        let t = Instant::now();
+        method.execute(&[tok, p])?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    // Token ids well inside any vocabulary; speed does not depend on them.
+    let prompt: Vec<i64> = (0..a.prompt_len as i64).map(|i| 2 + i % 100).collect();
+    let cold = call(&prompt, 0)?;
+    let ttft = call(&prompt, 0)?;
+    let mut first = 0.0;
+    let mut decode_total = 0.0;
+    for i in 0..a.decode {
+        let dt = call(&[7], (a.prompt_len + i) as i64)?;
+        if i == 0 {
+            first = dt;
+        } else {
+            decode_total += dt;
+        }
+    }
+    let timed = a.decode.saturating_sub(1).max(1) as f64;
+    let decode_ms = if a.decode > 1 {
+        decode_total / timed * 1e3
+    } else {
+        first * 1e3
+    };
+    let mut ops: Vec<OpShare> = Vec::new();
+    let mut gpu_bytes = None;
+    let mut decode_gpu = None;
+    if let Some(h) = &handles {
+        let list = h
+            .lock()
+            .map_err(|_| anyhow::anyhow!("executor list poisoned"))?;
+        let mut total_mem = 0;
+        let mut total_t = 0.0;
+        let mut any = false;
+        for e in list.iter() {
+            let mut e = e.lock().map_err(|_| anyhow::anyhow!("executor poisoned"))?;
+            total_mem += e.memory().total();
+            if a.decode == 0 {
+                continue;
+            }
+            if let Some(times) = e.profile_last().map_err(anyhow::Error::msg)? {
+                any = true;
+                for t in times {
+                    total_t += t.seconds;
+                    match ops.iter_mut().find(|o| o.op == t.op) {
+                        Some(o) => {
+                            o.calls += 1;
+                            o.us += t.seconds * 1e6;
+                        }
+                        None => ops.push(OpShare {
+                            op: t.op,
+                            calls: 1,
+                            us: t.seconds * 1e6,
+                            pct: 0.0,
+                        }),
+                    }
+                }
+            }
+        }
+        gpu_bytes = Some(total_mem);
+        if any {
+            decode_gpu = Some(total_t * 1e6);
+            ops.iter_mut()
+                .for_each(|o| o.pct = 100.0 * o.us / (total_t * 1e6).max(1e-9));
+            ops.sort_by(|x, y| y.us.total_cmp(&x.us));
+        }
+    }
+    let report = ProgramReport {
+        file: file.display().to_string(),
+        device: device_name,
+        load_s,
+        prompt_len: a.prompt_len,
+        decode_steps: a.decode,
+        ttft_cold_ms: cold * 1e3,
+        ttft_ms: ttft * 1e3,
+        prefill_tok_per_s: a.prompt_len as f64 / ttft,
+        decode_first_ms: first * 1e3,
+        decode_ms,
+        decode_tok_per_s: if a.decode > 0 { 1e3 / decode_ms } else { 0.0 },
+        gpu_bytes,
+        peak_host_bytes: peak_host_bytes(),
+        decode_gpu_us: decode_gpu,
+        decode_ops: ops,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    let mib = |b: Option<u64>| {
+        b.map_or("-".to_string(), |b| {
+            format!("{:.1} MiB", b as f64 / 1048576.0)
+        })
+    };
+    println!("{} on {}", report.file, report.device);
+    println!("load {:.2} s", report.load_s);
+    println!(
+        "prefill {} tokens: TTFT {:.2} ms ({:.2} ms cold), {:.1} tok/s",
+        report.prompt_len, report.ttft_ms, report.ttft_cold_ms, report.prefill_tok_per_s
+    );
+    println!(
+        "decode {} steps: {:.3} ms/token ({:.3} ms first), {:.1} tok/s",
+        report.decode_steps, report.decode_ms, report.decode_first_ms, report.decode_tok_per_s
+    );
+    println!(
+        "memory: GPU {}, peak host {}",
+        mib(report.gpu_bytes),
+        mib(report.peak_host_bytes)
+    );
+    if let Some(us) = report.decode_gpu_us {
+        println!("decode step GPU time by op (timestamps, one pass per dispatch): {us:.1} us");
+        for o in report.decode_ops.iter().take(15) {
+            println!(
+                "  {:<28} {:>5} calls {:>10.1} us {:>5.1}%",
+                o.op, o.calls, o.us, o.pct
+            );
+        }
+    }
+    Ok(())
+}
+
+fn kernels(a: &Args) -> Result<()> {
+    let ctx = Arc::new(pteria::gpu::Context::with_options(
+        pteria::gpu::ContextOptions {
+            no_subgroups: a.no_subgroups,
+            ..Default::default()
+        },
+    )?);
+    let mut opts = KernelBenchOptions {
+        bytes: a.mib << 20,
+        ..Default::default()
+    };
+    if !a.shapes.is_empty() {
+        opts.shapes = a
+            .shapes
+            .iter()
+            .map(|s| {
+                let (k, n) = s
+                    .split_once('x')
+                    .ok_or_else(|| anyhow::anyhow!("shape `{s}` is not KxN"))?;
+                Ok((k.trim().parse()?, n.trim().parse()?))
+            })
+            .collect::<Result<_>>()?;
+    }
+    if !a.weights.is_empty() {
+        let name = |c: &pteria::gpu::bench::WeightCase| c.name();
+        for w in &a.weights {
+            if !opts.weights.iter().any(|c| name(c) == *w) {
+                bail!("unknown weight format `{w}` (f32, q8g128, q4g128, q4g128dq8, q4g32)");
+            }
+        }
+        opts.weights.retain(|c| a.weights.contains(&name(c)));
+    }
+    let json = a.json;
+    if !json {
+        eprintln!("{}", ctx.adapter());
+        println!(
+            "{:>6} {:>7} {:>12} {:>6} {:>9} {:>8} {:>7}",
+            "K", "N", "weights", "layers", "us", "GB/s", "stream%"
+        );
+    }
+    let row = |r: &MatVecResult| {
+        if !json {
+            let name = r.case.name();
+            println!(
+                "{:>6} {:>7} {:>12} {:>6} {:>9.2} {:>8.0} {:>6.1}%",
+                r.k, r.n, name, r.layers, r.us, r.gb_per_s, r.pct_of_stream
+            );
+        }
+    };
+    let report = kernel_bench(&ctx, &opts, row)?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "stream (WGSL copy, read+write): {:.0} GB/s over {} MiB; timestamps: {}",
+            report.stream_gb_per_s,
+            report.stream_bytes >> 20,
+            report.timestamps
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! Kernel benchmarks: the decode mat-vec (`linear` with one row of x) at Gemma 4 E2B shapes,
+//! next to the device's streaming bandwidth measured by a WGSL copy kernel (`layout::copy4`):
+//! `copy_buffer_to_buffer` runs far below what shaders reach on some GPUs, so it is no yardstick.
+//! Each case chains enough distinct weights that they cannot stay in the GPU's caches, and is
+//! timed over replays with GPU timestamps where the adapter has them.
+
+use super::{Context, GpuError, GpuExecutor};
+use crate::ir::{ActQuant, DType, Graph, InputValue, Io, OpKind, Role, Weight};
+use crate::pte::{Blob, Bytes};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Gemma 4 E2B's decode mat-vec shapes (K → N): attention projections, MLP (plain and the
+/// double-width layers), per-layer input projections and the 262144-row LM head.
+pub const E2B_SHAPES: [(usize, usize); 7] = [
+    (1536, 2048),
+    (1536, 256),
+    (1536, 6144),
+    (1536, 12288),
+    (6144, 1536),
+    (12288, 1536),
+    (1536, 262144),
+];
+
+/// One weight format a mat-vec case runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WeightCase {
+    /// `f32`, `q8`, `q4`.
+    pub weight: &'static str,
+    pub group: usize,
+    /// The 8da4w form: per-row dynamic int8 activations (torchao's rounding) before the mat-vec.
+    pub dynamic_int8: bool,
+}
+
+impl WeightCase {
+    /// `f32`, `q8g128`, `q4g128dq8`, …
+    pub fn name(&self) -> String {
+        let mut s = self.weight.to_string();
+        if self.group > 0 {
+            s += &format!("g{}", self.group);
+        }
+        if self.dynamic_int8 {
+            s += "dq8";
+        }
+        s
+    }
+
+    fn ir(&self) -> Weight {
+        match self.weight {
+            "f32" => Weight::F32,
+            "q8" => Weight::Q8 { group: self.group },
+            _ => Weight::Q4 { group: self.group },
+        }
+    }
+}
+
+/// The formats `pteria bench --kernels` runs: 4-bit group 128 with dynamic int8 activations
+/// (8da4w, the E2B exports' linears) and without, 8-bit group 128, 4-bit group 32, and f32 last:
+/// on an H100 the cases right after freeing its 1.6 GB LM head ran up to 2x slow.
+pub const WEIGHT_CASES: [WeightCase; 5] = [
+    WeightCase {
+        weight: "q4",
+        group: 128,
+        dynamic_int8: true,
+    },
+    WeightCase {
+        weight: "q8",
+        group: 128,
+        dynamic_int8: false,
+    },
+    WeightCase {
+        weight: "q4",
+        group: 128,
+        dynamic_int8: false,
+    },
+    WeightCase {
+        weight: "q4",
+        group: 32,
+        dynamic_int8: false,
+    },
+    WeightCase {
+        weight: "f32",
+        group: 0,
+        dynamic_int8: false,
+    },
+];
+
+#[derive(Debug, Clone)]
+pub struct KernelBenchOptions {
+    pub shapes: Vec<(usize, usize)>,
+    pub weights: Vec<WeightCase>,
+    /// Weight bytes each case chains through (at least one layer): several times the GPU's
+    /// last-level cache, so every layer is read from memory.
+    pub bytes: u64,
+    /// Bytes the streaming copy moves each way.
+    pub copy_bytes: u64,
+    /// GPU time each measurement aims to span.
+    pub seconds: f64,
+}
+
+impl Default for KernelBenchOptions {
+    fn default() -> Self {
+        KernelBenchOptions {
+            shapes: E2B_SHAPES.to_vec(),
+            weights: WEIGHT_CASES.to_vec(),
+            bytes: 256 << 20,
+            copy_bytes: 256 << 20,
+            seconds: 0.2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MatVecResult {
+    pub k: usize,
+    pub n: usize,
+    #[serde(flatten)]
+    pub case: WeightCase,
+    /// Distinct weights chained in one replay.
+    pub layers: usize,
+    /// Bytes one mat-vec reads: packed weights, scales and biases.
+    pub bytes: u64,
+    /// GPU time per mat-vec (the act-quant dispatch included where there is one).
+    pub us: f64,
+    pub gb_per_s: f64,
+    /// `gb_per_s` against the streaming copy's.
+    pub pct_of_stream: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelReport {
+    pub adapter: String,
+    /// GPU timestamps (else wall-clock over replays in one submit).
+    pub timestamps: bool,
+    pub subgroups: Option<(u32, u32)>,
+    /// Streaming copy, read plus write bytes per second, in GB/s.
+    pub stream_gb_per_s: f64,
+    pub stream_bytes: u64,
+    pub matvec: Vec<MatVecResult>,
+}
+
+/// Deterministic filler (xorshift64*): benchmarks need no randomness, only data that is not
+/// all zeros.
+fn filler(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        v.extend_from_slice(&s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
+
+/// `n` f32 values in [lo, lo + span).
+fn floats(n: usize, seed: u64, lo: f32, span: f32) -> Vec<u8> {
+    filler(n * 4, seed)
+        .chunks_exact(4)
+        .flat_map(|c| {
+            let u = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) >> 8;
+            (lo + span * u as f32 / (1u32 << 24) as f32).to_le_bytes()
+        })
+        .collect()
+}
+
+fn shared(bytes: Vec<u8>) -> Blob {
+    Blob::whole(Arc::new(Bytes::Owned(bytes)))
+}
+
+/// Seconds per replay, with enough replays to span about `seconds` of GPU time.
+fn measure(
+    gpu: &mut GpuExecutor,
+    inputs: &[InputValue],
+    seconds: f64,
+) -> Result<(f64, bool), GpuError> {
+    let first = gpu.time_replays(inputs, 1)?;
+    let reps = (seconds / first.seconds.max(1e-7)).clamp(2.0, 500.0) as u32;
+    let t = gpu.time_replays(inputs, reps)?;
+    Ok((t.seconds, t.timestamps))
+}
+
+/// Streaming bandwidth (read + write) of the copy kernel over `bytes`, in bytes per second.
+pub fn stream_bandwidth(ctx: &Arc<Context>, bytes: u64, seconds: f64) -> Result<f64, GpuError> {
+    let n = (bytes.min(ctx.max_storage_binding()) / 16 * 4).max(4) as usize;
+    let mut g = Graph::default();
+    let x = g.add_tensor("x", DType::F32, vec![n], Role::Input(0));
+    g.inputs.push(Io::Tensor(x));
+    let y = g.add_tensor("y", DType::F32, vec![n], Role::Activation);
+    g.op(OpKind::Copy, vec![x], vec![y]);
+    g.outputs.push(y);
+    let data = floats(n, 1, -1.0, 2.0);
+    let inputs = [InputValue::Tensor {
+        shape: vec![n],
+        data: &data,
+    }];
+    let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
+    let (s, _) = measure(&mut gpu, &inputs, seconds)?;
+    Ok(2.0 * n as f64 * 4.0 / s)
+}
+
+/// One case: `layers` mat-vecs 1×K → N, each with its own weight buffers, in one graph.
+fn matvec_case(
+    ctx: &Arc<Context>,
+    k: usize,
+    n: usize,
+    case: WeightCase,
+    budget: u64,
+    seconds: f64,
+) -> Result<(usize, u64, f64), GpuError> {
+    let w = case.ir();
+    // Packed bytes, then f32 scale and bias per group.
+    let (packed, groups) = match w {
+        Weight::F32 => (n * k * 4, 0),
+        Weight::Q8 { group } => (n * k, n * (k / group)),
+        Weight::Q4 { group } => (n * k / 2, n * (k / group)),
+    };
+    let layer_bytes = (packed + 8 * groups) as u64;
+    let layers = budget.div_ceil(layer_bytes).clamp(1, 2048) as usize;
+    // One host copy of each constant serves every layer: each still gets its own GPU buffer.
+    let wdata = shared(match w {
+        Weight::F32 => floats(n * k, 2, -0.05, 0.1),
+        _ => filler(packed, 3),
+    });
+    let sdata = shared(floats(groups, 4, 0.001, 0.01));
+    let bdata = shared(floats(groups, 5, -0.05, 0.1));
+    let mut g = Graph::default();
+    let x = g.add_tensor("x", DType::F32, vec![1, k], Role::Input(0));
+    g.inputs.push(Io::Tensor(x));
+    let act_quant = if case.dynamic_int8 {
+        ActQuant::Torchao
+    } else {
+        ActQuant::None
+    };
+    let mut outs = Vec::new();
+    for l in 0..layers {
+        let mut ins = vec![x];
+        match w {
+            Weight::F32 => ins.push(g.add_tensor(
+                format!("w{l}"),
+                DType::F32,
+                vec![n, k],
+                Role::Constant(wdata.clone()),
+            )),
+            _ => {
+                let (dt, cols) = match w {
+                    Weight::Q4 { .. } => (DType::U8, k / 2),
+                    _ => (DType::I8, k),
+                };
+                let gk = groups / n;
+                ins.push(g.add_tensor(
+                    format!("w{l}"),
+                    dt,
+                    vec![n, cols],
+                    Role::Constant(wdata.clone()),
+                ));
+                ins.push(g.add_tensor(
+                    format!("s{l}"),
+                    DType::F32,
+                    vec![n, gk],
+                    Role::Constant(sdata.clone()),
+                ));
+                ins.push(g.add_tensor(
+                    format!("b{l}"),
+                    DType::F32,
+                    vec![n, gk],
+                    Role::Constant(bdata.clone()),
+                ));
+            }
+        }
+        let y = g.add_tensor(format!("y{l}"), DType::F32, vec![1, n], Role::Activation);
+        g.op(
+            OpKind::Linear {
+                weight: w,
+                act_quant,
+                has_bias: false,
+            },
+            ins,
+            vec![y],
+        );
+        outs.push(y);
+    }
+    // Only the last output is read back; every layer still runs (the executor runs every node).
+    g.outputs.push(*outs.last().unwrap_or(&x));
+    let data = floats(k, 6, -1.0, 2.0);
+    let inputs = [InputValue::Tensor {
+        shape: vec![1, k],
+        data: &data,
+    }];
+    let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
+    let (s, _) = measure(&mut gpu, &inputs, seconds)?;
+    Ok((layers, layer_bytes, s / layers as f64))
+}
+
+/// The mat-vec table for `opts`, on `ctx`.
+pub fn kernel_bench(
+    ctx: &Arc<Context>,
+    opts: &KernelBenchOptions,
+    mut progress: impl FnMut(&MatVecResult),
+) -> Result<KernelReport, GpuError> {
+    let copy_bytes = opts.copy_bytes.min(ctx.max_storage_binding());
+    let stream = stream_bandwidth(ctx, copy_bytes, opts.seconds)?;
+    let mut rows = Vec::new();
+    for &case in &opts.weights {
+        for &(k, n) in &opts.shapes {
+            let (layers, bytes, s) = matvec_case(ctx, k, n, case, opts.bytes, opts.seconds)?;
+            let bw = bytes as f64 / s;
+            let r = MatVecResult {
+                k,
+                n,
+                case,
+                layers,
+                bytes,
+                us: s * 1e6,
+                gb_per_s: bw / 1e9,
+                pct_of_stream: 100.0 * bw / stream,
+            };
+            progress(&r);
+            rows.push(r);
+        }
+    }
+    Ok(KernelReport {
+        adapter: ctx.adapter().to_string(),
+        timestamps: ctx.has_timestamps(),
+        subgroups: ctx.adapter().subgroup_sizes,
+        stream_gb_per_s: stream / 1e9,
+        stream_bytes: copy_bytes,
+        matvec: rows,
+    })
+}

@@ -1,0 +1,156 @@
+//! `pteria bench`: the kernel table and program benchmarks report well-formed, self-consistent
+//! numbers (never checked against timings: CI machines vary).
+
+mod common;
+
+use serde_json::Value;
+use std::process::Command;
+
+fn pteria(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pteria"))
+        .args(args)
+        .output()
+        .expect("run pteria");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn no_gpu() -> bool {
+    std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1")
+}
+
+fn fixture(name: &str) -> String {
+    common::fixtures().join(name).to_string_lossy().into_owned()
+}
+
+fn json(out: &str) -> Value {
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}):\n{out}"))
+}
+
+#[test]
+fn kernel_bench_reports_every_shape_and_format() {
+    if no_gpu() {
+        return;
+    }
+    let (ok, out, err) = pteria(&[
+        "bench",
+        "--kernels",
+        "--json",
+        "--mib",
+        "1",
+        "--shapes",
+        "256x64,384x40",
+        "--weights",
+        "f32,q4g32,q4g128dq8",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert!(v["stream_gb_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    let rows = v["matvec"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{v}");
+    for r in rows {
+        let (k, n) = (r["k"].as_u64().unwrap(), r["n"].as_u64().unwrap());
+        let group = r["group"].as_u64().unwrap();
+        // Packed weights plus an f32 scale and bias per group.
+        let want = match r["weight"].as_str().unwrap() {
+            "f32" => n * k * 4,
+            "q4" => n * k / 2 + 8 * n * (k / group),
+            w => panic!("unexpected weight {w}"),
+        };
+        assert_eq!(r["bytes"].as_u64().unwrap(), want, "{r}");
+        // At least 1 MiB of distinct weights per case.
+        assert!(r["layers"].as_u64().unwrap() * want >= 1 << 20, "{r}");
+        let (us, gbs) = (r["us"].as_f64().unwrap(), r["gb_per_s"].as_f64().unwrap());
+        assert!(us > 0.0 && gbs > 0.0, "{r}");
+        assert!((gbs - want as f64 / us / 1e3).abs() <= 1e-6 * gbs, "{r}");
+        let pct = 100.0 * gbs / v["stream_gb_per_s"].as_f64().unwrap();
+        assert!(
+            (r["pct_of_stream"].as_f64().unwrap() - pct).abs() < 1e-6 * pct,
+            "{r}"
+        );
+    }
+    let formats: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["weight"].as_str().unwrap(),
+                r["dynamic_int8"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert!(formats.contains(&("q4", true)), "{formats:?}");
+}
+
+#[test]
+fn kernel_bench_rejects_unknown_formats_and_shapes() {
+    let (ok, _, err) = pteria(&["bench", "--kernels", "--weights", "q3g7"]);
+    assert!(!ok && err.contains("unknown weight format `q3g7`"), "{err}");
+    let (ok, _, err) = pteria(&["bench", "--kernels", "--shapes", "1536"]);
+    assert!(!ok && err.contains("`1536` is not KxN"), "{err}");
+}
+
+fn check_program_report(v: &Value, gpu: bool) {
+    assert_eq!(v["prompt_len"], 5, "{v}");
+    assert_eq!(v["decode_steps"], 3, "{v}");
+    for key in [
+        "ttft_ms",
+        "ttft_cold_ms",
+        "prefill_tok_per_s",
+        "decode_ms",
+        "decode_tok_per_s",
+    ] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+    }
+    let tps = v["decode_tok_per_s"].as_f64().unwrap();
+    assert!(
+        (tps * v["decode_ms"].as_f64().unwrap() - 1e3).abs() < 1e-6 * 1e3,
+        "{v}"
+    );
+    if cfg!(target_os = "linux") {
+        assert!(v["peak_host_bytes"].as_u64().unwrap() > 1 << 20, "{v}");
+    }
+    if gpu {
+        // The tiny model's weights alone are a few hundred KiB.
+        assert!(v["gpu_bytes"].as_u64().unwrap() > 100 << 10, "{v}");
+        let ops = v["decode_ops"].as_array().unwrap();
+        if let Some(total) = v["decode_gpu_us"].as_f64() {
+            assert!(ops
+                .iter()
+                .any(|o| o["op"].as_str().unwrap().starts_with("linear")));
+            let sum: f64 = ops.iter().map(|o| o["us"].as_f64().unwrap()).sum();
+            assert!((sum - total).abs() <= 1e-6 * total, "{v}");
+        }
+    } else {
+        assert!(v["gpu_bytes"].is_null() && v["decode_ops"].as_array().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn program_bench_reports_prefill_decode_and_memory() {
+    let f = fixture("gemma4_tiny_vulkan_8da4w.pte");
+    let base = ["bench", &f, "--prompt-len", "5", "--decode", "3", "--json"];
+    let (ok, out, err) = pteria(&[&base[..], &["--device", "cpu"]].concat());
+    assert!(ok, "{err}");
+    check_program_report(&json(&out), false);
+    if no_gpu() {
+        return;
+    }
+    let (ok, out, err) = pteria(&[&base[..], &["--device", "gpu"]].concat());
+    assert!(ok, "{err}");
+    check_program_report(&json(&out), true);
+}
+
+#[test]
+fn program_bench_rejects_a_prompt_longer_than_the_method_takes() {
+    let f = fixture("gemma4_tiny_vulkan_8da4w.pte");
+    let (ok, _, err) = pteria(&["bench", &f, "--prompt-len", "5000", "--device", "cpu"]);
+    assert!(!ok && err.contains("--prompt-len must be 1..="), "{err}");
+    let (ok, _, err) = pteria(&["bench"]);
+    assert!(
+        !ok && err.contains("give a program to benchmark, or --kernels"),
+        "{err}"
+    );
+}
