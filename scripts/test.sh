@@ -8,7 +8,13 @@ sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # System packages the build and tests need: C toolchain for -sys crates, pkg-config, curl for
 # rustup, and lavapipe (mesa-vulkan-drivers), the CPU Vulkan driver every GPU kernel test runs on.
-pkgs=(build-essential pkg-config curl ca-certificates mesa-vulkan-drivers libvulkan1)
+# The Tauri shell (src-tauri) links WebKitGTK 4.1 and GTK 3; its UI tests run the web UI in
+# Debian's Chromium (driven by npm playwright-core, on the machine's Node.js); the real window
+# test needs Xvfb.
+pkgs=(build-essential pkg-config curl ca-certificates mesa-vulkan-drivers libvulkan1
+  libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev libjavascriptcoregtk-4.1-dev librsvg2-dev
+  libxdo-dev chromium xvfb xauth)
+command -v node >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -32,4 +38,10 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 # Every suite runs even after a failure, so one CI log shows all of them.
-cargo test --workspace --no-fail-fast
+status=0
+cargo test --workspace --no-fail-fast || status=$?
+
+echo "== UI tests (ui/web in headless Chromium, Tauri IPC mocked)"
+(cd ui/tests && npm ci --no-audit --no-fund --loglevel=error && node --test) || status=$?
+
+exit "$status"
