@@ -101,3 +101,57 @@ fn vulkan_fixtures_match_goldens_on_the_gpu_executor() {
         assert!(worst <= tol, "{}: {worst:.3e} > {tol:.0e}", e["file"]);
     }
 }
+
+fn replace_all(bytes: &mut [u8], from: &[u8], to: &[u8]) -> usize {
+    assert_eq!(
+        from.len(),
+        to.len(),
+        "same-length rewrite keeps every offset"
+    );
+    let mut n = 0;
+    let mut i = 0;
+    while i + from.len() <= bytes.len() {
+        if &bytes[i..i + from.len()] == from {
+            bytes[i..i + from.len()].copy_from_slice(to);
+            n += 1;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    n
+}
+
+/// A program using operators we lack, in CPU kernel calls and in several delegates, fails at
+/// load with one error that names every one of them (and how many delegates use each), not
+/// just the first.
+#[test]
+fn unsupported_operators_are_all_listed_at_load() {
+    let path = common::fixtures().join("gemma4_tiny_vulkan_stock_8da4w_emb4.pte");
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Op names are flatbuffer strings: same-length renames keep the file valid.
+    let gelu = replace_all(&mut bytes, b"aten.gelu.default", b"aten.gelx.default");
+    let emb = replace_all(
+        &mut bytes,
+        b"et_vk.embedding_q4gsw.default",
+        b"et_vk.embedding_q4gsx.default",
+    );
+    let cpu = replace_all(&mut bytes, b"aten::index_put", b"aten::index_pux");
+    assert!(gelu > 2 && emb == 2 && cpu == 1, "{gelu} {emb} {cpu}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("renamed.pte");
+    std::fs::write(&file, &bytes).unwrap();
+    let program = Program::open(&file, &[]).expect("still a valid program");
+    let backends = pteria::frontend::backends(cpu_executor());
+    let msg = Method::load(&program, "forward", &backends)
+        .err()
+        .expect("unsupported operators must fail the load")
+        .to_string();
+    for want in [
+        "aten::index_pux.out (CPU kernel)".to_string(),
+        format!("aten.gelx.default (VulkanBackend, {gelu} delegates)"),
+        "et_vk.embedding_q4gsx.default (VulkanBackend, 2 delegates)".to_string(),
+    ] {
+        assert!(msg.contains(&want), "`{want}` missing from: {msg}");
+    }
+}

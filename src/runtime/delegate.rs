@@ -119,14 +119,16 @@ struct IrDelegate {
     sym_graph: Option<ir::Graph>,
 }
 
-fn convert(bytes: &[u8], from: ir::DType, to: ir::DType) -> Vec<u8> {
+/// The bytes in `to`'s dtype; a view when the dtypes already agree (a KV cache handed to an
+/// attention delegate every step is not copied on the way in).
+fn convert(bytes: &[u8], from: ir::DType, to: ir::DType) -> std::borrow::Cow<'_, [u8]> {
     if from == to {
-        bytes.to_vec()
+        bytes.into()
     } else if from.is_float() || to.is_float() {
-        from_f64(to, &to_f64(from, bytes))
+        from_f64(to, &to_f64(from, bytes)).into()
     } else {
         // Vulkan programs take int64 token ids and positions narrowed to int32.
-        from_i64(to, &to_i64(from, bytes))
+        from_i64(to, &to_i64(from, bytes)).into()
     }
 }
 
@@ -141,7 +143,7 @@ impl DelegateExecutor for IrDelegate {
                 self.n_outputs + n_syms
             ));
         }
-        let mut owned: Vec<(Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut owned: Vec<(Vec<usize>, std::borrow::Cow<[u8]>)> = Vec::new();
         let mut syms: Vec<Option<i64>> = Vec::new();
         for (k, (&id, dt)) in args[..n_in].iter().zip(&self.input_dtypes).enumerate() {
             match (dt, &mem.values[id]) {
@@ -155,12 +157,12 @@ impl DelegateExecutor for IrDelegate {
                     syms.push(None);
                 }
                 (None, Value::Int(v)) => {
-                    owned.push((vec![], vec![]));
+                    owned.push((vec![], Default::default()));
                     syms.push(Some(*v));
                 }
                 (None, Value::Tensor(t)) if t.numel() == 1 => {
                     let v = to_i64(t.dtype, mem.bytes(t)?)[0];
-                    owned.push((vec![], vec![]));
+                    owned.push((vec![], Default::default()));
                     syms.push(Some(v));
                 }
                 (_, v) => {
@@ -183,9 +185,15 @@ impl DelegateExecutor for IrDelegate {
             })
             .collect();
         let outs = self.exec.run(&inputs)?;
+        let sym_plan = match &self.sym_graph {
+            Some(g) => Some(ir::infer_shapes(g, &inputs).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        // The inputs borrow the method's memory, which the outputs now write.
+        drop(inputs);
+        drop(owned);
         let mut out_ids: Vec<usize> = args[n_in..].to_vec();
-        if let Some(g) = &self.sym_graph {
-            let plan = ir::infer_shapes(g, &inputs).map_err(|e| e.to_string())?;
+        if let (Some(g), Some(plan)) = (&self.sym_graph, sym_plan) {
             for &(k, s) in &g.sym_outputs {
                 mem.values[out_ids[k]] = Value::Int(plan.syms[s]);
             }
