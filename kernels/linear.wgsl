@@ -105,18 +105,31 @@ struct RowQuant {
     zp: f32,
 }
 
+// x through its raw 16-byte words (act_quant entries bind x only so, to read vec4s of any K).
+fn x_at(i: u32) -> f32 {
+    return bitcast<f32>(xu4[i / 4u][i % 4u]);
+}
+
 // Range of row `row` of x (always including 0, as both rules do) → its quantization parameters.
-// Every invocation of the workgroup must call it (barriers).
+// Every invocation of the workgroup must call it (barriers). Reads 16-byte words where K allows.
 fn row_quant(row: u32, t: u32) -> RowQuant {
     let base = row * p.k;
-    var lo = 0.0;
-    var hi = 0.0;
-    for (var j = t; j < p.k; j += WG) {
-        lo = min(lo, x[base + j]);
-        hi = max(hi, x[base + j]);
+    var lo4 = vec4<f32>(0.0);
+    var hi4 = vec4<f32>(0.0);
+    if p.k % 4u == 0u {
+        for (var j = t; j < p.k / 4u; j += WG) {
+            let v = bitcast<vec4<f32>>(xu4[base / 4u + j]);
+            lo4 = min(lo4, v);
+            hi4 = max(hi4, v);
+        }
+    } else {
+        for (var j = t; j < p.k; j += WG) {
+            lo4.x = min(lo4.x, x_at(base + j));
+            hi4.x = max(hi4.x, x_at(base + j));
+        }
     }
-    red_lo[t] = lo;
-    red_hi[t] = hi;
+    red_lo[t] = min(min(lo4.x, lo4.y), min(lo4.z, lo4.w));
+    red_hi[t] = max(max(hi4.x, hi4.y), max(hi4.z, hi4.w));
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s / 2u) {
         if t < s {
@@ -170,14 +183,20 @@ fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     let r = row_quant(row, t);
     let base = row * p.k;
     for (var j = t; j < p.k; j += WG) {
-        y[base + j] = (quantize(x[base + j], r) - r.zp) * r.s;
+        y[base + j] = (quantize(x_at(base + j), r) - r.zp) * r.s;
     }
+}
+
+fn pack4(v: vec4<f32>, r: RowQuant) -> u32 {
+    let q = vec4<i32>(i32(quantize(v.x, r)), i32(quantize(v.y, r)), i32(quantize(v.z, r)),
+                      i32(quantize(v.w, r)));
+    return pack4xI8(q);
 }
 
 // The same, packed for `matvec` with INT_X: row `row`'s q as K / 4 words of signed bytes, then
 // after all M rows, (s, zp) per row as two f32 words. For 4-bit weights (KIND 1) each 8
 // elements are stored as (0, 2, 4, 6), (1, 3, 5, 7): the order of a weight word's low and high
-// nibbles once masked with 0x0f0f0f0f.
+// nibbles once masked with 0x0f0f0f0f. Needs K % 8 == 0.
 @compute @workgroup_size(WG)
 fn act_quant_packed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) t: u32) {
@@ -186,21 +205,19 @@ fn act_quant_packed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
         return;
     }
     let r = row_quant(row, t);
-    let base = row * p.k;
+    let base4 = row * p.k / 4u;
     let words = p.k / 4u;
-    for (var i = t; i < words; i += WG) {
-        var first = base + i * 4u;
-        var step = 1u;
-        if KIND == 1u {
-            first = base + (i / 2u) * 8u + (i % 2u);
-            step = 2u;
+    if KIND == 1u {
+        for (var b = t; b < p.k / 8u; b += WG) {
+            let a = bitcast<vec4<f32>>(xu4[base4 + 2u * b]);
+            let c = bitcast<vec4<f32>>(xu4[base4 + 2u * b + 1u]);
+            yu[row * words + 2u * b] = pack4(vec4<f32>(a.x, a.z, c.x, c.z), r);
+            yu[row * words + 2u * b + 1u] = pack4(vec4<f32>(a.y, a.w, c.y, c.w), r);
         }
-        var word = 0u;
-        for (var j = 0u; j < 4u; j++) {
-            let q = i32(quantize(x[first + j * step], r));
-            word |= (u32(q) & 0xffu) << (8u * j);
+    } else {
+        for (var i = t; i < words; i += WG) {
+            yu[row * words + i] = pack4(bitcast<vec4<f32>>(xu4[base4 + i]), r);
         }
-        yu[row * words + i] = word;
     }
     if t == 0u {
         yu[p.m * words + 2u * row] = bitcast<u32>(r.s);

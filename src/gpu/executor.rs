@@ -572,6 +572,7 @@ impl GpuExecutor {
                 slot: &slot,
                 max_groups: self.ctx.max_workgroups(),
                 subgroup: self.ctx.subgroup_min(),
+                max_invocations: self.ctx.limits().max_compute_invocations_per_workgroup,
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {
                 let Node::Op(op) = node else { continue };

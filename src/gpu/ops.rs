@@ -51,6 +51,8 @@ pub(crate) struct Env<'a> {
     pub max_groups: u32,
     /// The device's smallest subgroup size, where kernels may use subgroup operations.
     pub subgroup: Option<u32>,
+    /// Invocations a workgroup may have.
+    pub max_invocations: u32,
 }
 
 impl Env<'_> {
@@ -971,6 +973,11 @@ fn linear(
         && quad_matvec(weight, k, nn).is_some();
     if act_quant != crate::ir::ActQuant::None {
         let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
+        // One workgroup per row: wide enough for about 4 16-byte words each (a long loop of
+        // dependent loads in few invocations cost an H100 17 us at K = 12288).
+        let aq_wg = (k / 16)
+            .next_power_of_two()
+            .clamp(64, env.max_invocations.clamp(64, 1024) as usize);
         steps.push(step(
             "linear",
             if int_x {
@@ -979,7 +986,7 @@ fn linear(
                 "act_quant"
             },
             vec![
-                ("WG", WG as f64),
+                ("WG", aq_wg as f64),
                 ("XNN_ROUNDING", b(xnn)),
                 ("KIND", kind as f64),
             ],
