@@ -449,7 +449,7 @@ fn mutate(rng: &mut Rng, seed: &[u8], tags: &[usize]) -> Vec<u8> {
 }
 
 #[test]
-fn mutated_mlx_blobs_never_panic() {
+fn mutated_mlx_blobs_never_panic_in_parsing_or_lowering() {
     let mut seeds = Vec::new();
     let mut named = Vec::new();
     for (_, program, blobs) in mlx_fixtures() {
@@ -473,7 +473,15 @@ fn mutated_mlx_blobs_never_panic() {
             let mut rng = Rng(s | 1);
             let m = mutate(&mut rng, seed, tags);
             tried += 1;
-            match catch_unwind(AssertUnwindSafe(|| mlx::parse(&m, &named[*n]).is_ok())) {
+            // Whatever parses must also lower (or be refused) without a panic.
+            let parse_and_lower = || match mlx::parse(&m, &named[*n]) {
+                Ok(g) => {
+                    let _ = mlx::lower::lower(&g, &named[*n]);
+                    true
+                }
+                Err(_) => false,
+            };
+            match catch_unwind(AssertUnwindSafe(parse_and_lower)) {
                 Ok(ok) => accepted += usize::from(ok),
                 Err(_) => failures.push(format!("seed {si} mutation {s:#x}")),
             }

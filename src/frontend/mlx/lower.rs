@@ -18,6 +18,22 @@ use crate::runtime::tensor::{to_f64, to_i64};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
+/// Entries in one rotary cos (or sin) table built at load: 2^20 positions of a 256-dim rotary.
+const MAX_ROPE_TABLE: usize = 1 << 27;
+
+/// Elements one tensor may have: far past any model, and small enough that byte counts of it
+/// cannot overflow.
+const MAX_ELEMENTS: usize = 1 << 48;
+
+/// The element count of `shape`, when it is at most `MAX_ELEMENTS`.
+fn bounded_numel(shape: &[usize]) -> Result<usize, String> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= MAX_ELEMENTS)
+        .ok_or_else(|| format!("shape {shape:?} has more than {MAX_ELEMENTS} elements"))
+}
+
 /// Where constant slots' bytes come from (the program's named data, or a test's map).
 pub type ConstantSource<'a> = dyn Fn(Tid) -> Result<Blob, String> + 'a;
 
@@ -316,6 +332,7 @@ impl<'a> Lower<'a> {
                 }
             });
         }
+        bounded_numel(&shape).map_err(|e| format!("`{}`: {e}", self.slot_name(tid)))?;
         Ok((dtype(meta.dtype)?, shape))
     }
 
@@ -408,7 +425,16 @@ impl<'a> Lower<'a> {
                             ));
                         }
                         let (dt, shape) = self.meta(tid)?;
-                        (dt, shape, (self.consts)(tid)?)
+                        let blob = (self.consts)(tid)?;
+                        let need = bounded_numel(&shape)? * dt.size();
+                        if blob.len() < need {
+                            return Err(format!(
+                                "constant `{name}` has {} bytes of data for {dt:?} {shape:?} \
+                                 ({need} bytes)",
+                                blob.len()
+                            ));
+                        }
+                        (dt, shape, blob)
                     }
                 };
                 let t = self.g.add_tensor(name, dt, shape, Role::Constant(blob));
@@ -424,6 +450,7 @@ impl<'a> Lower<'a> {
 
     /// A fresh IR tensor for a write to slot `tid`. Writes to a mutable buffer go to its state.
     fn write(&mut self, tid: Tid, dt: DType, shape: Vec<usize>) -> Result<TensorId, String> {
+        bounded_numel(&shape)?;
         self.stale.remove(&tid.0);
         match self.class(tid)? {
             TensorClass::Input => {
@@ -1049,13 +1076,13 @@ impl<'a> Lower<'a> {
                 }
                 let (start, end) = (self.int(*start)?, self.int(*stop)?);
                 let n = match (start, end, self.upper(end)) {
-                    (Int::Lit(a), Int::Lit(b), _) => ((b - a) as f64 / step as f64).ceil(),
+                    (Int::Lit(a), Int::Lit(b), _) => ((b as f64 - a as f64) / step as f64).ceil(),
                     (_, _, Some(hi)) if step > 0 => {
                         let lo = match start {
                             Int::Lit(v) => v,
                             Int::Sym(_) => 0,
                         };
-                        ((hi - lo) as f64 / step as f64).ceil()
+                        ((hi as f64 - lo as f64) / step as f64).ceil()
                     }
                     _ => return Err("arange length has no known upper bound".into()),
                 };
@@ -1270,7 +1297,7 @@ impl<'a> Lower<'a> {
                 "reshape to {req:?} has more than one dimension without a known bound"
             ));
         }
-        let known: usize = dims.iter().flatten().product();
+        let known = bounded_numel(&dims.iter().flatten().copied().collect::<Vec<_>>())?;
         for d in dims.iter_mut().filter(|d| d.is_none()) {
             *d = Some(if known == 0 { 0 } else { n_in.div_ceil(known) });
         }
@@ -1519,6 +1546,7 @@ impl<'a> Lower<'a> {
                 super::ShapeDim::Dynamic { .. } => Err("packed weight has a dynamic shape"),
             })
             .collect::<Result<_, _>>()?;
+        bounded_numel(&ws)?;
         let [n, words] = ws[..] else {
             return Err(format!(
                 "packed weight has shape {ws:?}, not [N, K*bits/32]"
@@ -1684,6 +1712,11 @@ impl<'a> Lower<'a> {
                 .collect(),
         };
         let rows = self.max_positions().max(xs[r - 2]);
+        if rows.saturating_mul(half) > MAX_ROPE_TABLE {
+            return Err(format!(
+                "rotary tables of {rows} positions x {half} exceed {MAX_ROPE_TABLE} entries"
+            ));
+        }
         let (mut cos, mut sin) = (
             Vec::with_capacity(rows * half),
             Vec::with_capacity(rows * half),
@@ -2351,5 +2384,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_constant_shorter_than_its_metadata_is_refused() {
+        let t = toy(
+            vec![(meta(&[4, 4], ScalarType::Float), vec![0; 60])],
+            vec![meta(&[4], ScalarType::Float)],
+            vec![meta(&[4, 4], ScalarType::Float)],
+            vec![],
+            0,
+            vec![Node::Binary {
+                op: NodeKind::Add,
+                a: Tid(0),
+                b: Tid(1),
+                out: Tid(2),
+            }],
+        );
+        let e = t.lower().unwrap_err();
+        assert!(
+            e.contains("has 60 bytes of data") && e.contains("AddNode"),
+            "{e}"
+        );
     }
 }
