@@ -259,7 +259,7 @@ struct Lower<'a> {
     bound: Vec<Option<i64>>,
     /// IR tensors that are element `.1` of input tensor `.0` (so the host can read them).
     host: HashMap<TensorId, (TensorId, usize)>,
-    /// Permute outputs that are a transposed 2-D f32 constant, with that constant.
+    /// Permute outputs that are a transposed 2-D float constant, with that constant.
     transposed: HashMap<TensorId, TensorId>,
     /// Slots whose mutable buffer was updated in place through another slot: MLX would still
     /// read the old value there, which in-place storage no longer has.
@@ -788,7 +788,7 @@ impl<'a> Lower<'a> {
                 let shape = perm.iter().map(|&p| xs[p]).collect();
                 let y = self.write(*out, self.dt(src), shape)?;
                 if perm == [1, 0]
-                    && self.dt(src) == DType::F32
+                    && self.dt(src).is_float()
                     && matches!(self.g.tensors[src].role, Role::Constant(_))
                 {
                     self.transposed.insert(y, src);
@@ -1397,8 +1397,8 @@ impl<'a> Lower<'a> {
                 let mut shape: Vec<usize> = xs[..d].to_vec();
                 shape.extend(&is);
                 shape.extend(&xs[d + 1..]);
-                if d == 0 && r == 2 && self.dt(src) == DType::F32 {
-                    let y = self.write(out, DType::F32, shape)?;
+                if d == 0 && r == 2 && self.dt(src).is_float() {
+                    let y = self.write(out, self.dt(src), shape)?;
                     if constant {
                         self.gathered.insert(y, (src, idx));
                     }
@@ -2406,5 +2406,75 @@ mod tests {
             e.contains("has 60 bytes of data") && e.contains("AddNode"),
             "{e}"
         );
+    }
+
+    /// bf16 weights (as MLX exports for Apple GPUs) still become a linear layer reading the
+    /// weight in place and an embedding, not a per-call transpose and matmul.
+    #[test]
+    fn bf16_linear_and_embedding_weights_are_read_in_place() {
+        let (m, n, k, v) = (2, 3, 8, 5);
+        let bf = |x: &[f32]| -> Vec<u8> {
+            x.iter()
+                .flat_map(|&f| half::bf16::from_f32(f).to_le_bytes())
+                .collect()
+        };
+        let w = noise(n * k, 41);
+        let table = noise(v * k, 42);
+        let x = noise(m * k, 43);
+        let t = toy(
+            vec![
+                (meta(&[n, k], ScalarType::BFloat16), bf(&w)),
+                (meta(&[v, k], ScalarType::BFloat16), bf(&table)),
+            ],
+            vec![
+                meta(&[m, k], ScalarType::Float),
+                meta(&[1, 2], ScalarType::Long),
+            ],
+            vec![
+                meta(&[m, n], ScalarType::Float),
+                meta(&[1, 2, k], ScalarType::BFloat16),
+            ],
+            vec![],
+            1,
+            vec![
+                Node::Transpose {
+                    x: Tid(0),
+                    out: Tid(6),
+                    perm: vec![1, 0],
+                },
+                Node::Addmm {
+                    mat1: Tid(2),
+                    mat2: Tid(6),
+                    out: Tid(4),
+                    bias: None,
+                    alpha: 1.0,
+                    beta: 1.0,
+                },
+                Node::Take {
+                    x: Tid(1),
+                    out: Tid(5),
+                    index: IntOrVidOrTid::Tid(Tid(3)),
+                    axis: 0,
+                },
+            ],
+        );
+        let mut g = t.lower().unwrap();
+        crate::ir::passes::optimize(&mut g);
+        let labels: Vec<String> = g.ops().map(|o| o.kind.label()).collect();
+        assert_eq!(labels, ["linear[f32]", "embedding[f32]"]);
+        let ids: Vec<u8> = [4i64, 1].iter().flat_map(|i| i.to_le_bytes()).collect();
+        let out = t.run(&[(vec![m, k], f32s(&x)), (vec![1, 2], ids)]);
+        let round = |f: f32| half::bf16::from_f32(f).to_f32();
+        for r in 0..m {
+            for c in 0..n {
+                let want: f32 = (0..k).map(|j| x[r * k + j] * round(w[c * k + j])).sum();
+                assert!((out[0][r * n + c] - want).abs() < 1e-5, "[{r},{c}]");
+            }
+        }
+        let want: Vec<f32> = [4, 1]
+            .iter()
+            .flat_map(|&row| table[row * k..(row + 1) * k].iter().map(|&f| round(f)))
+            .collect();
+        assert_eq!(out[1], want);
     }
 }
