@@ -1,0 +1,199 @@
+//! The real app window (WebKitGTK, the real `ui/web` and capabilities from tauri.conf.json) under
+//! Xvfb: the model loads at start as it does for a user, a message is typed and sent through the
+//! page, the reply streams in, and the window is saved as a PNG. Uses the bundled demo model when
+//! its files are in assets/, else the tiny Llama fixture as the bundled model. Linux only;
+//! `PTERIA_NO_WINDOW_TESTS=1` skips it where no X server can run.
+
+#![cfg(target_os = "linux")]
+
+#[allow(dead_code)]
+#[path = "../../tests/support/tiny_chat.rs"]
+mod tiny;
+
+use pteria::chat::{ChatCore, CoreConfig, DeviceChoice, Settings};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tauri::Manager;
+
+const QUESTION: &str = "What is the capital of France?";
+const DEMO_DIR: &str = "models/smollm2-135m-instruct";
+
+struct Xvfb(Option<Child>);
+
+impl Drop for Xvfb {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The X display to use: the one set, else an Xvfb started here.
+fn display() -> Xvfb {
+    if std::env::var_os("DISPLAY").is_some_and(|d| !d.is_empty()) {
+        return Xvfb(None);
+    }
+    let n = 90 + std::process::id() % 400;
+    let child = Command::new("Xvfb")
+        .args([
+            format!(":{n}").as_str(),
+            "-screen",
+            "0",
+            "1280x860x24",
+            "-nolisten",
+            "tcp",
+        ])
+        .spawn()
+        .expect("Xvfb (Debian package xvfb) must be installed for the window test");
+    let socket = PathBuf::from(format!("/tmp/.X11-unix/X{n}"));
+    let t0 = Instant::now();
+    while !socket.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::env::set_var("DISPLAY", format!(":{n}"));
+    Xvfb(Some(child))
+}
+
+fn manifest() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The demo model's assets when present; else the tiny fixture written as the bundled model.
+fn config(root: &Path) -> (CoreConfig, &'static str) {
+    let assets = manifest().join("../assets");
+    if assets.join(DEMO_DIR).join("model.pte").is_file() {
+        let mut c = CoreConfig::new(root.join("data"), assets).expect("builtin catalog");
+        c.device_facts = None;
+        (c, "demo")
+    } else {
+        let fixtures = manifest().join("../tests/fixtures");
+        (
+            tiny::config(root, &fixtures, "http://127.0.0.1:9".into()),
+            "fixture",
+        )
+    }
+}
+
+#[test]
+fn the_real_window_streams_a_reply_and_is_captured() {
+    if std::env::var_os("PTERIA_NO_WINDOW_TESTS").is_some() {
+        eprintln!("window test skipped (PTERIA_NO_WINDOW_TESTS)");
+        return;
+    }
+    let _x = display();
+    // No GPU under Xvfb: WebKit's software paths.
+    std::env::set_var("WEBKIT_DISABLE_COMPOSITING_MODE", "1");
+    std::env::set_var("WEBKIT_DISABLE_DMABUF_RENDERER", "1");
+    let dir = tempfile::tempdir().unwrap();
+    let (config, which) = config(dir.path());
+    let core = ChatCore::open(config).unwrap();
+    core.update_settings(Settings {
+        temperature: 0.0,
+        max_tokens: Some(if which == "demo" { 24 } else { 12 }),
+        device: DeviceChoice::Cpu,
+        ..Settings::default()
+    })
+    .unwrap();
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pteria-app-window.png");
+    let _ = std::fs::remove_file(&shot);
+
+    let app = pteria_app::with_commands(tauri::Builder::<tauri::Wry>::default())
+        .any_thread()
+        .manage(core.clone())
+        .build(tauri::generate_context!())
+        .expect("the app builds");
+    let handle = app.handle().clone();
+    let (done_tx, done_rx) = mpsc::channel::<Result<(), String>>();
+    let shot_path = shot.clone();
+    let watcher = core.clone();
+    std::thread::spawn(move || {
+        let result = drive(&handle, &watcher, &shot_path);
+        let _ = done_tx.send(result);
+        handle.exit(0);
+    });
+    app.run_return(|_, _| {});
+    let result = done_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the driver thread ended");
+    result.unwrap();
+
+    let conversation = &core.conversations()[0];
+    let saved = core.conversation(&conversation.id).unwrap();
+    assert_eq!(saved.messages[0].content, QUESTION);
+    let reply = &saved.messages[1];
+    assert!(!reply.content.is_empty(), "{reply:?}");
+    let png = std::fs::read(&shot).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    assert!(
+        png.len() > 10_000,
+        "a {}-byte screenshot is blank",
+        png.len()
+    );
+    eprintln!(
+        "window test ({which} model): reply {:?}; screenshot {}",
+        reply.content,
+        shot.display()
+    );
+}
+
+/// Types and sends the question through the page once a model is loaded, waits for the saved
+/// reply, and saves the window as a PNG.
+fn drive(handle: &tauri::AppHandle, core: &ChatCore, shot: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let wait = |what: &str, ok: &dyn Fn() -> bool| -> Result<(), String> {
+        while !ok() {
+            if Instant::now() > deadline {
+                return Err(format!("timed out waiting for {what}"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    };
+    wait("the window", &|| {
+        handle.get_webview_window("main").is_some()
+    })?;
+    wait("the model to load", &|| core.loaded_model().is_some())?;
+    let window = handle.get_webview_window("main").ok_or("no main window")?;
+    let script = format!(
+        r#"(function go() {{
+            if (document.body.dataset.ready !== "true" || document.getElementById("send").hidden) return setTimeout(go, 100);
+            document.getElementById("input").value = {q:?};
+            document.getElementById("send").click();
+        }})();"#,
+        q = QUESTION
+    );
+    window.eval(&script).map_err(|e| e.to_string())?;
+    wait("the reply to be saved", &|| {
+        core.conversations()
+            .first()
+            .is_some_and(|c| c.message_count == 2)
+            && !core.is_replying()
+    })?;
+    // Let the page redraw the finished reply before the capture.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (tx, rx) = mpsc::channel();
+    let path = shot.to_path_buf();
+    handle
+        .run_on_main_thread(move || {
+            let _ = tx.send(capture(&window, &path));
+        })
+        .map_err(|e| e.to_string())?;
+    rx.recv_timeout(Duration::from_secs(30))
+        .map_err(|_| "the capture never ran".to_string())?
+}
+
+/// The window's pixels as the X server has them, through GDK.
+fn capture(window: &tauri::WebviewWindow, path: &Path) -> Result<(), String> {
+    use gtk::prelude::*;
+    let gtk_window = window.gtk_window().map_err(|e| e.to_string())?;
+    let gdk_window = gtk_window.window().ok_or("the window is not realised")?;
+    let (w, h) = (gdk_window.width(), gdk_window.height());
+    let pixbuf = gtk::gdk::pixbuf_get_from_window(&gdk_window, 0, 0, w, h)
+        .ok_or("could not read the window's pixels")?;
+    pixbuf
+        .savev(path, "png", &[])
+        .map_err(|e| format!("saving {}: {e}", path.display()))
+}
