@@ -1,5 +1,8 @@
-// Batched a[.., M, K] @ b[.., K, N] with broadcast batch dims (up to 4). 64x64 output tiles,
-// 16-deep K slices in shared memory; one workgroup z-slice per batch entry.
+// Batched a[.., M, K] @ b[.., K, N] with broadcast batch dims (up to 4); one workgroup z-slice
+// per batch entry.
+//   main  64x64 output tiles, 16-deep K slices in shared memory.
+//   rows  few rows of a (decode attention: q·Kᵀ, p·V): 64 columns × 4 K-slices per workgroup
+//         and row; a tile of 64 rows would be almost all padding there.
 
 struct Params {
     m: u32,
@@ -22,6 +25,40 @@ const BK = 16u;
 @group(0) @binding(4) var<storage, read> b: array<f32>;
 
 var<workgroup> as_: array<f32, 1024>; // [BK][BM]
+var<workgroup> part: array<f32, 256>; // [4][64]
+
+// Element offsets of batch entry z in a and b.
+fn batch_offsets(z: u32) -> vec2<u32> {
+    var rem = z;
+    var o = vec2<u32>(0u);
+    for (var d = i32(p.batch_rank) - 1; d >= 0; d--) {
+        let c = rem % p.batch_shape[d];
+        rem = rem / p.batch_shape[d];
+        o += c * vec2<u32>(p.a_strides[d], p.b_strides[d]);
+    }
+    return o;
+}
+
+@compute @workgroup_size(64, 4)
+fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n = wg.x * 64u + lid.x;
+    let m = wg.y;
+    let o = batch_offsets(wg.z);
+    var acc = 0.0;
+    if n < p.n {
+        let arow = o.x + m * p.k;
+        // Consecutive invocations read consecutive n of one row of b.
+        for (var k = lid.y; k < p.k; k += 4u) {
+            acc += a[arow + k] * b[o.y + k * p.n + n];
+        }
+    }
+    part[lid.y * 64u + lid.x] = acc;
+    workgroupBarrier();
+    if lid.y == 0u && n < p.n {
+        let v = (part[lid.x] + part[64u + lid.x]) + (part[128u + lid.x] + part[192u + lid.x]);
+        y[(wg.z * p.m + m) * p.n + n] = v;
+    }
+}
 var<workgroup> bs: array<f32, 1024>; // [BK][BN]
 
 @compute @workgroup_size(16, 16)

@@ -793,6 +793,10 @@ fn matmul_with_broadcast_batches_matches_cpu() {
         (vec![2, 3, 37, 19], vec![19, 23], vec![2, 3, 37, 23]),
         (vec![1, 3, 5, 70], vec![2, 1, 70, 66], vec![2, 3, 5, 66]),
         (vec![1, 65], vec![65, 130], vec![1, 130]),
+        // Decode attention: one query row per head against a shared cache (few-rows kernel).
+        (vec![1, 8, 1, 256], vec![1, 1, 256, 203], vec![1, 8, 1, 203]),
+        (vec![1, 3, 4, 70], vec![2, 1, 70, 66], vec![2, 3, 4, 66]),
+        (vec![2, 1, 33], vec![2, 33, 130], vec![2, 1, 130]),
     ] {
         let mut t = T::default();
         let an: usize = a.iter().product();

@@ -1128,13 +1128,19 @@ fn matmul(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
         .arr(batch, 4)
         .arr(&mat_strides(&as_, m * k), 4)
         .arr(&mat_strides(&bs, k * n), 4);
-    let groups = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, nb as u32];
+    // Up to 4 rows of a (decode), a row per workgroup row beats 64-row tiles of padding.
+    let few = m <= 4;
+    let groups = if few {
+        [n.div_ceil(64) as u32, m as u32, nb as u32]
+    } else {
+        [n.div_ceil(64) as u32, m.div_ceil(64) as u32, nb as u32]
+    };
     if groups.iter().any(|&g| g > env.max_groups) {
         return Err(format!("matmul {as_:?} x {bs:?} needs too many workgroups"));
     }
     Ok(vec![step(
         "matmul",
-        "main",
+        if few { "rows" } else { "main" },
         vec![],
         p,
         Res::Tensor(out),
