@@ -205,11 +205,10 @@ impl CpuExecutor {
             }
             OpKind::Binary(b) => {
                 let (x, y) = (self.get(op.inputs[0], vals)?, self.get(op.inputs[1], vals)?);
-                let (xi, yi) = (
-                    broadcast_indices(&sh(op.inputs[0]), &out_shape),
-                    broadcast_indices(&sh(op.inputs[1]), &out_shape),
-                );
-                binary(*b, &x, &y, &xi, &yi, out_float)
+                let n = out_shape.iter().product();
+                let (xs, ys) = (sh(op.inputs[0]), sh(op.inputs[1]));
+                let (xm, ym) = (ix_for(&xs, &out_shape), ix_for(&ys, &out_shape));
+                binary(*b, &x, &y, Ix::of(&xm), Ix::of(&ym), n, out_float)
             }
             OpKind::BinaryScalar {
                 op: b,
@@ -223,12 +222,10 @@ impl CpuExecutor {
                 } else {
                     Val::F(vec![*scalar as f32])
                 };
-                let xi: Vec<usize> = (0..n).collect();
-                let si = vec![0usize; n];
                 if *scalar_first {
-                    binary(*b, &s, &x, &si, &xi, out_float)
+                    binary(*b, &s, &x, Ix::Zero, Ix::Id, n, out_float)
                 } else {
-                    binary(*b, &x, &s, &xi, &si, out_float)
+                    binary(*b, &x, &s, Ix::Id, Ix::Zero, n, out_float)
                 }
             }
             OpKind::Where => {
@@ -532,8 +529,9 @@ impl CpuExecutor {
                 let xs = sh(op.inputs[0]);
                 let x = self.get(op.inputs[0], vals)?;
                 let st = strides(&xs);
-                let idx = permute_indices(&xs, &st, perm);
-                gather(&x, &idx)
+                let out: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+                let ost: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+                strided(&x, &out, &ost)
             }
             OpKind::Slice {
                 dim, start, step, ..
@@ -600,7 +598,17 @@ impl CpuExecutor {
             }
             OpKind::Expand { shape } => {
                 let x = self.get(op.inputs[0], vals)?;
-                gather(&x, &broadcast_indices(&sh(op.inputs[0]), shape))
+                let xs = sh(op.inputs[0]);
+                let st = strides(&xs);
+                // Stride per output dim: 0 where broadcast or added.
+                let off = shape.len() - xs.len().min(shape.len());
+                let ost: Vec<usize> = (0..shape.len())
+                    .map(|d| match d.checked_sub(off) {
+                        Some(j) if xs[j] != 1 => st[j],
+                        _ => 0,
+                    })
+                    .collect();
+                strided(&x, shape, &ost)
             }
             OpKind::IndexSelect { dim } => {
                 let xs = sh(op.inputs[0]);
@@ -939,15 +947,88 @@ fn unary_i(u: UnaryOp, x: i64) -> i64 {
     }
 }
 
-fn binary(b: BinaryOp, x: &Val, y: &Val, xi: &[usize], yi: &[usize], out_float: bool) -> Val {
+/// Where operand element k of a broadcast lives: itself, the only element, or a lookup.
+#[derive(Clone, Copy)]
+enum Ix<'a> {
+    Id,
+    Zero,
+    Map(&'a [usize]),
+}
+
+impl<'a> Ix<'a> {
+    fn of(m: &'a Option<Vec<usize>>) -> Self {
+        m.as_deref().map_or(Ix::Id, Ix::Map)
+    }
+    #[inline]
+    fn at(self, k: usize) -> usize {
+        match self {
+            Ix::Id => k,
+            Ix::Zero => 0,
+            Ix::Map(v) => v[k],
+        }
+    }
+}
+
+/// Broadcast lookup of an operand of shape `src` into `out`, or `None` when it is the identity
+/// (same element count and trailing dims: no index vector for the common case).
+fn ix_for(src: &[usize], out: &[usize]) -> Option<Vec<usize>> {
+    let same = src.iter().product::<usize>() == out.iter().product::<usize>()
+        && src.len() <= out.len()
+        && src.iter().rev().zip(out.iter().rev()).all(|(a, b)| a == b);
+    (!same).then(|| broadcast_indices(src, out))
+}
+
+/// `src` (row-major, shape `xs`) read at `out_strides[d]` per output dim into a new row-major
+/// tensor of shape `out`; permutes and broadcasts copy runs of the innermost dim at once.
+fn strided_copy<T: Copy>(src: &[T], out: &[usize], out_strides: &[usize]) -> Vec<T> {
+    let n: usize = out.iter().product();
+    let mut res = Vec::with_capacity(n);
+    if n == 0 {
+        return res;
+    }
+    let r = out.len();
+    if r == 0 {
+        res.push(src[0]);
+        return res;
+    }
+    let (inner, ist) = (out[r - 1], out_strides[r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let mut off = 0usize;
+    for _ in 0..n / inner {
+        match ist {
+            1 => res.extend_from_slice(&src[off..off + inner]),
+            0 => res.extend(std::iter::repeat_n(src[off], inner)),
+            _ => res.extend((0..inner).map(|i| src[off + i * ist])),
+        }
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            off += out_strides[d];
+            if idx[d] < out[d] {
+                break;
+            }
+            off -= out_strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    res
+}
+
+fn strided(x: &Val, out: &[usize], out_strides: &[usize]) -> Val {
+    match x {
+        Val::F(v) => Val::F(strided_copy(v, out, out_strides)),
+        Val::I(v) => Val::I(strided_copy(v, out, out_strides)),
+    }
+}
+
+fn binary(b: BinaryOp, x: &Val, y: &Val, xi: Ix, yi: Ix, n: usize, out_float: bool) -> Val {
     use BinaryOp::*;
     let both_int = matches!((x, y), (Val::I(_), Val::I(_)));
     if both_int && (!out_float || b.is_comparison()) {
         let (x, y) = (x.i(), y.i());
         return Val::I(
-            xi.iter()
-                .zip(yi)
-                .map(|(&i, &j)| {
+            (0..n)
+                .map(|k| (xi.at(k), yi.at(k)))
+                .map(|(i, j)| {
                     let (p, q) = (x[i], y[j]);
                     match b {
                         Add => p.wrapping_add(q),
@@ -978,9 +1059,9 @@ fn binary(b: BinaryOp, x: &Val, y: &Val, xi: &[usize], yi: &[usize], out_float: 
     }
     let (x, y) = (x.f(), y.f());
     Val::F(
-        xi.iter()
-            .zip(yi)
-            .map(|(&i, &j)| {
+        (0..n)
+            .map(|k| (xi.at(k), yi.at(k)))
+            .map(|(i, j)| {
                 let (p, q) = (x[i], y[j]);
                 match b {
                     Add => p + q,
@@ -1009,24 +1090,6 @@ fn gather(x: &Val, idx: &[usize]) -> Val {
         Val::F(v) => Val::F(idx.iter().map(|&i| v[i]).collect()),
         Val::I(v) => Val::I(idx.iter().map(|&i| v[i]).collect()),
     }
-}
-
-fn permute_indices(xs: &[usize], st: &[usize], perm: &[usize]) -> Vec<usize> {
-    let out: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
-    let n: usize = out.iter().product();
-    let mut idx = vec![0usize; out.len()];
-    let mut res = Vec::with_capacity(n);
-    for _ in 0..n {
-        res.push((0..out.len()).map(|d| idx[d] * st[perm[d]]).sum());
-        for d in (0..out.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < out[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-    res
 }
 
 pub struct SdpaArgs<'a> {
