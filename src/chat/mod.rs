@@ -7,6 +7,7 @@
 //! once and report through a callback (called on a worker thread) that ends with exactly one
 //! final event. A shell's command is a few lines: translate arguments, call, forward events.
 
+pub mod markdown;
 pub mod models;
 pub mod settings;
 pub mod store;
@@ -112,6 +113,28 @@ impl CoreConfig {
             runner: RunnerConfig::default(),
             context: ContextPolicy::default(),
         })
+    }
+
+    /// For desktop shells: data in `PTERIA_HOME`, else the platform's data directory; bundled
+    /// models from `default_assets_dir()`.
+    pub fn desktop() -> Result<Self> {
+        let cache = Cache::default_location()?;
+        CoreConfig::new(cache.root(), default_assets_dir())
+    }
+}
+
+/// `PTERIA_ASSETS`, else `assets/` beside the executable (installed layouts), else the source
+/// tree's `assets/` (running from a checkout).
+pub fn default_assets_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PTERIA_ASSETS").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let beside_exe = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("assets")));
+    match beside_exe {
+        Some(dir) if dir.is_dir() => dir,
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets"),
     }
 }
 
@@ -399,6 +422,11 @@ impl ChatCore {
 
     pub fn loaded_model(&self) -> Option<LoadedModel> {
         self.shared.lock().loaded.clone()
+    }
+
+    /// The spec being loaded, while a load runs.
+    pub fn loading_model(&self) -> Option<String> {
+        self.shared.lock().loading.clone()
     }
 
     /// Starts downloading `model:variant` (resuming a partial download); `on_event` gets
