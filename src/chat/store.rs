@@ -338,6 +338,9 @@ mod tests {
         assert!(w.is_empty());
         let a = s.create(None).unwrap();
         let b = s.create(Some("  Second ")).unwrap();
+        // Order is by millisecond timestamps: the update must land in a later millisecond than
+        // the creation, or the tie goes to the newer id.
+        std::thread::sleep(std::time::Duration::from_millis(3));
         s.update(&a.id, |c| c.messages.push(message(Author::User, "hello")))
             .unwrap();
         let (s2, w) = Store::open(dir.path().join("c")).unwrap();
