@@ -1,0 +1,3 @@
+fn main() {
+    slint_build::compile("ui/app.slint").expect("ui/app.slint compiles");
+}

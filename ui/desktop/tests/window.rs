@@ -1,0 +1,359 @@
+//! The desktop window driven headless through Slint's testing backend, clicking its buttons and
+//! typing into its fields, on a chat core whose bundled model is the tiny Llama fixture (run by
+//! our CPU runtime) and whose hub is a loopback server: streamed replies, stop, regenerate,
+//! settings persisted, the model picker's states through a download, and conversations restored.
+
+#[allow(dead_code)]
+#[path = "../../../tests/downloads/hub.rs"]
+mod hub;
+#[allow(dead_code)]
+#[path = "../../../tests/support/tiny_chat.rs"]
+mod tiny;
+
+use i_slint_backend_testing::{AccessibleRole, ElementHandle};
+use pteria::chat::{Author, ChatCore, Settings};
+use pteria_desktop::shell::{self, Post};
+use pteria_desktop::{AppWindow, MessageRow, VariantRow};
+use slint::{ComponentHandle, Model};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// Temporary app files and a loopback hub serving the downloadable model.
+struct Setup {
+    dir: tempfile::TempDir,
+    hub: hub::Hub,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let hub = hub::Hub::start();
+        for (path, bytes, lfs) in tiny::remote_files(&fixtures()) {
+            hub.add_file(tiny::REPO, tiny::REV, path, bytes, lfs);
+        }
+        Setup {
+            dir: tempfile::tempdir().unwrap(),
+            hub,
+        }
+    }
+
+    fn config(&self) -> pteria::chat::CoreConfig {
+        tiny::config(self.dir.path(), &fixtures(), self.hub.endpoint())
+    }
+
+    /// A core with greedy, six-token replies on the CPU.
+    fn open(&self) -> ChatCore {
+        let core = ChatCore::open(self.config()).unwrap();
+        core.update_settings(Settings {
+            temperature: 0.0,
+            max_tokens: Some(6),
+            device: pteria::chat::DeviceChoice::Cpu,
+            ..Settings::default()
+        })
+        .unwrap();
+        core
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A headless window on `core`. The core's events reach the window through a queue the test
+/// drains on this thread (the testing backend's per-thread platform has no event loop).
+fn window(core: &ChatCore) -> (AppWindow, Receiver<Job>) {
+    // Each test thread gets its own headless platform.
+    thread_local!(static INIT: Once = const { Once::new() });
+    INIT.with(|o| o.call_once(i_slint_backend_testing::init_no_event_loop));
+    let (tx, rx) = mpsc::channel::<Job>();
+    let post: Post = Arc::new(move |f| {
+        let _ = tx.send(f);
+    });
+    let ui = AppWindow::new().unwrap();
+    shell::attach(&ui, core.clone(), post, true);
+    ui.show().unwrap();
+    (ui, rx)
+}
+
+/// Runs queued UI work until `done` holds, calling `each` after every piece.
+fn pump(rx: &Receiver<Job>, mut done: impl FnMut() -> bool, mut each: impl FnMut()) {
+    while !done() {
+        let job = rx
+            .recv_timeout(TIMEOUT)
+            .expect("the window never got there");
+        job();
+        each();
+    }
+}
+
+/// Presses the control labelled `label` (texts carry their words as a label too: skipped).
+fn click(ui: &AppWindow, label: &str) {
+    let button = ElementHandle::find_by_accessible_label(ui, label)
+        .find(|e| e.accessible_role() != Some(AccessibleRole::Text))
+        .unwrap_or_else(|| panic!("no `{label}` on screen"));
+    assert_eq!(
+        button.accessible_enabled(),
+        Some(true),
+        "`{label}` is disabled"
+    );
+    button.invoke_accessible_default_action();
+}
+
+fn type_into(ui: &AppWindow, id: &str, text: &str) {
+    ElementHandle::find_by_element_id(ui, id)
+        .next()
+        .unwrap_or_else(|| panic!("no `{id}` on screen"))
+        .set_accessible_value(text);
+}
+
+fn rows(ui: &AppWindow) -> Vec<MessageRow> {
+    ui.get_messages().iter().collect()
+}
+
+fn variant(ui: &AppWindow, spec: &str) -> VariantRow {
+    ui.get_variants()
+        .iter()
+        .find(|v| v.spec == spec)
+        .unwrap_or_else(|| panic!("no row for {spec}"))
+}
+
+fn loaded(ui: &AppWindow, rx: &Receiver<Job>) {
+    pump(rx, || ui.get_model_loaded(), || {});
+}
+
+/// Types `text` and presses Send; returns the reply's text as it was after each streamed piece.
+fn send_and_watch(ui: &AppWindow, rx: &Receiver<Job>, text: &str) -> Vec<String> {
+    type_into(ui, "ChatPage::message-input", text);
+    assert_eq!(ui.get_draft(), text);
+    click(ui, "Send");
+    assert!(ui.get_replying());
+    let mut seen = Vec::new();
+    pump(
+        rx,
+        || !ui.get_replying(),
+        || {
+            if let Some(last) = rows(ui).last().filter(|r| r.streaming) {
+                seen.push(last.text.to_string());
+            }
+        },
+    );
+    seen
+}
+
+#[test]
+fn a_sent_message_streams_its_reply_into_the_window_with_ttft_and_speed() {
+    let s = Setup::new();
+    let core = s.open();
+    let (ui, rx) = window(&core);
+    assert!(!ui.get_model_loaded());
+    loaded(&ui, &rx);
+    assert!(
+        ui.get_model_status().contains("Tiny Llama (bundled)"),
+        "{}",
+        ui.get_model_status()
+    );
+
+    let seen = send_and_watch(&ui, &rx, "hi");
+    assert_eq!(ui.get_draft(), "", "the message box is cleared");
+    // The reply grew piece by piece in the window before it finished.
+    let partial: Vec<&String> = seen.iter().filter(|t| !t.is_empty()).collect();
+    assert!(partial.len() >= 2, "{seen:?}");
+    assert!(partial.windows(2).all(|w| w[1].starts_with(w[0].as_str())));
+
+    let shown = rows(&ui);
+    assert_eq!(shown.len(), 2);
+    assert!(shown[0].user && shown[0].text == "hi");
+    let reply = &shown[1];
+    assert!(!reply.user && !reply.streaming);
+    let saved = core.conversation(&ui.get_current_conversation()).unwrap();
+    assert_eq!(saved.messages[1].author, Author::Assistant);
+    assert_eq!(reply.text, saved.messages[1].content.as_str());
+    assert_eq!(*partial.last().unwrap(), &saved.messages[1].content);
+    assert!(reply.blocks.row_count() >= 1);
+    let stats = reply.stats.to_string();
+    assert!(
+        stats.starts_with("TTFT ") && stats.contains(" ms · "),
+        "{stats}"
+    );
+    assert!(stats.contains(" tok/s · 6 tokens"), "{stats}");
+    assert_eq!(ui.get_context_usage(), "context 13 / 32 tokens");
+    let titles: Vec<String> = ui
+        .get_conversations()
+        .iter()
+        .map(|c| c.title.to_string())
+        .collect();
+    assert_eq!(titles, ["hi"], "the first message names the conversation");
+
+    // Regenerate replaces the reply; greedy sampling writes the same one again.
+    click(&ui, "Regenerate");
+    assert!(ui.get_replying());
+    assert_eq!(rows(&ui).len(), 2, "the old reply gives way to the new one");
+    pump(&rx, || !ui.get_replying(), || {});
+    let again = rows(&ui);
+    assert_eq!(again.len(), 2);
+    assert_eq!(again[1].text, reply.text);
+    assert_ne!(again[1].id, reply.id);
+}
+
+#[test]
+fn stop_ends_the_reply_and_the_window_shows_it_stopped() {
+    let s = Setup::new();
+    let core = s.open();
+    core.update_settings(Settings {
+        max_tokens: None,
+        ..core.settings()
+    })
+    .unwrap();
+    let (ui, rx) = window(&core);
+    loaded(&ui, &rx);
+    type_into(&ui, "ChatPage::message-input", "hi");
+    click(&ui, "Send");
+    // Stop once the first text is on screen, with the Stop button that replaced Send.
+    pump(
+        &rx,
+        || rows(&ui).last().is_some_and(|r| !r.text.is_empty()),
+        || {},
+    );
+    assert!(ElementHandle::find_by_accessible_label(&ui, "Send")
+        .all(|e| e.accessible_role() == Some(AccessibleRole::Text)));
+    click(&ui, "Stop");
+    pump(&rx, || !ui.get_replying(), || {});
+    let reply = rows(&ui).pop().unwrap();
+    assert!(reply.stats.ends_with(" · stopped"), "{}", reply.stats);
+    let saved = core.conversation(&ui.get_current_conversation()).unwrap();
+    let last = saved.messages.last().unwrap();
+    assert!(last.stopped);
+    assert_eq!(reply.text, last.content.as_str());
+    // Without the stop the never-ending fixture fills the 25 positions left.
+    assert!(last.stats.as_ref().unwrap().generated_tokens < 5);
+}
+
+#[test]
+fn settings_saved_in_the_window_persist_and_bad_values_are_refused() {
+    let s = Setup::new();
+    let core = s.open();
+    let (ui, _rx) = window(&core);
+    ui.set_page(2);
+    type_into(
+        &ui,
+        "SettingsPage::system-prompt-input",
+        "Answer in French.",
+    );
+    ui.set_top_k(7);
+    ui.set_max_tokens(0);
+    ui.set_device(2);
+    click(&ui, "Gemma 4 thinking");
+    assert!(ui.get_thinking());
+    click(&ui, "Save settings");
+    assert_eq!(ui.get_settings_status(), "Saved");
+    let saved = core.settings();
+    assert_eq!(saved.system_prompt, "Answer in French.");
+    assert_eq!((saved.top_k, saved.max_tokens), (7, None));
+    assert!(saved.thinking);
+
+    ui.set_temperature(-1.0);
+    click(&ui, "Save settings");
+    assert!(
+        ui.get_settings_status().contains("temperature"),
+        "{}",
+        ui.get_settings_status()
+    );
+    assert_eq!(core.settings().temperature, saved.temperature);
+
+    // A new window on a new core over the same data directory shows what was saved.
+    drop(ui);
+    drop(core);
+    let core = ChatCore::open(s.config()).unwrap();
+    let (ui, _rx) = window(&core);
+    assert_eq!(ui.get_system_prompt(), "Answer in French.");
+    assert_eq!((ui.get_top_k(), ui.get_max_tokens()), (7, 0));
+    assert!(ui.get_thinking());
+    assert_eq!(ui.get_device(), 2);
+}
+
+#[test]
+fn the_model_picker_downloads_with_progress_then_loads_and_deletes() {
+    let s = Setup::new();
+    let core = s.open();
+    let (ui, rx) = window(&core);
+    loaded(&ui, &rx);
+    ui.set_page(1);
+    let bundled = variant(&ui, tiny::BUNDLED);
+    assert_eq!(bundled.state, "bundled");
+    assert!(bundled.loaded && bundled.first_of_model);
+    let spec = tiny::REMOTE;
+    assert_eq!(variant(&ui, spec).state, "remote");
+    assert_eq!(variant(&ui, spec).fit_light, "green");
+
+    // A slow transfer, so the window shows progress and a Cancel button.
+    s.hub.fail_next_get(
+        "cpu/model.pte",
+        hub::Fault::Trickle {
+            chunk: 4096,
+            every: std::time::Duration::from_millis(20),
+        },
+    );
+    click(&ui, &format!("Download {spec}"));
+    pump(&rx, || variant(&ui, spec).progress > 0.0, || {});
+    let row = variant(&ui, spec);
+    assert_eq!(row.state, "downloading");
+    assert!(row.progress_text.contains(" of "), "{}", row.progress_text);
+    click(&ui, &format!("Cancel {spec}"));
+    pump(&rx, || variant(&ui, spec).state != "downloading", || {});
+    assert_eq!(variant(&ui, spec).state, "partial");
+    assert!(ui.get_models_status().starts_with("Cancelled"));
+
+    // Resume, then use it, then delete it.
+    click(&ui, &format!("Download {spec}"));
+    pump(&rx, || variant(&ui, spec).state == "downloaded", || {});
+    assert!(ui.get_models_status().starts_with("Downloaded"));
+    click(&ui, &format!("Use {spec}"));
+    pump(&rx, || variant(&ui, spec).loaded, || {});
+    assert_eq!(core.loaded_model().unwrap().spec, spec);
+    assert!(ui.get_model_status().contains("Tiny Llama (hub)"));
+    click(&ui, &format!("Delete {spec}"));
+    assert_eq!(variant(&ui, spec).state, "remote");
+    assert!(
+        !ui.get_model_loaded(),
+        "deleting the loaded model unloads it"
+    );
+}
+
+#[test]
+fn conversations_are_listed_reopened_and_deleted_from_the_sidebar() {
+    let s = Setup::new();
+    let core = s.open();
+    let (ui, rx) = window(&core);
+    loaded(&ui, &rx);
+    send_and_watch(&ui, &rx, "first");
+    click(&ui, "New chat");
+    assert_eq!(rows(&ui).len(), 0);
+    send_and_watch(&ui, &rx, "second");
+    let titles: Vec<String> = ui
+        .get_conversations()
+        .iter()
+        .map(|c| c.title.to_string())
+        .collect();
+    assert_eq!(titles, ["second", "first"], "newest first");
+
+    click(&ui, "first");
+    assert_eq!(rows(&ui)[0].text, "first");
+    assert_eq!(ui.get_context_usage(), "context 16 / 32 tokens");
+
+    // Restarted, the window opens the newest conversation.
+    drop(ui);
+    drop(core);
+    let core = s.open();
+    let (ui, _rx) = window(&core);
+    assert_eq!(rows(&ui).len(), 2);
+    assert_eq!(rows(&ui)[0].text, "second");
+    click(&ui, "Delete conversation second");
+    assert_eq!(ui.get_conversations().row_count(), 1);
+    assert_eq!(rows(&ui).len(), 0);
+    assert_eq!(core.conversations().len(), 1);
+}
