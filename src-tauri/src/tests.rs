@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tauri::ipc::{CallbackFn, InvokeBody, InvokeResponseBody};
-use tauri::test::{get_ipc_response, mock_builder, mock_context, noop_assets, MockRuntime};
+use tauri::test::{get_ipc_response, mock_builder, MockRuntime};
 use tauri::webview::{InvokeRequest, WebviewWindowBuilder};
 use tauri::{App, WebviewWindow};
 
@@ -40,13 +40,17 @@ fn setup() -> Fixture {
         hub.add_file(tiny::REPO, tiny::REV, path, bytes, lfs);
     }
     let core = ChatCore::open(tiny::config(dir.path(), &fixtures(), hub.endpoint())).unwrap();
+    // The app's real context: its capability file decides what the page may call.
     let app = with_commands(mock_builder())
         .manage(core)
-        .build(mock_context(noop_assets()))
+        .build(tauri::generate_context!())
         .unwrap();
-    let webview = WebviewWindowBuilder::new(&app, "main", Default::default())
-        .build()
-        .unwrap();
+    let webview = match app.get_webview_window("main") {
+        Some(w) => w,
+        None => WebviewWindowBuilder::new(&app, "main", Default::default())
+            .build()
+            .unwrap(),
+    };
     Fixture {
         _dir: dir,
         hub,
@@ -57,12 +61,12 @@ fn setup() -> Fixture {
 
 impl Fixture {
     /// Invokes `cmd` through the IPC as the web UI does; the JSON result or the error text.
-    fn call(&self, cmd: &str, args: Value) -> Result<Value, String> {
+    fn call(&self, cmd: &str, args: Value) -> std::result::Result<Value, String> {
         let request = InvokeRequest {
             cmd: cmd.into(),
             callback: CallbackFn(0),
             error: CallbackFn(1),
-            url: "http://tauri.localhost".parse().unwrap(),
+            url: "tauri://localhost".parse().unwrap(),
             body: InvokeBody::Json(args),
             headers: Default::default(),
             invoke_key: tauri::test::INVOKE_KEY.to_string(),
@@ -150,6 +154,14 @@ fn every_registered_command_answers_through_the_ipc() {
     }
     let e = f.call("no_such_command", json!({})).unwrap_err();
     assert!(e.contains("not found"), "{e}");
+    // Least privilege: the page may not use core plugins the app does not grant.
+    let e = f
+        .call(
+            "plugin:event|emit",
+            json!({ "event": "x", "payload": null }),
+        )
+        .unwrap_err();
+    assert!(e.contains("not allowed"), "{e}");
 }
 
 #[test]

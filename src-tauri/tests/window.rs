@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use tauri::Manager;
 
 const QUESTION: &str = "What is the capital of France?";
+/// The fixture's context holds 32 tokens: a short message.
+const SHORT: &str = "Hi!";
 const DEMO_DIR: &str = "models/smollm2-135m-instruct";
 
 struct Xvfb(Option<Child>);
@@ -109,8 +111,9 @@ fn the_real_window_streams_a_reply_and_is_captured() {
     let (done_tx, done_rx) = mpsc::channel::<Result<(), String>>();
     let shot_path = shot.clone();
     let watcher = core.clone();
+    let question = if which == "demo" { QUESTION } else { SHORT };
     std::thread::spawn(move || {
-        let result = drive(&handle, &watcher, &shot_path);
+        let result = drive(&handle, &watcher, &shot_path, question);
         let _ = done_tx.send(result);
         handle.exit(0);
     });
@@ -122,7 +125,7 @@ fn the_real_window_streams_a_reply_and_is_captured() {
 
     let conversation = &core.conversations()[0];
     let saved = core.conversation(&conversation.id).unwrap();
-    assert_eq!(saved.messages[0].content, QUESTION);
+    assert_eq!(saved.messages[0].content, question);
     let reply = &saved.messages[1];
     assert!(!reply.content.is_empty(), "{reply:?}");
     let png = std::fs::read(&shot).unwrap();
@@ -141,7 +144,12 @@ fn the_real_window_streams_a_reply_and_is_captured() {
 
 /// Types and sends the question through the page once a model is loaded, waits for the saved
 /// reply, and saves the window as a PNG.
-fn drive(handle: &tauri::AppHandle, core: &ChatCore, shot: &Path) -> Result<(), String> {
+fn drive(
+    handle: &tauri::AppHandle,
+    core: &ChatCore,
+    shot: &Path,
+    question: &str,
+) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(240);
     let wait = |what: &str, ok: &dyn Fn() -> bool| -> Result<(), String> {
         while !ok() {
@@ -163,7 +171,7 @@ fn drive(handle: &tauri::AppHandle, core: &ChatCore, shot: &Path) -> Result<(), 
             document.getElementById("input").value = {q:?};
             document.getElementById("send").click();
         }})();"#,
-        q = QUESTION
+        q = question
     );
     window.eval(&script).map_err(|e| e.to_string())?;
     wait("the reply to be saved", &|| {
@@ -187,11 +195,13 @@ fn drive(handle: &tauri::AppHandle, core: &ChatCore, shot: &Path) -> Result<(), 
 
 /// The window's pixels as the X server has them, through GDK.
 fn capture(window: &tauri::WebviewWindow, path: &Path) -> Result<(), String> {
+    use gtk::gdk::prelude::*;
     use gtk::prelude::*;
     let gtk_window = window.gtk_window().map_err(|e| e.to_string())?;
     let gdk_window = gtk_window.window().ok_or("the window is not realised")?;
     let (w, h) = (gdk_window.width(), gdk_window.height());
-    let pixbuf = gtk::gdk::pixbuf_get_from_window(&gdk_window, 0, 0, w, h)
+    let pixbuf = gdk_window
+        .pixbuf(0, 0, w, h)
         .ok_or("could not read the window's pixels")?;
     pixbuf
         .savev(path, "png", &[])
