@@ -1,4 +1,4 @@
-//! The `pteria` binary as users and outside checks call it: `inspect` and `logits`.
+//! The `pteria` binary as users and outside checks call it: `inspect`, `logits`, `generate`.
 
 mod common;
 
@@ -194,5 +194,93 @@ fn inspect_shows_blob_nodes_and_the_ir_ops_they_lower_to_for_every_format() {
             "{file} blob ops: {nodes:?}"
         );
         assert!(ops.iter().any(|l| l == ir), "{file} IR ops: {ops:?}");
+/// A model directory around a fixture program: a 256-entry byte tokenizer (id 0 `<eos>`) and a
+/// chat template that writes the messages' text.
+fn byte_model_dir(program: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<eos>".into(), 0.into());
+    for b in 1..=255u32 {
+        vocab.insert(format!("<0x{b:02X}>"), b.into());
+    }
+    let tj = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 0, "content": "<eos>", "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<eos>", "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    let cfg = serde_json::json!({
+        "eos_token": "<eos>",
+        "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}",
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), tj.to_string()).expect("write");
+    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).expect("write");
+    std::fs::copy(common::fixtures().join(program), dir.path().join(program)).expect("copy");
+    dir
+}
+
+#[test]
+fn generate_runs_an_xnnpack_program_on_the_cpu_and_the_gpu_executor() {
+    let dir = byte_model_dir("llama_tiny_xnnpack_8da4w.pte");
+    let model = dir.path().to_string_lossy().into_owned();
+    for device in ["cpu", "gpu"] {
+        let (ok, _, err) = pteria(&[
+            "generate",
+            "--model",
+            &model,
+            "--prompt",
+            "hello",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "4",
+            "--stats",
+            "--device",
+            device,
+        ]);
+        assert!(ok, "--device {device}: {err}");
+        // 4 tokens, or fewer if the model ended its turn: either way a finished reply.
+        assert!(
+            err.contains("stop: max tokens") || err.contains("stop: end of turn"),
+            "--device {device}: {err}"
+        );
+    }
+    let (ok, _, err) = pteria(&[
+        "generate", "--model", &model, "--prompt", "x", "--device", "tpu",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("unknown device `tpu`"), "{err}");
+}
+
+/// `pteria generate` without `--model` uses the bundled demo model. Its program is not in git
+/// (assets/models/smollm2-135m-instruct/README.md): without it the error says where it belongs.
+#[test]
+fn generate_defaults_to_the_bundled_demo_model() {
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("assets/models/smollm2-135m-instruct/model.pte");
+    let (ok, out, err) = pteria(&[
+        "generate",
+        "--prompt",
+        "What is the capital of France?",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "16",
+        "--device",
+        "cpu",
+    ]);
+    if demo.is_file() {
+        assert!(ok, "{err}");
+        assert!(out.contains("Paris"), "{out}");
+    } else {
+        assert!(!ok);
+        assert!(
+            err.contains("model.pte") && err.contains("export_demo_model.py"),
+            "{err}"
+        );
     }
 }

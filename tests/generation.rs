@@ -1297,3 +1297,42 @@ fn model_files_are_found_beside_the_program() {
     std::fs::write(dir.path().join("other.pte"), b"").unwrap();
     assert!(ModelFiles::in_dir(dir.path()).is_err());
 }
+
+#[test]
+fn load_options_on_a_device_run_delegated_programs_on_the_cpu_and_the_gpu_executor() {
+    use pteria::runtime::delegate::Device;
+    let never = CancelToken::new();
+    let gold = golden("llama_tiny_xnnpack_8da4w.golden.npy");
+    // Without the front ends the XNNPACK program does not load at all.
+    let refused = Runner::open(
+        &fixtures().join("llama_tiny_xnnpack_8da4w.pte"),
+        &[],
+        &LoadOptions::default().backends,
+        &RunnerConfig::default(),
+    );
+    match refused {
+        Err(e) => assert!(e.to_string().contains("XnnpackBackend"), "{e}"),
+        Ok(_) => panic!("an XNNPACK program loaded without an XNNPACK backend"),
+    }
+    for device in [Device::Cpu, Device::Gpu] {
+        let (options, _) = LoadOptions::on_device(device).unwrap();
+        let mut r = Runner::open(
+            &fixtures().join("llama_tiny_xnnpack_8da4w.pte"),
+            &[],
+            &options.backends,
+            &RunnerConfig::default(),
+        )
+        .unwrap_or_else(|e| panic!("{device:?}: {e}"));
+        let mut seq = PROMPT.to_vec();
+        r.prefill(&seq, &never, &mut |_, _| {}).unwrap();
+        // The manifest's tolerance for this program (int8 dynamic activations round differently).
+        let err = rel_l2(r.logits().unwrap(), &gold[0]);
+        assert!(err < 1e-2, "{device:?}, prefill: rel L2 {err}");
+        for (k, &t) in DECODE.iter().enumerate() {
+            seq.push(t);
+            r.prefill(&seq, &never, &mut |_, _| {}).unwrap();
+            let err = rel_l2(r.logits().unwrap(), &gold[k + 1]);
+            assert!(err < 1e-2, "{device:?}, decode {k}: rel L2 {err}");
+        }
+    }
+}

@@ -79,6 +79,9 @@ pub struct Variant {
     pub file: String,
     pub approx_bytes: u64,
     pub kv_bytes_per_value: u64,
+    /// The program's sha256 (lowercase hex) where the catalog pins it: a bundled program that is
+    /// produced locally rather than shipped is checked against it.
+    pub sha256: Option<String>,
 }
 
 /// The ExecuTorch delegate a variant's program was exported for.
@@ -297,6 +300,7 @@ mod raw {
         file: String,
         approx_bytes: u64,
         kv_bytes_per_value: Option<u64>,
+        sha256: Option<String>,
     }
 
     fn check_id(entry: &str, id: &str) -> Result<(), CatalogError> {
@@ -350,6 +354,14 @@ mod raw {
                 if variants.iter().any(|o| o.id == v.id) {
                     return Err(invalid(&entry, "variant id appears twice"));
                 }
+                if let Some(h) = &v.sha256 {
+                    let hex = h.len() == 64
+                        && h.bytes()
+                            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                    if !hex {
+                        return Err(invalid(&entry, "sha256 must be 64 lowercase hex digits"));
+                    }
+                }
                 variants.push(super::Variant {
                     id: v.id,
                     backend: v.backend,
@@ -359,6 +371,7 @@ mod raw {
                     kv_bytes_per_value: v
                         .kv_bytes_per_value
                         .unwrap_or(super::DEFAULT_KV_BYTES_PER_VALUE),
+                    sha256: v.sha256,
                 });
             }
             Ok(super::Model {
@@ -439,6 +452,36 @@ mod tests {
             demo.files(variant).collect::<Vec<_>>(),
             ["model.pte", "tokenizer.json", "tokenizer_config.json"]
         );
+    }
+
+    /// The demo entry describes the program golden.json was made from (and the program in
+    /// assets/, where one has been produced).
+    #[test]
+    fn demo_variant_matches_the_program_its_golden_describes() {
+        let catalog = Catalog::builtin().unwrap();
+        let demo = catalog.model("smollm2-135m-instruct").unwrap();
+        let v = &demo.variants[0];
+        assert_eq!(
+            (v.id.as_str(), v.backend),
+            ("xnnpack-8da4w", Backend::Xnnpack)
+        );
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/models/smollm2-135m-instruct");
+        let text = std::fs::read_to_string(dir.join("golden.json")).unwrap();
+        let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let file = &golden["file"];
+        assert_eq!(file["name"].as_str(), Some(v.file.as_str()));
+        assert_eq!(file["bytes"].as_u64(), Some(v.approx_bytes));
+        assert_eq!(file["sha256"].as_str(), v.sha256.as_deref());
+        if let Ok(meta) = std::fs::metadata(dir.join(&v.file)) {
+            assert_eq!(meta.len(), v.approx_bytes);
+        }
+    }
+
+    #[test]
+    fn malformed_sha256_is_rejected() {
+        let bad = ONE_MODEL.replace("approx_bytes = 1", "approx_bytes = 1\nsha256 = \"ABC\"");
+        let err = Catalog::from_toml(&bad).unwrap_err().to_string();
+        assert!(err.contains("sha256"), "{err}");
     }
 
     #[test]

@@ -306,11 +306,11 @@ mod tests {
     }
 
     #[test]
-    fn model_with_only_a_portable_variant_uses_it() {
+    fn model_with_only_a_cpu_variant_uses_it() {
         let catalog = Catalog::builtin().unwrap();
         let demo = catalog.model("smollm2-135m-instruct").unwrap();
         let c = choose(demo, &device(Os::Linux, vec![adreno()]), &[], None).unwrap();
-        assert_eq!(c.variant.id, "portable-fp32");
+        assert_eq!(c.variant.id, "xnnpack-8da4w");
         assert!(matches!(c.reason, Reason::CpuFallback(_)));
     }
 }

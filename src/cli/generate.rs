@@ -2,6 +2,7 @@
 //! reply goes to stdout (streamed), everything else to stderr. Also holds what `chat` shares
 //! with it: model resolution (path or catalog id), device, sampling flags.
 
+use super::models::assets_dir;
 use anyhow::{anyhow, bail, Result};
 use pteria::catalog::{self, Catalog, Source};
 use pteria::download::Cache;
@@ -9,15 +10,13 @@ use pteria::llm::{
     CancelToken, Completion, Engine, Event, GenerateOptions, LoadOptions, Message, ModelFiles,
     ModelInfo, RunnerConfig, SamplingParams,
 };
-use pteria::runtime::BackendRegistry;
+use pteria::runtime::delegate::Device;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// The model used when `--model` is not given: the demo shipped in assets/.
 const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
-/// Overrides where bundled models are looked for (the same variable `pteria models` reads).
-const ASSETS_ENV: &str = "PTERIA_ASSETS";
 
 #[derive(clap::Args)]
 pub struct ModelArgs {
@@ -117,34 +116,23 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Starts the engine and loads the model `args` names.
+/// Starts the engine and loads the model `args` names, its delegate graphs on `--device`.
 pub fn open(args: &ModelArgs) -> Result<(Engine, ModelInfo)> {
     let files = resolve_model(args.model.as_deref())?;
-    let options = LoadOptions {
-        backends: backends(&args.device)?,
-        runner: RunnerConfig {
-            prefill_chunk: args.prefill_chunk,
-            context_limit: args.context,
-        },
-        ..LoadOptions::default()
+    let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
+    let (mut options, note) = LoadOptions::on_device(device)?;
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    options.runner = RunnerConfig {
+        prefill_chunk: args.prefill_chunk,
+        context_limit: args.context,
     };
     let engine = Engine::new()?;
     let info = engine
         .load(files.clone(), options)
         .map_err(|e| anyhow!("loading {}: {e}", files.program.display()))?;
     Ok((engine, info))
-}
-
-/// The delegate backends for `--device`. The generation path has only the CPU runtime's
-/// portable kernels so far; delegate front ends register here as they land.
-fn backends(device: &str) -> Result<BackendRegistry> {
-    match device {
-        "auto" | "cpu" => Ok(BackendRegistry::default()),
-        "gpu" => {
-            bail!("--device gpu: no GPU executor is wired into generation yet; use --device cpu")
-        }
-        d => bail!("unknown device `{d}` (expected auto, cpu or gpu)"),
-    }
 }
 
 /// Runs one reply, streaming text to stdout; `current` holds its cancel token meanwhile so a
@@ -241,21 +229,6 @@ pub fn describe_stats(c: &Completion) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-/// `PTERIA_ASSETS`, else `assets/` beside the executable, else the source tree's `assets/`:
-/// the lookup `pteria models` uses.
-fn assets_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os(ASSETS_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    let beside_exe = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join("assets")));
-    match beside_exe {
-        Some(dir) if dir.is_dir() => dir,
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets"),
-    }
-}
-
 /// `--model`: an existing path (a .pte or a directory with one), else a catalog id.
 pub fn resolve_model(spec: Option<&str>) -> Result<ModelFiles> {
     let spec = spec.unwrap_or(DEFAULT_MODEL);
@@ -280,13 +253,24 @@ pub fn resolve_model(spec: Option<&str>) -> Result<ModelFiles> {
             );
         }
         // The variant's file when present, else whatever single .pte the directory holds.
-        if let Some(v) = explicit.or(model.variants.first()) {
+        let variant = explicit.or(model.variants.first());
+        if let Some(v) = variant {
             let named = dir.join(&v.file);
             if named.is_file() {
                 return Ok(ModelFiles::beside(named)?);
             }
         }
-        return Ok(ModelFiles::in_dir(&dir)?);
+        return ModelFiles::in_dir(&dir).map_err(|e| match variant {
+            // The program is larger than the repository may hold, so a checkout lacks it.
+            Some(v) => anyhow!(
+                "the bundled model `{}` has no program: {} is missing ({e}); produce it with \
+                 tests/fixtures/export_demo_model.py (see {}) or pass --model",
+                model.id,
+                dir.join(&v.file).display(),
+                dir.join("README.md").display()
+            ),
+            None => e.into(),
+        });
     }
     let cache = Cache::default_location()?;
     let local = match explicit {

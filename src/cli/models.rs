@@ -1,7 +1,7 @@
 //! `pteria models list | download ID | rm ID | path ID`: the catalog, the cache and downloads.
 //! IDs are `MODEL` or `MODEL:VARIANT`; without a variant, download picks this device's default.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -43,19 +43,22 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
-/// `PTERIA_ASSETS`, else `assets/` beside the executable (installed layouts), else the source
-/// tree's `assets/` (running from a checkout).
-fn assets_dir() -> PathBuf {
+/// `PTERIA_ASSETS`, else `assets/` beside the executable or in a directory above it (installed
+/// layouts; `target/<profile>/pteria` in a checkout), else the source tree's `assets/` as it was
+/// when this binary was built.
+pub fn assets_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os(ASSETS_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
-    let beside_exe = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join("assets")));
-    match beside_exe {
-        Some(dir) if dir.is_dir() => dir,
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets"),
-    }
+    let exe = std::env::current_exe().ok();
+    let found = exe
+        .as_deref()
+        .and_then(Path::parent)
+        .into_iter()
+        .flat_map(Path::ancestors)
+        .map(|d| d.join("assets"))
+        .find(|a| a.join("models").is_dir());
+    found.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets"))
 }
 
 fn gb(bytes: u64) -> String {

@@ -58,6 +58,9 @@ pub enum LlmError {
     /// The program is a valid ExecuTorch program but not an LLM this runner can drive.
     #[error("unsupported program: {0}")]
     Unsupported(String),
+    /// The requested device cannot run the model (no GPU adapter, ...).
+    #[error("{0}")]
+    Device(String),
     #[error("tokenizer {path}: {msg}")]
     Tokenizer { path: String, msg: String },
     #[error("chat template: {0}")]

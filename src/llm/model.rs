@@ -7,6 +7,7 @@ use super::sampler::{Sampler, SamplingParams};
 use super::template::{ChatTemplate, Message, RenderOptions, Role};
 use super::tokenizer::Tokenizer;
 use super::{CancelToken, LlmError, ModelMetadata, Result};
+use crate::runtime::delegate::{executor_for, Device};
 use crate::runtime::BackendRegistry;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -141,6 +142,21 @@ pub struct LoadOptions {
     pub backends: BackendRegistry,
     pub runner: RunnerConfig,
     pub context: ContextPolicy,
+}
+
+impl LoadOptions {
+    /// Load options whose delegate programs (XNNPACK, Vulkan) are lowered to the IR and run on
+    /// `device`; the portable part of a program always runs on the CPU runtime. With
+    /// `Device::Auto` and no usable GPU the CPU executor is used and the reason is returned,
+    /// for the caller to show.
+    pub fn on_device(device: Device) -> Result<(LoadOptions, Option<String>)> {
+        let (make, note) = executor_for(device).map_err(LlmError::Device)?;
+        let options = LoadOptions {
+            backends: crate::frontend::backends(make),
+            ..LoadOptions::default()
+        };
+        Ok((options, note))
+    }
 }
 
 /// Per-request settings.

@@ -1,0 +1,224 @@
+//! The bundled demo model (assets/models/smollm2-135m-instruct): the chat template from its
+//! tokenizer_config.json and its tokenizer.json reproduce the golden prompt ids, and greedy
+//! generation reproduces the ExecuTorch Python runtime's token ids (golden.json, written by
+//! tests/fixtures/export_demo_model.py on the same model.pte) with the XNNPACK delegate lowered to
+//! the IR and run on the CPU executor and on the GPU executor. The one accepted difference is a
+//! near-tie: where the sequences first part, the golden's top-2 logits are within `NEAR_TIE`.
+//!
+//! model.pte is too large for the repository (see the model's README.md): without it these tests
+//! say so and pass; the template/tokenizer check runs regardless.
+
+use pteria::llm::{
+    CancelToken, ChatTemplate, LoadOptions, Message, Model, ModelFiles, RenderOptions, Role,
+    Sampler, SamplingParams, Tokenizer,
+};
+use pteria::runtime::delegate::Device;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Largest gap between the golden's top-2 logits at which a different pick is accepted.
+const NEAR_TIE: f64 = 1e-3;
+
+fn demo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/models/smollm2-135m-instruct")
+}
+
+struct GoldenPrompt {
+    messages: Vec<Message>,
+    prompt_ids: Vec<u32>,
+    generated_ids: Vec<u32>,
+    /// Per generated token: the golden's top-2 (id, logit).
+    top2: Vec<[(u32, f64); 2]>,
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of ids")
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().expect("an id")).expect("a u32 id"))
+        .collect()
+}
+
+fn golden() -> Vec<GoldenPrompt> {
+    let text = std::fs::read_to_string(demo_dir().join("golden.json")).expect("golden.json");
+    let g: Value = serde_json::from_str(&text).expect("golden.json is JSON");
+    g["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .map(|p| GoldenPrompt {
+            messages: p["messages"]
+                .as_array()
+                .expect("messages")
+                .iter()
+                .map(|m| {
+                    let content = m["content"].as_str().expect("content").to_string();
+                    let role = match m["role"].as_str().expect("role") {
+                        "system" => Role::System,
+                        "user" => Role::User,
+                        "assistant" => Role::Assistant,
+                        r => panic!("unexpected role {r}"),
+                    };
+                    Message { role, content }
+                })
+                .collect(),
+            prompt_ids: ids(&p["prompt_ids"]),
+            generated_ids: ids(&p["generated_ids"]),
+            top2: p["steps"]
+                .as_array()
+                .expect("steps")
+                .iter()
+                .map(|s| {
+                    let i = ids(&s["top2_ids"]);
+                    let l: Vec<f64> = s["top2_logits"]
+                        .as_array()
+                        .expect("top2_logits")
+                        .iter()
+                        .map(|x| x.as_f64().expect("a logit"))
+                        .collect();
+                    [(i[0], l[0]), (i[1], l[1])]
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn render(template: &ChatTemplate, tokenizer: &Tokenizer, messages: &[Message]) -> Vec<u32> {
+    let text = template
+        .render(
+            messages,
+            RenderOptions {
+                add_generation_prompt: true,
+                enable_thinking: false,
+            },
+        )
+        .expect("the template renders");
+    tokenizer.encode(&text).expect("the prompt tokenizes")
+}
+
+#[test]
+fn template_and_tokenizer_reproduce_the_golden_prompt_ids() {
+    let dir = demo_dir();
+    let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json")).expect("tokenizer.json");
+    let template = ChatTemplate::from_config_file(&dir.join("tokenizer_config.json"))
+        .expect("tokenizer_config.json");
+    let golden = golden();
+    assert_eq!(golden.len(), 3);
+    for (i, g) in golden.iter().enumerate() {
+        assert_eq!(
+            render(&template, &tokenizer, &g.messages),
+            g.prompt_ids,
+            "prompt {i}"
+        );
+    }
+}
+
+/// Greedy generation of every golden prompt on `device`; panics on a difference that is not a
+/// near-tie. Returns the generated token count.
+fn check_device(device: Device) -> usize {
+    let dir = demo_dir();
+    if !dir.join("model.pte").is_file() {
+        eprintln!(
+            "SKIPPED: {} is not present (not in git: produce it with tests/fixtures/export_demo_model.py)",
+            dir.join("model.pte").display()
+        );
+        return 0;
+    }
+    let files = ModelFiles::in_dir(&dir).expect("model files");
+    let (options, note) = LoadOptions::on_device(device).expect("device opens");
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    let mut model = Model::load(files, &options).expect("the demo model loads");
+    let stop_ids = model.stop_ids().to_vec();
+    let never = CancelToken::new();
+    let mut sampler = Sampler::new(SamplingParams::greedy()).expect("greedy sampler");
+    let mut total = 0;
+    for (p, g) in golden().iter().enumerate() {
+        let prompt = render(model.template(), model.tokenizer(), &g.messages);
+        assert_eq!(prompt, g.prompt_ids, "{device:?}, prompt {p}");
+        let runner = model.runner_mut();
+        let mut seq = prompt.clone();
+        let mut got: Vec<u32> = Vec::new();
+        let start = Instant::now();
+        for step in 0..g.generated_ids.len() {
+            // A prefill that extends the cache runs only the new token: the decode call.
+            runner
+                .prefill(&seq, &never, &mut |_, _| {})
+                .unwrap_or_else(|e| panic!("{device:?}, prompt {p}, step {step}: {e}"));
+            let logits = runner.logits().expect("logits after prefill").to_vec();
+            let tok = sampler.sample(&logits, &seq).expect("greedy pick");
+            got.push(tok);
+            let want = g.generated_ids[step];
+            if tok != want {
+                let [(a, la), (b, lb)] = g.top2[step];
+                let ours = |id: u32| logits[id as usize];
+                let info = format!(
+                    "{device:?}, prompt {p}: first divergence at step {step}: golden picks {want}, \
+                     Pteria {tok}; golden top-2 ({a}: {la:.6}, {b}: {lb:.6}, gap {:.2e}); Pteria's \
+                     logits for them {:.6}, {:.6}",
+                    la - lb,
+                    ours(a),
+                    ours(b)
+                );
+                eprintln!("{info}");
+                let near_tie = (la - lb).abs() <= NEAR_TIE && [a, b].contains(&tok);
+                assert!(near_tie, "{info}: not a near-tie");
+                break;
+            }
+            if stop_ids.contains(&tok) {
+                break;
+            }
+            seq.push(tok);
+        }
+        total += got.len();
+        let text = model.tokenizer().decode(&got, false).unwrap_or_default();
+        eprintln!(
+            "{device:?}, prompt {p}: {} tokens in {:.1} s: {text:?}",
+            got.len(),
+            start.elapsed().as_secs_f64()
+        );
+        if got == g.generated_ids {
+            continue;
+        }
+        // Only a near-tie (asserted above) may end the comparison early.
+        assert!(got.len() < g.generated_ids.len() || got == g.generated_ids);
+    }
+    total
+}
+
+#[test]
+fn demo_model_greedy_ids_match_the_golden_on_the_cpu_executor() {
+    check_device(Device::Cpu);
+}
+
+#[test]
+fn demo_model_greedy_ids_match_the_golden_on_the_gpu_executor() {
+    check_device(Device::Gpu);
+}
+
+/// A locally produced model.pte is the very program the golden was generated from (the catalog
+/// pins its sha256; `pteria::catalog` checks that the catalog and golden.json agree).
+#[test]
+fn the_demo_program_is_the_one_the_catalog_pins() {
+    use sha2::{Digest, Sha256};
+    let catalog = pteria::catalog::Catalog::builtin().expect("catalog");
+    let demo = catalog.model("smollm2-135m-instruct").expect("demo entry");
+    let v = &demo.variants[0];
+    let path = demo_dir().join(&v.file);
+    let Ok(bytes) = std::fs::read(&path) else {
+        eprintln!("SKIPPED: {} is not present", path.display());
+        return;
+    };
+    let hex: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        Some(hex.as_str()),
+        v.sha256.as_deref(),
+        "{}",
+        path.display()
+    );
+}
