@@ -194,6 +194,9 @@ fn inspect_shows_blob_nodes_and_the_ir_ops_they_lower_to_for_every_format() {
             "{file} blob ops: {nodes:?}"
         );
         assert!(ops.iter().any(|l| l == ir), "{file} IR ops: {ops:?}");
+    }
+}
+
 /// A model directory around a fixture program: a 256-entry byte tokenizer (id 0 `<eos>`) and a
 /// chat template that writes the messages' text.
 fn byte_model_dir(program: &str) -> tempfile::TempDir {
