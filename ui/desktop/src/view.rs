@@ -330,7 +330,6 @@ mod tests {
         for md in [
             "plain words",
             "Hello *you* and **all**, run `ls -a` ~~now~~.",
-            "***both** then em*",
             "**a***b* and *c***d**",
             "see [the docs](https://example.com/a_b?x=1&y=(2)) now",
             "use `` a`b `` here",
