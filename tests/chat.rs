@@ -6,157 +6,42 @@ mod common;
 #[allow(dead_code)]
 #[path = "downloads/hub.rs"]
 mod hub;
+#[allow(dead_code)]
+#[path = "support/tiny_chat.rs"]
+mod tiny_chat;
 
 use common::fixtures;
 use hub::{Fault, Hub};
-use pteria::catalog::{Catalog, DeviceFacts, Memory, Os};
 use pteria::chat::{
     Author, ChatCore, ChatError, ChatEvent, CoreConfig, DeviceChoice, DownloadEvent, LoadEvent,
     Settings, VariantState,
 };
-use pteria::download::{DownloadOptions, HubConfig, RetryPolicy};
-use pteria::llm::{ContextPolicy, RunnerConfig};
-use serde_json::json;
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
+use tiny_chat::{tokenizer_config, tokenizer_json, PROGRAM as LLAMA, REPO, REV};
 
-const LLAMA: &str = "llama_tiny_portable_fp32.pte";
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A compact ChatML-like template (one role letter per turn) so conversations fit the fixture's
-/// 32-token context: each message costs its bytes plus 3 tokens.
-const TEMPLATE: &str = "{% for m in messages %}{{ '<|im_start|>' + m['role'][0] + m['content'] + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>a' }}{% endif %}";
-
-/// `tokenizer.json` for the fixture's 256-entry vocabulary: ids 0 `<unk>`, 1 `<s>`, 2 `</s>`,
-/// 3 `<|im_start|>`, 4 `<|im_end|>`, then bytes 0x05..0xFF as byte-fallback tokens.
-fn tokenizer_json() -> String {
-    let specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"];
-    let mut vocab = serde_json::Map::new();
-    let mut added = Vec::new();
-    for b in 0..=255u32 {
-        match specials.get(b as usize) {
-            Some(s) => {
-                vocab.insert(s.to_string(), json!(b));
-                added.push(
-                    json!({"id": b, "content": s, "single_word": false, "lstrip": false,
-                                  "rstrip": false, "normalized": false, "special": true}),
-                );
-            }
-            None => {
-                vocab.insert(format!("<0x{b:02X}>"), json!(b));
-            }
-        }
-    }
-    json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
-        "decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]},
-        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                  "vocab": vocab, "merges": []}
-    })
-    .to_string()
-}
-
-fn tokenizer_config() -> String {
-    json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": TEMPLATE}).to_string()
-}
-
-const CATALOG: &str = r#"
-[[model]]
-id = "tiny"
-name = "Tiny Llama (bundled)"
-bundled = "models/tiny"
-files = ["tokenizer.json", "tokenizer_config.json"]
-context_length = 32
-kv_values_per_token = 128
-overhead_bytes = 1000
-
-[[model.variant]]
-id = "portable-fp32"
-backend = "portable"
-quantization = "fp32"
-file = "model.pte"
-approx_bytes = 500000
-
-[[model]]
-id = "remote"
-name = "Tiny Llama (hub)"
-repo = "org/tiny"
-revision = "v1"
-files = ["tok/tokenizer.json", "tok/tokenizer_config.json"]
-context_length = 32
-kv_values_per_token = 128
-overhead_bytes = 1000
-
-[[model.variant]]
-id = "cpu-fp32"
-backend = "portable"
-quantization = "fp32"
-file = "cpu/model.pte"
-approx_bytes = 500000
-"#;
 
 struct Setup {
     dir: tempfile::TempDir,
     hub: Hub,
+    config: CoreConfig,
 }
 
 impl Setup {
     fn new() -> Setup {
         let dir = tempfile::tempdir().unwrap();
-        let bundled = dir.path().join("assets/models/tiny");
-        std::fs::create_dir_all(&bundled).unwrap();
-        std::fs::copy(fixtures().join(LLAMA), bundled.join("model.pte")).unwrap();
-        std::fs::write(bundled.join("tokenizer.json"), tokenizer_json()).unwrap();
-        std::fs::write(bundled.join("tokenizer_config.json"), tokenizer_config()).unwrap();
         let hub = Hub::start();
-        let program = std::fs::read(fixtures().join(LLAMA)).unwrap();
-        hub.add_file("org/tiny", "v1", "cpu/model.pte", program, true);
-        hub.add_file(
-            "org/tiny",
-            "v1",
-            "tok/tokenizer.json",
-            tokenizer_json().into(),
-            false,
-        );
-        let cfg = tokenizer_config().into();
-        hub.add_file("org/tiny", "v1", "tok/tokenizer_config.json", cfg, false);
-        Setup { dir, hub }
+        for (path, bytes, lfs) in tiny_chat::remote_files(&fixtures()) {
+            hub.add_file(REPO, REV, path, bytes, lfs);
+        }
+        let config = tiny_chat::config(dir.path(), &fixtures(), hub.endpoint());
+        Setup { dir, hub, config }
     }
 
     fn config(&self) -> CoreConfig {
-        CoreConfig {
-            data_dir: self.dir.path().join("data"),
-            assets_dir: self.dir.path().join("assets"),
-            catalog: Catalog::from_toml(CATALOG).unwrap(),
-            hub: HubConfig {
-                endpoint: self.hub.endpoint(),
-                token: None,
-            },
-            download: DownloadOptions {
-                retry: RetryPolicy {
-                    attempts: 2,
-                    first_delay: Duration::from_millis(10),
-                    max_delay: Duration::from_millis(20),
-                },
-                connect_timeout: Duration::from_secs(2),
-                idle_timeout: Duration::from_secs(5),
-                available_space: Some(1 << 30),
-            },
-            device_facts: Some(DeviceFacts {
-                os: Os::current(),
-                gpus: Vec::new(),
-                memory: Some(Memory {
-                    total_bytes: 8 << 30,
-                    available_bytes: 4 << 30,
-                }),
-                notes: Vec::new(),
-            }),
-            runner: RunnerConfig::default(),
-            context: ContextPolicy { reserve_tokens: 4 },
-        }
+        self.config.clone()
     }
 
     /// A core with greedy, short replies on the CPU.
