@@ -123,19 +123,22 @@ impl CoreConfig {
     }
 }
 
-/// `PTERIA_ASSETS`, else `assets/` beside the executable (installed layouts), else the source
-/// tree's `assets/` (running from a checkout).
+/// `PTERIA_ASSETS`, else the nearest `assets/` holding `models/` beside or above the executable
+/// (installed layouts, and `target/<profile>/` inside a checkout), else the source tree's
+/// `assets/` as of the build. The CLI and both shells resolve bundled models through this.
 pub fn default_assets_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("PTERIA_ASSETS").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
-    let beside_exe = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join("assets")));
-    match beside_exe {
-        Some(dir) if dir.is_dir() => dir,
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets"),
-    }
+    let exe = std::env::current_exe().ok();
+    let found = exe
+        .as_deref()
+        .and_then(Path::parent)
+        .into_iter()
+        .flat_map(Path::ancestors)
+        .map(|d| d.join("assets"))
+        .find(|a| a.join("models").is_dir());
+    found.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets"))
 }
 
 /// The loaded model, as shells show it.

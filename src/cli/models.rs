@@ -1,7 +1,7 @@
 //! `pteria models list | download ID | rm ID | path ID`: the catalog, the cache and downloads.
 //! IDs are `MODEL` or `MODEL:VARIANT`; without a variant, download picks this device's default.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -10,9 +10,6 @@ use pteria::catalog::{self, Catalog, DeviceFacts, Model, Variant};
 use pteria::download::{
     Cache, CancelToken, DownloadError, DownloadOptions, Downloader, HubConfig, LocalModel, Progress,
 };
-
-/// Overrides where bundled models are looked for.
-const ASSETS_ENV: &str = "PTERIA_ASSETS";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -43,22 +40,10 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
-/// `PTERIA_ASSETS`, else `assets/` beside the executable or in a directory above it (installed
-/// layouts; `target/<profile>/pteria` in a checkout), else the source tree's `assets/` as it was
-/// when this binary was built.
+/// Where bundled models live: the chat core's lookup (`PTERIA_ASSETS`, then beside/above the
+/// executable, then the source tree).
 pub fn assets_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os(ASSETS_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    let exe = std::env::current_exe().ok();
-    let found = exe
-        .as_deref()
-        .and_then(Path::parent)
-        .into_iter()
-        .flat_map(Path::ancestors)
-        .map(|d| d.join("assets"))
-        .find(|a| a.join("models").is_dir());
-    found.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets"))
+    pteria::chat::default_assets_dir()
 }
 
 fn gb(bytes: u64) -> String {
