@@ -546,6 +546,37 @@ impl Lower<'_> {
 
     /// q4gsw weights → canonical Q4: bytes as they are; scales `[K/g, Npad]` → `[N, K/g]`,
     /// biases `-8·scale` (the +8 offset of the stored nibbles).
+    /// A 4-bit group-wise linear whose operands sit at `args` = [input, weights, scales, group,
+    /// bias]; the bias argument exists only when the call has one more argument than its output.
+    fn q4_linear(
+        &mut self,
+        c: &OperatorCall,
+        args: [usize; 5],
+        act_quant: ir::ActQuant,
+    ) -> Result<(), String> {
+        let [xi, wi, si, gi, bi] = args;
+        let a = |i: usize| Self::arg(c, i);
+        let x = self.tensor(a(xi)?)?;
+        let group = self.lit(a(gi)?)? as usize;
+        let ws = self.q4_weights(a(wi)?, a(si)?, group)?;
+        let b = if c.args.len() > bi + 1 {
+            self.opt_tensor(a(bi)?)?
+        } else {
+            None
+        };
+        let y = self.out(c)?;
+        let mut ins = vec![x];
+        ins.extend(ws);
+        ins.extend(b);
+        let kind = OpKind::Linear {
+            weight: Weight::Q4 { group },
+            act_quant,
+            has_bias: b.is_some(),
+        };
+        self.g.op(kind, ins, vec![y]);
+        Ok(())
+    }
+
     fn q4_weights(&mut self, w: usize, s: usize, group: usize) -> Result<[TensorId; 3], String> {
         let wt = self.tensor(w)?;
         let st = self.tensor(s)?;
@@ -943,52 +974,13 @@ impl Lower<'_> {
                 let (x, w, y) = (self.tensor(a(0)?)?, self.tensor(a(1)?)?, self.out(c)?);
                 self.g.op(OpKind::MatMul, vec![x, w], vec![y]);
             }
+            // (input, weights, weight_scales, group, bias?)
             "et_vk.linear_q4gsw.default" => {
-                let x = self.tensor(a(0)?)?;
-                let group = self.lit(a(3)?)? as usize;
-                let ws = self.q4_weights(a(1)?, a(2)?, group)?;
-                let b = if c.args.len() > 5 {
-                    self.opt_tensor(a(4)?)?
-                } else {
-                    None
-                };
-                let y = self.out(c)?;
-                let mut ins = vec![x];
-                ins.extend(ws);
-                ins.extend(b);
-                self.g.op(
-                    OpKind::Linear {
-                        weight: Weight::Q4 { group },
-                        act_quant: ir::ActQuant::None,
-                        has_bias: b.is_some(),
-                    },
-                    ins,
-                    vec![y],
-                );
+                self.q4_linear(c, [0, 1, 2, 3, 4], ir::ActQuant::None)?
             }
+            // (input, input_scales, input_zp, weights, weight_sums, weight_scales, group, bias?)
             "et_vk.linear_dq8ca_q4gsw.default" => {
-                // (input, input_scales, input_zp, weights, weight_sums, weight_scales, group, bias?)
-                let x = self.tensor(a(0)?)?;
-                let group = self.lit(a(6)?)? as usize;
-                let ws = self.q4_weights(a(3)?, a(5)?, group)?;
-                let b = if c.args.len() > 8 {
-                    self.opt_tensor(a(7)?)?
-                } else {
-                    None
-                };
-                let y = self.out(c)?;
-                let mut ins = vec![x];
-                ins.extend(ws);
-                ins.extend(b);
-                self.g.op(
-                    OpKind::Linear {
-                        weight: Weight::Q4 { group },
-                        act_quant: ir::ActQuant::Torchao,
-                        has_bias: b.is_some(),
-                    },
-                    ins,
-                    vec![y],
-                );
+                self.q4_linear(c, [0, 3, 5, 6, 7], ir::ActQuant::Torchao)?
             }
             // The per-row activation parameters are recomputed inside the dq8 linear.
             "torchao.choose_qparams_affine.default" => {}
