@@ -4,11 +4,11 @@
 
 mod common;
 
+use common::fuzz::Seed;
 use pteria::fb::{self, Table};
 use pteria::frontend::mlx::{self, IntOrVid, MlxGraph, Node, NodeKind, ShapeDim, TagTable, Tid};
 use pteria::pte::{Program, ScalarType};
 use std::collections::{BTreeMap, BTreeSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 /// Every fixture program with at least one `MLXBackend` delegate, with its blobs.
@@ -391,106 +391,37 @@ fn fork_tag_layout_is_detected_on_a_rewritten_fixture() {
     );
 }
 
-/// xorshift64*: deterministic, so a failure reproduces from its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-fn mutate(rng: &mut Rng, seed: &[u8], tags: &[usize]) -> Vec<u8> {
-    let mut b = seed.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        if b.is_empty() {
-            break;
-        }
-        let i = rng.below(b.len());
-        match rng.below(7) {
-            0 => b[i] ^= 1 << rng.below(8),
-            1 => b[i] = rng.next() as u8,
-            2 => {
-                let v: u32 = [
-                    0,
-                    1,
-                    0x7FFF_FFFF,
-                    0xFFFF_FFFF,
-                    0x8000_0000,
-                    rng.next() as u32,
-                    0x10000,
-                ][rng.below(7)];
-                let end = (i + 4).min(b.len());
-                b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
-            }
-            3 => b.truncate(i),
-            4 => {
-                let v: u64 = [u64::MAX, 1 << 40, rng.next()][rng.below(3)];
-                let end = (i + 8).min(b.len());
-                b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
-            }
-            5 => {
-                // Union tags, where layout detection happens.
-                if let Some(&p) = tags.get(rng.below(tags.len())) {
-                    if p < b.len() {
-                        b[p] = rng.next() as u8;
-                    }
-                }
-            }
-            _ => b[i] = b[rng.below(b.len())],
-        }
-    }
-    b
-}
-
 #[test]
 fn mutated_mlx_blobs_never_panic_in_parsing_or_lowering() {
-    let mut seeds = Vec::new();
-    let mut named = Vec::new();
+    let (mut seeds, mut named, mut owner) = (Vec::new(), Vec::new(), Vec::new());
     for (_, program, blobs) in mlx_fixtures() {
         for blob in blobs {
+            // Union tags, where layout detection happens, are hot.
             let tags = op_type_positions(&blob);
             let (fork, _) = as_fork_blob(&blob);
-            seeds.push((fork, tags.clone(), named.len()));
-            seeds.push((blob, tags, named.len()));
+            let name = format!("mlx blob {}", seeds.len() / 2);
+            seeds.push(Seed::new(format!("{name} (fork layout)"), fork).with_hot(tags.clone()));
+            seeds.push(Seed::new(name, blob).with_hot(tags));
+            owner.extend([named.len(); 2]);
         }
         named.push(program.named_data.clone());
     }
-    let per_seed: usize = std::env::var("PTERIA_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let start = std::time::Instant::now();
-    let (mut tried, mut accepted, mut failures) = (0usize, 0usize, Vec::new());
-    for (si, (seed, tags, n)) in seeds.iter().enumerate() {
-        for it in 0..per_seed {
-            let s = 0xA076_1D64_78BD_642Fu64 ^ ((si as u64) << 32) ^ it as u64;
-            let mut rng = Rng(s | 1);
-            let m = mutate(&mut rng, seed, tags);
-            tried += 1;
-            // Whatever parses must also lower (or be refused) without a panic.
-            let parse_and_lower = || match mlx::parse(&m, &named[*n]) {
+    let per_seed = common::fuzz::iters(1000);
+    // Whatever parses must also lower (or be refused) without a panic.
+    common::fuzz::run(
+        "mlx blob",
+        &seeds,
+        per_seed,
+        0xA076_1D64_78BD_642F,
+        |si, m| {
+            let named = &named[owner[si]];
+            match mlx::parse(&m, named) {
                 Ok(g) => {
-                    let _ = mlx::lower::lower(&g, &named[*n]);
+                    let _ = mlx::lower::lower(&g, named);
                     true
                 }
                 Err(_) => false,
-            };
-            match catch_unwind(AssertUnwindSafe(parse_and_lower)) {
-                Ok(ok) => accepted += usize::from(ok),
-                Err(_) => failures.push(format!("seed {si} mutation {s:#x}")),
             }
-        }
-    }
-    println!(
-        "mlx blob fuzz: tried {tried} inputs from {} seeds ({accepted} still parsed) in {:.1}s",
-        seeds.len(),
-        start.elapsed().as_secs_f64()
+        },
     );
-    assert!(failures.is_empty(), "panics on: {failures:#?}");
 }

@@ -7,7 +7,6 @@ mod common;
 use pteria::frontend::vulkan::{self, VkDataType, VkGraph, VkStorageType, VkValue};
 use pteria::pte::{Blob, Bytes, NamedData, Program};
 use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -357,61 +356,6 @@ fn gemma4_vulkan_8da4w_matches_its_flatc_dump() {
     }
 }
 
-/// xorshift64*: deterministic, so a failure reproduces from its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-/// The mutations of `reader_fuzz.rs` (bit flips, random bytes, extreme u32/u64 where offsets,
-/// lengths and ids live, truncation, byte copies), with one in eight aimed at the VH00 header.
-fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
-    let mut b = seed.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        if b.is_empty() {
-            break;
-        }
-        let i = if rng.below(8) == 0 {
-            rng.below(b.len().min(32))
-        } else {
-            rng.below(b.len())
-        };
-        match rng.below(6) {
-            0 => b[i] ^= 1 << rng.below(8),
-            1 => b[i] = rng.next() as u8,
-            2 => {
-                let v: u32 = [
-                    0,
-                    1,
-                    0x7FFF_FFFF,
-                    0xFFFF_FFFF,
-                    0x8000_0000,
-                    rng.next() as u32,
-                    0x10000,
-                ][rng.below(7)];
-                let end = (i + 4).min(b.len());
-                b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
-            }
-            3 => b.truncate(i),
-            4 => {
-                let v: u64 = [u64::MAX, 1 << 40, rng.next()][rng.below(3)];
-                let end = (i + 8).min(b.len());
-                b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
-            }
-            _ => b[i] = b[rng.below(b.len())],
-        }
-    }
-    b
-}
-
 /// Parses a mutant; `true` when it was accepted.
 fn exercise(bytes: Vec<u8>, named: &NamedData) -> bool {
     let blob = Blob::whole(Arc::new(Bytes::Owned(bytes)));
@@ -436,35 +380,23 @@ fn mutated_vulkan_blobs_never_panic() {
     let fixtures = vulkan_fixtures();
     let n_blobs: usize = fixtures.iter().map(|(_, _, b)| b.len()).sum();
     // About 3000 mutants in all keeps this test at a few seconds in the dev profile.
-    let per_seed: usize = std::env::var("PTERIA_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or((3000 / n_blobs).max(200));
-    let (mut tried, mut accepted) = (0usize, 0usize);
-    let mut failures = Vec::new();
-    for (si, (path, program, blobs)) in fixtures.iter().enumerate() {
+    let per_seed = common::fuzz::iters((3000 / n_blobs).max(200));
+    let mut seeds = Vec::new();
+    let mut named = Vec::new();
+    for (path, program, blobs) in &fixtures {
         for (bi, blob) in blobs.iter().enumerate() {
-            for it in 0..per_seed {
-                let s = 0x5EED_7C2B_0000_0000u64
-                    ^ ((si as u64) << 40)
-                    ^ ((bi as u64) << 32)
-                    ^ it as u64;
-                let mut rng = Rng(s | 1);
-                let m = mutate(&mut rng, blob);
-                tried += 1;
-                match catch_unwind(AssertUnwindSafe(|| exercise(m, &program.named_data))) {
-                    Ok(ok) => accepted += ok as usize,
-                    Err(_) => {
-                        failures.push(format!("{} blob {bi} mutation seed {s:#x}", path.display()))
-                    }
-                }
-            }
+            // One mutation in eight aims at the VH00 header.
+            let seed =
+                common::fuzz::Seed::new(format!("{} blob {bi}", path.display()), blob.to_vec());
+            seeds.push(seed.with_hot((0..32).collect()));
+            named.push(&program.named_data);
         }
     }
-    println!("vulkan blob fuzz: tried {tried} inputs");
-    println!(
-        "vulkan blob fuzz: {accepted} parsed, {} rejected",
-        tried - accepted - failures.len()
+    common::fuzz::run(
+        "vulkan blob",
+        &seeds,
+        per_seed,
+        0x5EED_7C2B_0000_0000,
+        |si, m| exercise(m, named[si]),
     );
-    assert!(failures.is_empty(), "panics on: {failures:#?}");
 }

@@ -9,7 +9,6 @@ use pteria::frontend::xnnpack::{
 use pteria::pte::{Blob, Bytes, NamedData, Program};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -534,113 +533,27 @@ fn llama_8da4w_blobs_hold_linears_and_batched_attention() {
 // ---------------------------------------------------------------------------------------------
 // Mutation fuzzing
 
-/// xorshift64*: deterministic, so a failure reproduces from its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
-    let mut b = seed.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        if b.is_empty() {
-            break;
-        }
-        let i = rng.below(b.len());
-        match rng.below(7) {
-            0 => b[i] ^= 1 << rng.below(8),
-            1 => b[i] = rng.next() as u8,
-            2 => {
-                // Where offsets, lengths, ids and sizes live.
-                let v: u32 = [
-                    0,
-                    1,
-                    2,
-                    0x7FFF_FFFF,
-                    0xFFFF_FFFF,
-                    0x8000_0000,
-                    0x10000,
-                    rng.next() as u32,
-                ][rng.below(8)];
-                let end = (i + 4).min(b.len());
-                b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
-            }
-            3 => {
-                let v: u64 = [u64::MAX, u64::MAX - 1, 1 << 40, 1 << 32, rng.next()][rng.below(5)];
-                let end = (i + 8).min(b.len());
-                b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
-            }
-            4 => b.truncate(i),
-            5 => {
-                // A small nudge to a 16-bit vtable entry or union tag.
-                let v = u16::from_le_bytes([b[i], *b.get(i + 1).unwrap_or(&0)]);
-                let v = v
-                    .wrapping_add([1, 2, 4, 0xFFFF, 0xFFFE][rng.below(5)])
-                    .to_le_bytes();
-                b[i] = v[0];
-                if i + 1 < b.len() {
-                    b[i + 1] = v[1];
-                }
-            }
-            _ => {
-                let j = rng.below(b.len());
-                b[i] = b[j];
-            }
-        }
-    }
-    b
-}
-
 #[test]
 fn mutated_blobs_never_panic() {
-    let start = std::time::Instant::now();
     let fx = fixtures();
-    let seeds: Vec<(String, Vec<u8>, &NamedData)> = fx
-        .iter()
-        .flat_map(|f| {
-            f.blobs.iter().map(move |(m, i, b)| {
-                (
-                    format!("{} `{m}` {i}", f.name),
-                    b.to_vec(),
-                    &f.program.named_data,
-                )
-            })
-        })
-        .collect();
-    assert!(!seeds.is_empty(), "no XNNPACK blobs to seed the fuzzer");
-    let total: usize = std::env::var("PTERIA_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
-    let per_seed = total.div_ceil(seeds.len());
-    let (mut tried, mut accepted) = (0usize, 0usize);
-    let mut failures = Vec::new();
-    for (si, (name, seed, named)) in seeds.iter().enumerate() {
-        let blob = |bytes: Vec<u8>| Blob::whole(Arc::new(Bytes::Owned(bytes)));
-        xnnpack::parse(&blob(seed.clone()), named).unwrap_or_else(|e| panic!("{name}: {e}"));
-        for it in 0..per_seed {
-            let s = 0xD1B5_4A32_D192_ED03u64 ^ ((si as u64) << 32) ^ it as u64;
-            let mut rng = Rng(s | 1);
-            let m = mutate(&mut rng, seed);
-            tried += 1;
-            match catch_unwind(AssertUnwindSafe(|| xnnpack::parse(&blob(m), named).is_ok())) {
-                Ok(ok) => accepted += ok as usize,
-                Err(_) => failures.push(format!("{name} mutation seed {s:#x}")),
-            }
+    let blob = |bytes: Vec<u8>| Blob::whole(Arc::new(Bytes::Owned(bytes)));
+    let mut seeds = Vec::new();
+    let mut named: Vec<&NamedData> = Vec::new();
+    for f in &fx {
+        for (m, i, b) in &f.blobs {
+            let name = format!("{} `{m}` {i}", f.name);
+            xnnpack::parse(&blob(b.to_vec()), &f.program.named_data)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            seeds.push(common::fuzz::Seed::new(name, b.to_vec()));
+            named.push(&f.program.named_data);
         }
     }
-    println!(
-        "xnnpack blob fuzz: tried {tried} inputs from {} blobs ({accepted} still parsed) in {:.1?}",
-        seeds.len(),
-        start.elapsed()
+    let per_seed = common::fuzz::iters(100_000).div_ceil(seeds.len().max(1));
+    common::fuzz::run(
+        "xnnpack blob",
+        &seeds,
+        per_seed,
+        0xD1B5_4A32_D192_ED03,
+        |si, m| xnnpack::parse(&blob(m), named[si]).is_ok(),
     );
-    assert!(failures.is_empty(), "panics on: {failures:#?}");
 }

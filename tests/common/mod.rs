@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: fixture paths, `.npy` reading, error metrics.
 #![allow(dead_code)]
 
+pub mod fuzz;
+
 use std::path::{Path, PathBuf};
 
 pub fn fixtures() -> PathBuf {
