@@ -37,3 +37,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let k = i % p.inner;
     cache[(o * p.cache_len + u32(start) + r) * p.inner + k] = value[i];
 }
+
+// `index_put` form: value row r goes to cache row indices[r] (negative counts from the end); an
+// index outside the cache writes nothing (the reference reports it).
+@group(0) @binding(4) var<storage, read> indices: array<i32>;
+
+@compute @workgroup_size(WG)
+fn indexed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.x + wg.y * nwg.x) * WG + lid;
+    if i >= p.n {
+        return;
+    }
+    let row = p.value_len * p.inner;
+    let o = i / row;
+    let r = (i % row) / p.inner;
+    let k = i % p.inner;
+    var dst = indices[r];
+    if dst < 0 {
+        dst += i32(p.cache_len);
+    }
+    if dst < 0 || u32(dst) >= p.cache_len {
+        return;
+    }
+    cache[(o * p.cache_len + u32(dst)) * p.inner + k] = value[i];
+}

@@ -1233,6 +1233,55 @@ fn decode_steps_replay_one_recording_and_keep_the_kv_cache() {
     }
 }
 
+/// `index_put`-style cache writes: rows go to the positions an index tensor names (scattered,
+/// negative from the end), and the State keeps earlier calls' rows.
+#[test]
+fn indexed_cache_update_scatters_rows_and_keeps_the_cache() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(21);
+    let (cache, inner) = (10, 3);
+    let mut t = T::default();
+    let v = t.input(
+        DType::F32,
+        &[2, 4, inner],
+        &[2, 1, inner],
+        vec![0; 2 * inner * 4],
+    );
+    let idx = t.input(DType::I64, &[4], &[1], vec![0; 8]);
+    let cs = [2, cache, inner];
+    let c =
+        t.g.add_tensor("cache", DType::F32, cs.to_vec(), Role::State(None));
+    let u = t.op(
+        OpKind::CacheUpdate {
+            axis: 1,
+            start: Int::Lit(0),
+        },
+        vec![c, v, idx],
+        DType::F32,
+        &cs,
+    );
+    t.out(u);
+    let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+    let mut gpu = GpuExecutor::new(ctx, t.g.clone()).unwrap();
+    for rows in [vec![3i64, 0, -1], vec![5], vec![7, 2, 9, -10]] {
+        let s = rows.len();
+        t.inputs[0] = Val::Tensor(
+            vec![2, s, inner],
+            f32_bytes(&rng.floats(2 * s * inner, 1.0)),
+        );
+        t.inputs[1] = Val::Tensor(vec![s], i64_bytes(&rows));
+        let vals = values(&t.inputs);
+        let want = cpu.run(&vals).unwrap();
+        let got = gpu.run(&vals).unwrap();
+        compare(&format!("rows {rows:?}"), &got, &want, 0.0, 0.0);
+    }
+    // A row outside the cache is an error on the reference.
+    t.inputs[0] = Val::Tensor(vec![2, 1, inner], f32_bytes(&rng.floats(2 * inner, 1.0)));
+    t.inputs[1] = Val::Tensor(vec![1], i64_bytes(&[10]));
+    let err = cpu.run(&values(&t.inputs)).unwrap_err().to_string();
+    assert!(err.contains("outside a cache of 10 rows"), "{err}");
+}
+
 #[test]
 fn same_shapes_record_once_and_new_shapes_record_again() {
     let Some(ctx) = ctx() else { return };

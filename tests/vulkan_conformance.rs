@@ -20,6 +20,13 @@ fn worst_rel_l2(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<f64, 
     let program = Program::open(&common::fixtures().join(file), &[]).map_err(|e| e.to_string())?;
     let backends = pteria::frontend::backends(make);
     let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
+    // Every Vulkan fixture, the stock export's CPU glue ops included, runs as one IR graph.
+    if !method.runs_whole() {
+        return Err(format!(
+            "{file} does not run as one graph: {}",
+            method.whole_note().unwrap_or("?")
+        ));
+    }
     let (shape, golden) =
         common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
     let vocab = shape[1];
@@ -154,4 +161,53 @@ fn unsupported_operators_are_all_listed_at_load() {
     ] {
         assert!(msg.contains(&want), "`{want}` missing from: {msg}");
     }
+}
+
+/// The stock export keeps its KV caches in mutable buffers that CPU `index_put`/`copy_` ops
+/// update between delegates. Run whole on the GPU, a call is one submit, the caches are State
+/// buffers that never travel: a decode step uploads its token and position (two i32) only.
+#[test]
+fn whole_method_keeps_the_kv_cache_on_the_gpu() {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+        return;
+    }
+    let ctx = Arc::new(
+        pteria::gpu::Context::new()
+            .expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)"),
+    );
+    let path = common::fixtures().join("gemma4_tiny_vulkan_stock_8da4w_emb4.pte");
+    let program = Program::open(&path, &[]).unwrap();
+    let (make, handles) = pteria::runtime::delegate::profiled_gpu_executor(ctx);
+    let backends = pteria::frontend::backends(make);
+    let mut method = Method::load(&program, "forward", &backends).unwrap();
+    assert!(method.runs_whole(), "{:?}", method.whole_note());
+    let execs = handles.lock().unwrap().clone();
+    assert_eq!(execs.len(), 1, "one executor for the whole method");
+    let exec = execs[0].clone();
+    // 8 caches of [1, 1, 32, 16 or 32] f32.
+    let states = exec.lock().unwrap().memory().states;
+    assert!(states >= 6 * 2048 + 2 * 4096, "state bytes {states}");
+
+    let prompt = [2i64, 105, 2364, 107];
+    method
+        .execute(&[
+            HostTensor::from_i64(&[1, 4], &prompt),
+            HostTensor::from_i64(&[4], &[0, 1, 2, 3]),
+        ])
+        .unwrap();
+    for (step, pos) in (4..8i64).enumerate() {
+        method
+            .execute(&[
+                HostTensor::from_i64(&[1, 1], &[7 + pos]),
+                HostTensor::from_i64(&[1], &[pos]),
+            ])
+            .unwrap();
+        let st = exec.lock().unwrap().stats();
+        assert_eq!(st.submits, step + 2, "one submit per call: {st:?}");
+        assert_eq!(st.last_upload_bytes, 8, "token and position only: {st:?}");
+        assert_eq!(st.last_readback_bytes, 256 * 4, "the logits only: {st:?}");
+    }
+    let st = exec.lock().unwrap().stats();
+    assert_eq!((st.recordings, st.replays), (2, 3), "{st:?}");
 }

@@ -110,6 +110,31 @@ pub fn describe(p: &Program) -> Result<String> {
                 writeln!(s, "      {n:4} x {k}{mark}")?;
             }
         }
+        if !m.delegates.is_empty() {
+            let backends = pteria::frontend::backends(pteria::runtime::delegate::cpu_executor());
+            match pteria::runtime::whole::lower_method(m, &p.named_data, &backends) {
+                Ok(g) => {
+                    let states: Vec<_> = g
+                        .tensors
+                        .iter()
+                        .filter(|t| matches!(t.role, pteria::ir::Role::State(_)))
+                        .collect();
+                    writeln!(
+                        s,
+                        "    execution: whole method as one IR graph ({} ops, delegates and the ops \
+                         between them; {} state tensors, {}, stay on the executor's device)",
+                        g.ops().count(),
+                        states.len(),
+                        fmt_bytes(states.iter().map(|t| t.max_bytes()).sum())
+                    )?;
+                }
+                Err(why) => writeln!(
+                    s,
+                    "    execution: delegate by delegate, CPU kernels between them (not one \
+                     graph: {why})"
+                )?,
+            }
+        }
         let arena: usize = m.arena_sizes.iter().sum();
         writeln!(
             s,

@@ -109,6 +109,10 @@ pub fn backends(
         Arc::new(XnnpackFrontEnd),
         make.clone(),
     )));
-    r.register(Arc::new(IrBackend::new(Arc::new(MlxFrontEnd), make)));
+    r.register(Arc::new(IrBackend::new(
+        Arc::new(MlxFrontEnd),
+        make.clone(),
+    )));
+    r.set_whole_method(Some(make));
     r
 }

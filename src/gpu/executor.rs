@@ -58,6 +58,13 @@ pub struct ExecutorStats {
     pub replays: usize,
     /// Dispatches in the last call.
     pub last_dispatches: usize,
+    /// Queue submits made by calls (each call makes one).
+    pub submits: usize,
+    /// Bytes of input tensors the last call wrote to the GPU (host symbols not counted): States
+    /// never travel, so a decode step uploads its token and position only.
+    pub last_upload_bytes: u64,
+    /// Bytes the last call read back (the outputs).
+    pub last_readback_bytes: u64,
 }
 
 /// How long the GPU took over a call's dispatches.
@@ -347,6 +354,7 @@ impl GpuExecutor {
         }
 
         let queue = &self.ctx.queue;
+        let mut uploaded = 0u64;
         for (io, v) in self.graph.inputs.iter().zip(inputs) {
             if let (Io::Tensor(t), InputValue::Tensor { data, .. }) = (io, v) {
                 let Some(&b) = self.mem.place[self.mem.root[*t]].first() else {
@@ -358,12 +366,11 @@ impl GpuExecutor {
                 let def = &self.graph.tensors[*t];
                 if self.mem.repr[*t] == Repr::F32 && def.dtype == DType::F32 {
                     queue.write_buffer(&self.buffers[b], 0, data);
+                    uploaded += data.len() as u64;
                 } else {
-                    queue.write_buffer(
-                        &self.buffers[b],
-                        0,
-                        &to_repr(self.mem.repr[*t], def.dtype, data),
-                    );
+                    let bytes = to_repr(self.mem.repr[*t], def.dtype, data);
+                    queue.write_buffer(&self.buffers[b], 0, &bytes);
+                    uploaded += bytes.len() as u64;
                 }
             }
         }
@@ -402,6 +409,9 @@ impl GpuExecutor {
             }
         }
         queue.submit([enc.finish()]);
+        self.stats.submits += 1;
+        self.stats.last_upload_bytes = uploaded;
+        self.stats.last_readback_bytes = rec.readback_size;
 
         let mut host = vec![0u8; rec.readback_size as usize];
         if let Some(rb) = &rec.readback {

@@ -302,6 +302,10 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
         OpKind::CacheUpdate { .. } => n_in(2).or_else(|| {
             (mem.repr[op.inputs[0]] != mem.repr[op.inputs[1]])
                 .then(|| "cache and value differ in type".to_string())
+                .or_else(|| {
+                    t(2).filter(|&i| mem.repr[i] != Repr::I32)
+                        .map(|_| "cache indices must be integers".to_string())
+                })
         }),
         OpKind::Reshape { .. }
         | OpKind::Permute { .. }
@@ -712,13 +716,21 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
                     .u(vs[*axis])
                     .u(cs[*axis])
                     .u((env.slot)(*start) as usize);
+                let (entry, mut inputs) = ("main", vec![Res::Tensor(value)]);
+                let entry = match op.inputs.get(2) {
+                    Some(&idx) => {
+                        inputs.push(Res::Tensor(idx));
+                        "indexed"
+                    }
+                    None => entry,
+                };
                 steps.push(step(
                     "cache_update",
-                    "main",
+                    entry,
                     vec![],
                     p,
                     Res::Tensor(cache),
-                    vec![Res::Tensor(value)],
+                    inputs,
                     env.grid(nv.div_ceil(WG), 1),
                 ));
             }

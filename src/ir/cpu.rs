@@ -508,14 +508,38 @@ impl CpuExecutor {
                 let outer: usize = cs[..*axis].iter().product();
                 let inner: usize = cs[axis + 1..].iter().product();
                 let (cl, vl) = (cs[*axis], vs[*axis]);
-                if st < 0 || st as usize + vl > cl || vs.len() != cs.len() {
-                    return Err(format!(
-                        "update of {vs:?} at {st} does not fit cache {cs:?}"
-                    ));
+                if vs.len() != cs.len() {
+                    return Err(format!("update of {vs:?} does not fit cache {cs:?}"));
                 }
+                // Destination row of each value row: indexed, or contiguous from `start`.
+                let rows: Vec<usize> = match op.inputs.get(2) {
+                    Some(&i) => {
+                        let idx = self.get(i, vals)?.i();
+                        if idx.len() != vl {
+                            return Err(format!("{} indices for {vl} rows", idx.len()));
+                        }
+                        idx.iter()
+                            .map(|&r| {
+                                let r = if r < 0 { r + cl as i64 } else { r };
+                                (0..cl as i64)
+                                    .contains(&r)
+                                    .then_some(r as usize)
+                                    .ok_or_else(|| {
+                                        format!("index {r} is outside a cache of {cl} rows")
+                                    })
+                            })
+                            .collect::<std::result::Result<_, String>>()?
+                    }
+                    None if st < 0 || st as usize + vl > cl => {
+                        return Err(format!(
+                            "update of {vs:?} at {st} does not fit cache {cs:?}"
+                        ));
+                    }
+                    None => (st as usize..st as usize + vl).collect(),
+                };
                 for o in 0..outer {
-                    for r in 0..vl {
-                        let d = (o * cl + st as usize + r) * inner;
+                    for (r, &row) in rows.iter().enumerate() {
+                        let d = (o * cl + row) * inner;
                         let s = (o * vl + r) * inner;
                         cache[d..d + inner].copy_from_slice(&val[s..s + inner]);
                     }

@@ -248,7 +248,9 @@ pub enum OpKind {
         start: Int,
     },
     /// Writes `value` into `cache` (a State) along `axis` at `start`; output aliases the cache.
-    /// Inputs: cache, value.
+    /// Inputs: cache, value, and optionally an index tensor `[value.shape[axis]]`: then row `r`
+    /// of value goes to row `indices[r]` of the cache (negative counts from the end) and `start`
+    /// is unused (`index_put` with one index tensor, as ExecuTorch's stock KV cache writes).
     CacheUpdate {
         axis: usize,
         start: Int,
@@ -545,6 +547,29 @@ impl Graph {
             }
         }
         Ok(())
+    }
+}
+
+impl OpKind {
+    /// Renumbers the host symbols the op's integer attributes read (when graphs are joined).
+    pub fn map_syms(&mut self, f: impl Fn(SymId) -> SymId) {
+        let m = |i: &mut Int| {
+            if let Int::Sym(s) = i {
+                *s = f(*s);
+            }
+        };
+        match self {
+            OpKind::Rope { start, .. }
+            | OpKind::Sdpa { start, .. }
+            | OpKind::CacheUpdate { start, .. } => m(start),
+            OpKind::Reshape { shape } | OpKind::Full { shape, .. } => shape.iter_mut().for_each(m),
+            OpKind::Slice { start, end, .. } | OpKind::Arange { start, end, .. } => {
+                m(start);
+                m(end)
+            }
+            OpKind::Select { index, .. } => m(index),
+            _ => {}
+        }
     }
 }
 

@@ -65,6 +65,17 @@ impl Backend for IrBackend {
         self.front.unsupported_ops(delegate, named)
     }
 
+    fn lower(
+        &self,
+        delegate: &BackendDelegate,
+        named: &NamedData,
+    ) -> Option<Result<ir::Graph, String>> {
+        Some(self.front.lower(delegate, named).and_then(|g| {
+            g.validate().map_err(|e| e.to_string())?;
+            Ok(g)
+        }))
+    }
+
     fn init(
         &self,
         delegate: &BackendDelegate,
@@ -334,6 +345,10 @@ impl ProfiledGpu {
 
     pub fn memory(&self) -> crate::gpu::MemoryReport {
         self.exec.memory()
+    }
+
+    pub fn stats(&self) -> crate::gpu::ExecutorStats {
+        self.exec.stats()
     }
 }
 

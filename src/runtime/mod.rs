@@ -8,6 +8,7 @@
 pub mod delegate;
 pub mod kernels;
 pub mod tensor;
+pub mod whole;
 
 pub use tensor::{DType, HostTensor, Storage, Tensor, TensorIn};
 
@@ -171,15 +172,33 @@ pub trait Backend: Send + Sync {
     fn unsupported_ops(&self, _delegate: &BackendDelegate, _named_data: &NamedData) -> Vec<String> {
         Vec::new()
     }
+    /// The delegate as an IR graph, for backends that run through the IR (`None` otherwise);
+    /// whole-method lowering joins these.
+    fn lower(
+        &self,
+        _delegate: &BackendDelegate,
+        _named_data: &NamedData,
+    ) -> Option<std::result::Result<crate::ir::Graph, String>> {
+        None
+    }
 }
 
 /// Backends by id; a delegate whose id is not registered is a load-time error.
 #[derive(Default, Clone)]
 pub struct BackendRegistry {
     backends: BTreeMap<String, Arc<dyn Backend>>,
+    /// Runs a whole method lowered into one IR graph (`whole`), when set: then a method whose
+    /// delegates and glue ops all lower runs as one graph instead of delegate by delegate.
+    whole_method: Option<delegate::ExecutorFactory>,
 }
 
 impl BackendRegistry {
+    pub fn set_whole_method(&mut self, make: Option<delegate::ExecutorFactory>) {
+        self.whole_method = make;
+    }
+    pub fn whole_method(&self) -> Option<&delegate::ExecutorFactory> {
+        self.whole_method.as_ref()
+    }
     pub fn register(&mut self, b: Arc<dyn Backend>) {
         self.backends.insert(b.id().to_string(), b);
     }
@@ -205,6 +224,10 @@ pub struct Method {
     mem: Memory,
     steps: Vec<Step>,
     delegates: Vec<Box<dyn DelegateExecutor>>,
+    /// The whole method as one IR graph, when it lowered (then `delegates` is empty).
+    whole: Option<Box<dyn delegate::IrExecutor>>,
+    /// Why the method runs delegate by delegate although whole-method execution was asked for.
+    whole_note: Option<String>,
     trace: Option<TraceHook>,
 }
 
@@ -272,8 +295,19 @@ impl Method {
             });
         }
 
+        let (mut whole, mut whole_note) = (None, None);
+        if let Some(make) = backends.whole_method() {
+            if !plan.delegates.is_empty() {
+                match whole::lower_method(&plan, &program.named_data, backends)
+                    .and_then(|g| make(g))
+                {
+                    Ok(e) => whole = Some(e),
+                    Err(why) => whole_note = Some(why),
+                }
+            }
+        }
         let mut delegates = Vec::new();
-        for d in &plan.delegates {
+        for d in plan.delegates.iter().filter(|_| whole.is_none()) {
             let backend = backends
                 .get(&d.id)
                 .ok_or_else(|| RuntimeError::UnsupportedBackend {
@@ -372,6 +406,8 @@ impl Method {
             mem,
             steps,
             delegates,
+            whole,
+            whole_note,
             trace: None,
         })
     }
@@ -380,6 +416,17 @@ impl Method {
         &self.plan.name
     }
 
+    /// Whether a call runs as one IR graph (all delegates and the ops between them).
+    pub fn runs_whole(&self) -> bool {
+        self.whole.is_some()
+    }
+
+    /// Why the method runs delegate by delegate although whole-method execution was available.
+    pub fn whole_note(&self) -> Option<&str> {
+        self.whole_note.as_deref()
+    }
+
+    /// Per-instruction traces need the per-delegate path: a method loaded whole ignores the hook.
     pub fn set_trace(&mut self, hook: Option<TraceHook>) {
         self.trace = hook;
     }
@@ -414,6 +461,10 @@ impl Method {
                     index: k,
                     msg,
                 })?;
+        }
+
+        if self.whole.is_some() {
+            return self.execute_whole(inputs);
         }
 
         let mut pc = 0usize;
@@ -474,6 +525,44 @@ impl Method {
             .map(|&o| self.output(o))
             .collect::<std::result::Result<Vec<_>, String>>()
             .map_err(|m| RuntimeError::Other(format!("method `{method}` output: {m}")))
+    }
+
+    /// One call of the whole-method graph; inputs were checked and stored by `set_input`.
+    fn execute_whole(&mut self, inputs: &[HostTensor]) -> Result<Vec<Output>> {
+        let method = self.plan.name.clone();
+        let vals: Vec<crate::ir::InputValue> = self
+            .plan
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|(&vid, host)| match &self.mem.values[vid] {
+                Value::Int(v) => crate::ir::InputValue::Sym(*v),
+                _ => crate::ir::InputValue::Tensor {
+                    shape: host.sizes.clone(),
+                    data: &host.data,
+                },
+            })
+            .collect();
+        let exec = self
+            .whole
+            .as_mut()
+            .ok_or_else(|| RuntimeError::Other("no whole-method graph".into()))?;
+        let outs = exec
+            .run(&vals)
+            .map_err(|m| RuntimeError::Other(format!("method `{method}`: {m}")))?;
+        outs.into_iter()
+            .zip(&self.plan.outputs)
+            .map(|(mut h, &vid)| {
+                // Integer widths are not converted inside the graph.
+                if let Value::Tensor(t) = &self.mem.values[vid] {
+                    if t.dtype != h.dtype && !t.dtype.is_float() && !h.dtype.is_float() {
+                        h.data = tensor::from_i64(t.dtype, &tensor::to_i64(h.dtype, &h.data));
+                        h.dtype = t.dtype;
+                    }
+                }
+                Ok(Output::Tensor(h))
+            })
+            .collect()
     }
 
     fn set_input(
