@@ -90,6 +90,20 @@ struct ProgramReport {
     /// GPU time of one decode step by op, from timestamps (summed over delegates).
     decode_gpu_us: Option<f64>,
     decode_ops: Vec<OpShare>,
+    /// `whole` (one IR graph per call) or why the method runs delegate by delegate.
+    execution: String,
+    /// GPU submits per decode step.
+    submits_per_token: Option<f64>,
+    /// Dispatches per decode step.
+    dispatches_per_token: Option<usize>,
+    /// GPU time of a decode step's dispatches replayed back to back in one pass (no host work).
+    decode_replay_gpu_us: Option<f64>,
+    /// Linear weight bytes a decode step reads (the floor on its time).
+    decode_weight_bytes: Option<u64>,
+    /// The device's copy bandwidth (read + write), GB/s.
+    stream_gb_per_s: Option<f64>,
+    /// decode_replay_gpu_us over (decode_weight_bytes / stream bandwidth).
+    decode_vs_bandwidth_floor: Option<f64>,
 }
 
 fn program(a: &Args, file: &std::path::Path) -> Result<()> {
@@ -104,10 +118,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             .ok()
             .filter(|c| c.adapter().device_type != "cpu"),
     };
-    let (make, handles, device_name) = match gpu_ctx {
+    let gpu_ctx = gpu_ctx.map(Arc::new);
+    let (make, handles, device_name) = match &gpu_ctx {
         Some(ctx) => {
             let name = ctx.adapter().to_string();
-            let (f, h) = delegate::profiled_gpu_executor(Arc::new(ctx));
+            let (f, h) = delegate::profiled_gpu_executor(ctx.clone());
             (f, Some(h), name)
         }
         None => (delegate::cpu_executor(), None, "cpu".to_string()),
@@ -146,9 +161,21 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     let prompt: Vec<i64> = (0..a.prompt_len as i64).map(|i| 2 + i % 100).collect();
     let cold = call(&prompt, 0)?;
     let ttft = call(&prompt, 0)?;
+    let submits = |h: &Option<delegate::ProfiledHandles>| -> Option<usize> {
+        let list = h.as_ref()?.lock().ok()?;
+        Some(
+            list.iter()
+                .filter_map(|e| e.lock().ok().map(|e| e.stats().submits))
+                .sum(),
+        )
+    };
     let mut first = 0.0;
     let mut decode_total = 0.0;
+    let mut submits0 = None;
     for i in 0..a.decode {
+        if i == 1 {
+            submits0 = submits(&handles);
+        }
         let dt = call(&[7], (a.prompt_len + i) as i64)?;
         if i == 0 {
             first = dt;
@@ -156,6 +183,10 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             decode_total += dt;
         }
     }
+    let submits_per_token = match (submits0, submits(&handles)) {
+        (Some(a0), Some(a1)) if a.decode > 1 => Some((a1 - a0) as f64 / (a.decode - 1) as f64),
+        _ => None,
+    };
     let timed = a.decode.saturating_sub(1).max(1) as f64;
     let decode_ms = if a.decode > 1 {
         decode_total / timed * 1e3
@@ -165,6 +196,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     let mut ops: Vec<OpShare> = Vec::new();
     let mut gpu_bytes = None;
     let mut decode_gpu = None;
+    let (mut replay_us, mut weight_bytes, mut dispatches) = (None, None, None);
     if let Some(h) = &handles {
         let list = h
             .lock()
@@ -177,6 +209,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             total_mem += e.memory().total();
             if a.decode == 0 {
                 continue;
+            }
+            *weight_bytes.get_or_insert(0) += e.linear_weight_bytes();
+            *dispatches.get_or_insert(0) += e.stats().last_dispatches;
+            if let Some(t) = e.time_last(10).map_err(anyhow::Error::msg)? {
+                *replay_us.get_or_insert(0.0) += t.seconds * 1e6;
             }
             if let Some(times) = e.profile_last().map_err(anyhow::Error::msg)? {
                 any = true;
@@ -205,7 +242,28 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             ops.sort_by(|x, y| y.us.total_cmp(&x.us));
         }
     }
+    let stream = match &gpu_ctx {
+        Some(ctx) if a.decode > 0 => Some(
+            pteria::gpu::bench::stream_bandwidth(ctx, 1 << 30, 0.3).map_err(anyhow::Error::msg)?,
+        ),
+        _ => None,
+    };
+    let floor = match (replay_us, weight_bytes, stream) {
+        (Some(us), Some(b), Some(bw)) if b > 0 => Some(us * 1e-6 / (b as f64 / bw)),
+        _ => None,
+    };
     let report = ProgramReport {
+        execution: match method.whole_note() {
+            _ if method.runs_whole() => "whole".into(),
+            Some(why) => format!("per delegate ({why})"),
+            None => "per delegate".into(),
+        },
+        submits_per_token,
+        dispatches_per_token: dispatches,
+        decode_replay_gpu_us: replay_us,
+        decode_weight_bytes: weight_bytes,
+        stream_gb_per_s: stream.map(|b| b / 1e9),
+        decode_vs_bandwidth_floor: floor,
         file: file.display().to_string(),
         device: device_name,
         load_s,
@@ -232,7 +290,10 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         })
     };
     println!("{} on {}", report.file, report.device);
-    println!("load {:.2} s", report.load_s);
+    println!(
+        "load {:.2} s; execution: {}",
+        report.load_s, report.execution
+    );
     println!(
         "prefill {} tokens: TTFT {:.2} ms ({:.2} ms cold), {:.1} tok/s",
         report.prompt_len, report.ttft_ms, report.ttft_cold_ms, report.prefill_tok_per_s
@@ -246,6 +307,22 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         mib(report.gpu_bytes),
         mib(report.peak_host_bytes)
     );
+    if let (Some(s), Some(d)) = (report.submits_per_token, report.dispatches_per_token) {
+        println!("decode step: {s:.1} submits, {d} dispatches");
+    }
+    if let (Some(us), Some(b), Some(bw), Some(f)) = (
+        report.decode_replay_gpu_us,
+        report.decode_weight_bytes,
+        report.stream_gb_per_s,
+        report.decode_vs_bandwidth_floor,
+    ) {
+        println!(
+            "decode step GPU time (replayed, one pass): {us:.1} us; linear weights {:.1} MiB at \
+             {bw:.0} GB/s copy bandwidth = {:.1} us floor; ratio {f:.2}x",
+            b as f64 / 1048576.0,
+            b as f64 / (bw * 1e9) * 1e6
+        );
+    }
     if let Some(us) = report.decode_gpu_us {
         println!("decode step GPU time by op (timestamps, one pass per dispatch): {us:.1} us");
         for o in report.decode_ops.iter().take(15) {

@@ -325,6 +325,19 @@ impl GpuExecutor {
         self.stats
     }
 
+    /// Bytes of linear weights (packed values, scales, biases as held on the GPU) that every
+    /// call must read in full, whatever its length: the floor a decode step's time is held to.
+    pub fn linear_weight_bytes(&self) -> u64 {
+        let mut seen = std::collections::HashSet::new();
+        self.graph
+            .ops()
+            .filter(|op| matches!(op.kind, OpKind::Linear { .. }))
+            .flat_map(ops::weight_tensors)
+            .filter(|&t| seen.insert(self.mem.root[t]))
+            .map(|t| self.mem.bytes(t, &self.graph))
+            .sum()
+    }
+
     /// Runs one call; returns the graph outputs, as `ir::cpu::CpuExecutor::run` does.
     pub fn run(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>, GpuError> {
         let plan = infer_shapes(&self.graph, inputs)?;

@@ -182,6 +182,12 @@ fn absorb_norm_weight(g: &mut Graph) -> usize {
 /// Replaces `Copy` ops of activations by their input (a copy the graph never mutates is a no-op).
 pub fn drop_noop_copies(g: &mut Graph) -> usize {
     let mut n = 0;
+    // A copy that a cache update then writes into (or whose source one writes) is a snapshot.
+    let written_in_place: std::collections::HashSet<TensorId> = g
+        .ops()
+        .filter(|o| matches!(o.kind, OpKind::CacheUpdate { .. }))
+        .filter_map(|o| o.inputs.first().copied())
+        .collect();
     loop {
         let hit = g.nodes.iter().enumerate().find_map(|(i, node)| match node {
             Node::Op(o) if o.kind == OpKind::Copy => {
@@ -191,6 +197,8 @@ pub fn drop_noop_copies(g: &mut Graph) -> usize {
                 (plain(dst)
                     && same
                     && !g.outputs.contains(&dst)
+                    && !written_in_place.contains(&src)
+                    && !written_in_place.contains(&dst)
                     && !matches!(g.tensors[src].role, Role::State(_)))
                 .then_some((i, src, dst))
             }
@@ -378,5 +386,44 @@ mod tests {
         assert!(g
             .ops()
             .any(|o| matches!(o.kind, OpKind::CacheUpdate { .. })));
+    }
+
+    /// A copy that a cache update then writes in place is a snapshot, not a no-op: dropping it
+    /// would let the update change the copy's source, which is read again afterwards.
+    #[test]
+    fn copies_written_in_place_are_kept() {
+        let f = DType::F32;
+        let mut g = Graph::default();
+        let x = g.add_tensor("x", f, vec![4, 2], Role::Input(0));
+        let c = g.add_tensor("c", f, vec![4, 2], Role::Activation);
+        let v = g.add_tensor("v", f, vec![1, 2], Role::Activation);
+        let u = g.add_tensor("u", f, vec![4, 2], Role::Activation);
+        let y = g.add_tensor("y", f, vec![4, 2], Role::Activation);
+        g.op(OpKind::Copy, vec![x], vec![c]);
+        g.op(
+            OpKind::Slice {
+                dim: 0,
+                start: Int::Lit(3),
+                end: Int::Lit(4),
+                step: 1,
+            },
+            vec![x],
+            vec![v],
+        );
+        g.op(
+            OpKind::CacheUpdate {
+                axis: 0,
+                start: Int::Lit(0),
+            },
+            vec![c, v],
+            vec![u],
+        );
+        g.op(OpKind::Unary(UnaryOp::Neg), vec![x], vec![y]);
+        g.inputs = vec![Io::Tensor(x)];
+        g.outputs = vec![y];
+        let xs: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let want = run(g.clone(), &xs, &[4, 2]);
+        assert_eq!(drop_noop_copies(&mut g), 0);
+        assert_eq!(run(g, &xs, &[4, 2]), want);
     }
 }

@@ -350,6 +350,32 @@ impl ProfiledGpu {
     pub fn stats(&self) -> crate::gpu::ExecutorStats {
         self.exec.stats()
     }
+
+    /// GPU time of the last call's dispatches, replayed `reps` times back to back in one pass.
+    pub fn time_last(&mut self, reps: u32) -> Result<Option<crate::gpu::ReplayTiming>, String> {
+        let inputs: Vec<ir::InputValue> = self
+            .last
+            .iter()
+            .map(|v| match v {
+                OwnedInput::Tensor(shape, data) => ir::InputValue::Tensor {
+                    shape: shape.clone(),
+                    data,
+                },
+                OwnedInput::Sym(s) => ir::InputValue::Sym(*s),
+            })
+            .collect();
+        if inputs.is_empty() && !self.exec.graph().inputs.is_empty() {
+            return Ok(None);
+        }
+        self.exec
+            .time_replays(&inputs, reps)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    pub fn linear_weight_bytes(&self) -> u64 {
+        self.exec.linear_weight_bytes()
+    }
 }
 
 /// A GPU executor factory whose executors stay reachable through the returned handles.

@@ -191,6 +191,9 @@ pub fn lower_method(
         let t = lw.as_value_dtype(v, t)?;
         lw.g.outputs.push(t);
     }
+    // Delegate boundaries split clusters (an RMSNorm's `+ eps` is a CPU op between two
+    // delegates in the stock export): the joined graph fuses them.
+    ir::passes::optimize(&mut lw.g);
     lw.g.validate().map_err(|e| e.to_string())?;
     Ok(lw.g)
 }
