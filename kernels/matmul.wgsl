@@ -1,8 +1,9 @@
 // Batched a[.., M, K] @ b[.., K, N] with broadcast batch dims (up to 4); one workgroup z-slice
 // per batch entry.
 //   main  64x64 output tiles, 16-deep K slices in shared memory.
-//   rows  few rows of a (decode attention: q·Kᵀ, p·V): 64 columns × 4 K-slices per workgroup
-//         and row; a tile of 64 rows would be almost all padding there.
+//   rows  few rows of a (decode attention: q·Kᵀ, p·V): 16 columns × 16 K-slices per workgroup
+//         and row; a tile of 64 rows would be almost all padding there, and 4 K-slices left a
+//         K = 1024 p·V a long chain of dependent loads (64 us on an H100).
 
 struct Params {
     m: u32,
@@ -25,7 +26,7 @@ const BK = 16u;
 @group(0) @binding(4) var<storage, read> b: array<f32>;
 
 var<workgroup> as_: array<f32, 1024>; // [BK][BM]
-var<workgroup> part: array<f32, 256>; // [4][64]
+var<workgroup> part: array<f32, 256>; // [16][16]
 
 // Element offsets of batch entry z in a and b.
 fn batch_offsets(z: u32) -> vec2<u32> {
@@ -39,23 +40,26 @@ fn batch_offsets(z: u32) -> vec2<u32> {
     return o;
 }
 
-@compute @workgroup_size(64, 4)
+@compute @workgroup_size(16, 16)
 fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let n = wg.x * 64u + lid.x;
+    let n = wg.x * 16u + lid.x;
     let m = wg.y;
     let o = batch_offsets(wg.z);
     var acc = 0.0;
     if n < p.n {
         let arow = o.x + m * p.k;
-        // Consecutive invocations read consecutive n of one row of b.
-        for (var k = lid.y; k < p.k; k += 4u) {
+        // 16 consecutive n of one row of b per K-slice: 64-byte reads, and 16 slices in flight.
+        for (var k = lid.y; k < p.k; k += 16u) {
             acc += a[arow + k] * b[o.y + k * p.n + n];
         }
     }
-    part[lid.y * 64u + lid.x] = acc;
+    part[lid.y * 16u + lid.x] = acc;
     workgroupBarrier();
     if lid.y == 0u && n < p.n {
-        let v = (part[lid.x] + part[64u + lid.x]) + (part[128u + lid.x] + part[192u + lid.x]);
+        var v = 0.0;
+        for (var j = 0u; j < 16u; j++) {
+            v += part[j * 16u + lid.x];
+        }
         y[(wg.z * p.m + m) * p.n + n] = v;
     }
 }

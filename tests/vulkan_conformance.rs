@@ -164,7 +164,7 @@ fn unsupported_operators_are_all_listed_at_load() {
 }
 
 /// The stock export keeps its KV caches in mutable buffers that CPU `index_put`/`copy_` ops
-/// update between delegates. Run whole on the GPU, a call is one submit, the caches are State
+/// update between delegates. Run whole on the GPU, a call is a few submits, the caches are State
 /// buffers that never travel: a decode step uploads its token and position (two i32) only.
 #[test]
 fn whole_method_keeps_the_kv_cache_on_the_gpu() {
@@ -196,7 +196,8 @@ fn whole_method_keeps_the_kv_cache_on_the_gpu() {
             HostTensor::from_i64(&[4], &[0, 1, 2, 3]),
         ])
         .unwrap();
-    for (step, pos) in (4..8i64).enumerate() {
+    let mut submits = exec.lock().unwrap().stats().submits;
+    for pos in 4..8i64 {
         method
             .execute(&[
                 HostTensor::from_i64(&[1, 1], &[7 + pos]),
@@ -204,7 +205,9 @@ fn whole_method_keeps_the_kv_cache_on_the_gpu() {
             ])
             .unwrap();
         let st = exec.lock().unwrap().stats();
-        assert_eq!(st.submits, step + 2, "one submit per call: {st:?}");
+        // 462 dispatches: pieces of 64, 256 and the rest.
+        assert_eq!(st.submits - submits, 3, "a few submits per call: {st:?}");
+        submits = st.submits;
         assert_eq!(st.last_upload_bytes, 8, "token and position only: {st:?}");
         assert_eq!(st.last_readback_bytes, 256 * 4, "the logits only: {st:?}");
     }

@@ -2,8 +2,9 @@
 //! call: plan shapes (`ir::infer_shapes`); the first call with a shape signature records every
 //! dispatch (pipeline, bind group, grid), later calls replay the recording. Host symbols reach
 //! kernels through one small syms buffer written each call, so decode steps at different positions
-//! replay the same recording. One call is one submit: input writes, all dispatches, the copies of
-//! the outputs into a mappable buffer, then one wait.
+//! replay the same recording. One call is a few submits of growing size (the first starts the
+//! GPU while the host encodes the rest): input writes, all dispatches, the copies of the outputs
+//! into a mappable buffer, then one wait.
 //!
 //! wgpu has no reusable compute command buffers, so a replay still encodes one
 //! `set_pipeline`/`set_bind_group`/`dispatch` triple per kernel from the recording, without any
@@ -22,6 +23,9 @@ use std::sync::Arc;
 /// Recordings kept per executor (least recently used goes first): a decode signature, a few
 /// prefill lengths.
 const MAX_RECORDINGS: usize = 32;
+/// Dispatches in a call's first submit; each later one takes 4 times as many (so a call of
+/// 3000 dispatches is 4 submits, one of 400 is 3).
+const FIRST_PIECE: usize = 64;
 /// Uniform parameter slots: 256 bytes is the largest offset alignment WebGPU allows.
 const PARAM_SLOT: u64 = 256;
 const PARAM_BUFFER: u64 = 64 * 1024;
@@ -58,7 +62,7 @@ pub struct ExecutorStats {
     pub replays: usize,
     /// Dispatches in the last call.
     pub last_dispatches: usize,
-    /// Queue submits made by calls (each call makes one).
+    /// Queue submits made by calls (a few per call: see `FIRST_PIECE`).
     pub submits: usize,
     /// Bytes of input tensors the last call wrote to the GPU (host symbols not counted): States
     /// never travel, so a decode step uploads its token and position only.
@@ -403,26 +407,40 @@ impl GpuExecutor {
         rec.last_used = self.clock;
         self.stats.last_dispatches = rec.dispatches.len();
         let device = &self.ctx.device;
-        let mut enc =
-            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes: None,
-            });
-            for d in &rec.dispatches {
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, &d.bind_group, &[]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        // Growing pieces, each submitted as soon as it is encoded: the GPU starts on the first
+        // while the host encodes the rest (a whole-model call has thousands of dispatches).
+        let mut piece = FIRST_PIECE;
+        let mut rest = rec.dispatches.as_slice();
+        loop {
+            let (now, later) = rest.split_at(piece.min(rest.len()));
+            rest = later;
+            let mut enc =
+                device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: None,
+                });
+                for d in now {
+                    pass.set_pipeline(&d.pipeline);
+                    pass.set_bind_group(0, &d.bind_group, &[]);
+                    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                }
             }
-        }
-        if let Some(rb) = &rec.readback {
-            for &(src, bytes, off) in &rec.copies {
-                enc.copy_buffer_to_buffer(&self.buffers[src], 0, rb, off, bytes);
+            if rest.is_empty() {
+                if let Some(rb) = &rec.readback {
+                    for &(src, bytes, off) in &rec.copies {
+                        enc.copy_buffer_to_buffer(&self.buffers[src], 0, rb, off, bytes);
+                    }
+                }
             }
+            queue.submit([enc.finish()]);
+            self.stats.submits += 1;
+            if rest.is_empty() {
+                break;
+            }
+            piece *= 4;
         }
-        queue.submit([enc.finish()]);
-        self.stats.submits += 1;
         self.stats.last_upload_bytes = uploaded;
         self.stats.last_readback_bytes = rec.readback_size;
 

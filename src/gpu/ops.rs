@@ -1143,7 +1143,7 @@ fn matmul(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
     // Up to 4 rows of a (decode), a row per workgroup row beats 64-row tiles of padding.
     let few = m <= 4;
     let groups = if few {
-        [n.div_ceil(64) as u32, m as u32, nb as u32]
+        [n.div_ceil(16) as u32, m as u32, nb as u32]
     } else {
         [n.div_ceil(64) as u32, m.div_ceil(64) as u32, nb as u32]
     };
