@@ -1058,7 +1058,7 @@ fn layout_ops_match_cpu() {
     );
     let ex = t.op(
         OpKind::Expand {
-            shape: vec![2, 4, 6],
+            shape: vec![Int::Lit(2), Int::Lit(4), Int::Lit(6)],
         },
         vec![xi],
         DType::I64,

@@ -620,7 +620,8 @@ impl CpuExecutor {
                     Val::I(y)
                 }
             }
-            OpKind::Expand { shape } => {
+            OpKind::Expand { .. } => {
+                let shape = &out_shape;
                 let x = self.get(op.inputs[0], vals)?;
                 let xs = sh(op.inputs[0]);
                 let st = strides(&xs);

@@ -169,8 +169,9 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
             s
         }
         OpKind::Expand { shape } => {
-            broadcast(arg(0)?, shape)?;
-            shape.clone()
+            let shape: Vec<usize> = shape.iter().map(|v| v.eval(syms).max(0) as usize).collect();
+            broadcast(arg(0)?, &shape)?;
+            shape
         }
         OpKind::IndexSelect { dim } => {
             let mut s = arg(0)?.to_vec();

@@ -276,9 +276,9 @@ pub enum OpKind {
     Concat {
         dim: usize,
     },
-    /// Broadcast to `shape`.
+    /// Broadcast to `shape` (sizes may be host symbols: a dynamic target).
     Expand {
-        shape: Vec<usize>,
+        shape: Vec<Int>,
     },
     /// Gather along `dim` with an index tensor (index_select); inputs: x, indices.
     IndexSelect {
@@ -499,7 +499,9 @@ impl Graph {
                         OpKind::Rope { start, .. }
                         | OpKind::Sdpa { start, .. }
                         | OpKind::CacheUpdate { start, .. } => vec![*start],
-                        OpKind::Reshape { shape } | OpKind::Full { shape, .. } => shape.clone(),
+                        OpKind::Reshape { shape }
+                        | OpKind::Full { shape, .. }
+                        | OpKind::Expand { shape } => shape.clone(),
                         OpKind::Slice { start, end, .. } => vec![*start, *end],
                         OpKind::Select { index, .. } => vec![*index],
                         OpKind::Arange { start, end, .. } => vec![*start, *end],
@@ -562,7 +564,9 @@ impl OpKind {
             OpKind::Rope { start, .. }
             | OpKind::Sdpa { start, .. }
             | OpKind::CacheUpdate { start, .. } => m(start),
-            OpKind::Reshape { shape } | OpKind::Full { shape, .. } => shape.iter_mut().for_each(m),
+            OpKind::Reshape { shape } | OpKind::Full { shape, .. } | OpKind::Expand { shape } => {
+                shape.iter_mut().for_each(m)
+            }
             OpKind::Slice { start, end, .. } | OpKind::Arange { start, end, .. } => {
                 m(start);
                 m(end)

@@ -1335,28 +1335,7 @@ impl<'a> Lower<'a> {
         }
         let dt = self.dt(src);
         let y = self.write(out, dt, max.clone())?;
-        if let Some(shape) = req
-            .iter()
-            .map(|v| match v {
-                Int::Lit(n) => Some(*n as usize),
-                Int::Sym(_) => None,
-            })
-            .collect::<Option<Vec<usize>>>()
-        {
-            self.op(OpKind::Expand { shape }, vec![src], y);
-        } else {
-            // A dynamic target: broadcast against zeros of that shape (x + 0 is exact).
-            let zeros = self.scratch("broadcast_zeros", dt, max);
-            self.g.op(
-                OpKind::Full {
-                    value: 0.0,
-                    shape: req,
-                },
-                vec![],
-                vec![zeros],
-            );
-            self.op(OpKind::Binary(BinaryOp::Add), vec![src, zeros], y);
-        }
+        self.op(OpKind::Expand { shape: req }, vec![src], y);
         Ok(())
     }
 

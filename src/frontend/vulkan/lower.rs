@@ -1214,36 +1214,18 @@ impl Lower<'_> {
                 let x = self.tensor(a(0)?)?;
                 let y = self.out(c)?;
                 let req = self.ints(a(1)?)?;
-                if req.iter().all(|r| matches!(r, Int::Lit(v) if *v >= 0)) {
-                    let shape = req
-                        .iter()
-                        .map(|r| if let Int::Lit(v) = r { *v as usize } else { 0 })
-                        .collect();
-                    self.g.op(OpKind::Expand { shape }, vec![x], vec![y]);
-                } else {
-                    // Dynamic target: broadcast against zeros of that shape (x + 0 is exact).
-                    let rank = self.rank(x);
-                    let off = req.len().checked_sub(rank).ok_or("expand to fewer dims")?;
-                    let mut shape = Vec::with_capacity(req.len());
-                    for (i, r) in req.iter().enumerate() {
-                        shape.push(match r {
-                            Int::Lit(-1) if i >= off => self.size_sym(x, i - off),
-                            Int::Lit(v) if *v < 0 => return Err(format!("expand size {v}")),
-                            other => *other,
-                        });
-                    }
-                    let dt = self.g.tensors[y].dtype;
-                    let zeros = self.g.add_tensor(
-                        "expand_zeros",
-                        dt,
-                        self.g.tensors[y].max_shape.clone(),
-                        Role::Activation,
-                    );
-                    self.g
-                        .op(OpKind::Full { value: 0.0, shape }, vec![], vec![zeros]);
-                    self.g
-                        .op(OpKind::Binary(BinaryOp::Add), vec![x, zeros], vec![y]);
+                // A dynamic target expands to host-symbol sizes; -1 keeps x's size.
+                let rank = self.rank(x);
+                let off = req.len().checked_sub(rank).ok_or("expand to fewer dims")?;
+                let mut shape = Vec::with_capacity(req.len());
+                for (i, r) in req.iter().enumerate() {
+                    shape.push(match r {
+                        Int::Lit(-1) if i >= off => self.size_sym(x, i - off),
+                        Int::Lit(v) if *v < 0 => return Err(format!("expand size {v}")),
+                        other => *other,
+                    });
                 }
+                self.g.op(OpKind::Expand { shape }, vec![x], vec![y]);
             }
             "aten._softmax.default" => {
                 let x = self.tensor(a(0)?)?;
