@@ -212,6 +212,58 @@ pub fn drop_noop_copies(g: &mut Graph) -> usize {
     n
 }
 
+/// `permute(permute(x, p1), p2)` becomes one `permute(x, p1∘p2)`, and a permute that moves
+/// nothing becomes a `Copy`. ExecuTorch's llama KV cache leaves such round trips around every
+/// layer's cache ([B, S, H, D] -> [B, H, S, D] -> back): whole-cache strided gathers per call.
+pub fn fold_permutes(g: &mut Graph) -> usize {
+    let mut n = 0;
+    loop {
+        let uses = use_counts(g);
+        let prod = producers(g);
+        let hit = g.nodes.iter().enumerate().find_map(|(i, node)| {
+            let Node::Op(o) = node else { return None };
+            let OpKind::Permute { perm: p2 } = &o.kind else {
+                return None;
+            };
+            if p2.iter().enumerate().all(|(d, &p)| d == p) {
+                return Some((i, None, p2.clone()));
+            }
+            let mid = o.inputs[0];
+            let inner = prod[mid]?;
+            let OpKind::Permute { perm: p1 } = &op_at(g, inner).kind else {
+                return None;
+            };
+            let plain = matches!(g.tensors[mid].role, Role::Activation);
+            if !plain || uses[mid] != 1 || p1.len() != p2.len() {
+                return None;
+            }
+            // out.shape[d] = mid.shape[p2[d]] = x.shape[p1[p2[d]]].
+            let composed = p2.iter().map(|&d| p1[d]).collect();
+            Some((i, Some(inner), composed))
+        });
+        let Some((i, inner, perm)) = hit else { break };
+        if let Some(inner) = inner {
+            let src = op_at(g, inner).inputs[0];
+            if let Node::Op(o) = &mut g.nodes[i] {
+                o.inputs = vec![src];
+            }
+        }
+        if let Node::Op(o) = &mut g.nodes[i] {
+            o.kind = if perm.iter().enumerate().all(|(d, &p)| d == p) {
+                OpKind::Copy
+            } else {
+                OpKind::Permute { perm }
+            };
+        }
+        if let Some(inner) = inner {
+            // Its output had this op as its only reader.
+            g.nodes.remove(inner);
+        }
+        n += 1;
+    }
+    n
+}
+
 fn rename(g: &mut Graph, from: TensorId, to: TensorId) {
     for node in &mut g.nodes {
         match node {
@@ -254,6 +306,7 @@ pub fn eliminate_dead(g: &mut Graph) -> usize {
 /// The default pipeline run at load; returns (pass name, rewrites) pairs for `inspect`.
 pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![
+        ("fold_permutes", fold_permutes(g)),
         ("drop_noop_copies", drop_noop_copies(g)),
         ("fuse_rms_norm", fuse_rms_norm(g)),
         ("eliminate_dead", eliminate_dead(g)),
@@ -363,6 +416,58 @@ mod tests {
         let m = 5;
         g.outputs.push(m);
         assert_eq!(fuse_rms_norm(&mut g), 0);
+    }
+
+    /// x [2,3,4,5] -> permute -> permute -> (permute) -> out, each intermediate read once.
+    fn permute_chain(perms: &[&[usize]]) -> Graph {
+        let mut g = Graph::default();
+        let f = DType::F32;
+        let mut shape = vec![2, 3, 4, 5];
+        let mut t = g.add_tensor("x", f, shape.clone(), Role::Input(0));
+        g.inputs = vec![Io::Tensor(t)];
+        for (k, p) in perms.iter().enumerate() {
+            shape = p.iter().map(|&d| shape[d]).collect();
+            let o = g.add_tensor(format!("p{k}"), f, shape.clone(), Role::Activation);
+            g.op(OpKind::Permute { perm: p.to_vec() }, vec![t], vec![o]);
+            t = o;
+        }
+        g.outputs = vec![t];
+        g
+    }
+
+    #[test]
+    fn permute_round_trips_fold_to_a_copy_and_chains_to_one_permute() {
+        let x: Vec<f32> = (0..120).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let cases: [(&[&[usize]], &str); 3] = [
+            (&[&[0, 2, 1, 3], &[0, 2, 1, 3]], "layout[copy]"),
+            (&[&[0, 2, 1, 3], &[3, 1, 0, 2]], "layout[permute]"),
+            (
+                &[&[1, 0, 2, 3], &[0, 2, 3, 1], &[3, 2, 1, 0]],
+                "layout[permute]",
+            ),
+        ];
+        for (perms, label) in cases {
+            let g = permute_chain(perms);
+            let mut folded = g.clone();
+            assert_eq!(fold_permutes(&mut folded), perms.len() - 1, "{perms:?}");
+            let kinds: Vec<String> = folded.ops().map(|o| o.kind.label()).collect();
+            assert_eq!(kinds, vec![label], "{perms:?}");
+            assert_eq!(
+                run(g, &x, &[2, 3, 4, 5]),
+                run(folded, &x, &[2, 3, 4, 5]),
+                "{perms:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_permute_whose_result_is_also_read_elsewhere_is_kept() {
+        let mut g = permute_chain(&[&[0, 2, 1, 3], &[0, 2, 1, 3]]);
+        let mid = g.ops().next().unwrap().outputs[0];
+        g.outputs.push(mid);
+        assert_eq!(fold_permutes(&mut g), 0);
+        let kinds: Vec<String> = g.ops().map(|o| o.kind.label()).collect();
+        assert_eq!(kinds, vec!["layout[permute]", "layout[permute]"]);
     }
 
     #[test]
