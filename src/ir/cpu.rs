@@ -306,6 +306,33 @@ impl CpuExecutor {
                 let k = *x_shape.last().ok_or("linear of a scalar")?;
                 let n = *out_shape.last().unwrap();
                 let m = x.len() / k.max(1);
+                let ws = &op.inputs[1..1 + weight.tensor_count()];
+                // XNNPACK's qd8 GEMMs sum int8 × int4/int8 products exactly per block: float
+                // dot products of the dequantized values round differently, and over a deep
+                // model those last-bit differences flip later activation roundings.
+                let qd8 = matches!(act_quant, ActQuant::Xnnpack)
+                    && matches!(weight, Weight::Q4 { .. } | Weight::Q8 { .. });
+                if qd8 && k > 0 {
+                    let mut xi = vec![0i32; x.len()];
+                    let params: Vec<(f32, i32)> = x
+                        .chunks(k)
+                        .zip(xi.chunks_mut(k))
+                        .map(|(row, q)| {
+                            let (inv, zp) = quant_row_xnnpack(row, q);
+                            // XNNPACK multiplies the stored int8 values, zero point included.
+                            q.iter_mut().for_each(|v| *v += zp);
+                            (inv, zp)
+                        })
+                        .collect();
+                    let mut y = self.linear_qd8(*weight, ws, &xi, &params, [m, k, n], vals)?;
+                    if *has_bias {
+                        let b = self.get(op.inputs[1 + weight.tensor_count()], vals)?.f();
+                        for row in y.chunks_mut(n) {
+                            row.iter_mut().zip(&b).for_each(|(v, bv)| *v += bv);
+                        }
+                    }
+                    return self.finish(out, Val::F(y), vals);
+                }
                 for row in x.chunks_mut(k.max(1)) {
                     match act_quant {
                         ActQuant::None => {}
@@ -313,7 +340,6 @@ impl CpuExecutor {
                         ActQuant::Xnnpack => quant_dequant_row_xnnpack(row),
                     }
                 }
-                let ws = &op.inputs[1..1 + weight.tensor_count()];
                 let mut y = self.linear(*weight, ws, &x, [m, k, n], vals)?;
                 if *has_bias {
                     let b = self.get(op.inputs[1 + weight.tensor_count()], vals)?.f();
@@ -662,6 +688,15 @@ impl CpuExecutor {
                 }
             }
         };
+        self.finish(out, result, vals)
+    }
+
+    fn finish(
+        &mut self,
+        out: TensorId,
+        result: Val,
+        vals: &mut [Option<Val>],
+    ) -> std::result::Result<(), String> {
         // Comparison results and integer outputs normalise through the output dtype.
         let result = match (&result, self.graph.tensors[out].dtype) {
             (Val::F(f), dt) if !dt.is_float() => Val::I(f.iter().map(|&x| x as i64).collect()),
@@ -768,6 +803,87 @@ impl CpuExecutor {
                 }))
             }
         }
+    }
+
+    /// `linear` for XNNPACK-quantized activations, in the arithmetic of XNNPACK's
+    /// qd8-f32-qb4w/qc8w GEMMs: `xq` holds each row's stored int8 values (zero point included)
+    /// and `params` its (dequantization scale, zero point). Per output channel the packed
+    /// weights carry `ksum = -Σ_groups scale·Σ w`; the kernel starts from `ksum · zero point`,
+    /// adds each group's exact integer dot product times its scale, then scales the row. This
+    /// reproduces ExecuTorch's outputs bit for bit, and a deep 8da4w model needs that: a last-bit
+    /// difference flips a later activation rounding, a whole quantization step.
+    fn linear_qd8(
+        &mut self,
+        w: Weight,
+        ts: &[TensorId],
+        xq: &[i32],
+        params: &[(f32, i32)],
+        [m, k, n]: [usize; 3],
+        vals: &[Option<Val>],
+    ) -> std::result::Result<Vec<f32>, String> {
+        let (Weight::Q4 { group } | Weight::Q8 { group }) = w else {
+            return Err("an integer linear needs a quantized weight".into());
+        };
+        let (scales, biases) = (self.shared_f32(ts[1], vals)?, self.shared_f32(ts[2], vals)?);
+        let raw = self.raw_const(ts[0])?;
+        let four = matches!(w, Weight::Q4 { .. });
+        let row_bytes = if four { k / 2 } else { k };
+        if group == 0 || k % group != 0 || (four && k % 2 != 0) {
+            return Err(format!(
+                "K = {k} is not a whole number of groups of {group}"
+            ));
+        }
+        let groups = k / group;
+        if raw.len() < n * row_bytes {
+            return Err(format!("packed weight is smaller than [{n}, {k}]"));
+        }
+        if scales.len() < n * groups || biases.len() < n * groups {
+            return Err(format!(
+                "scales or biases hold fewer than [{n}, {groups}] values"
+            ));
+        }
+        // Symmetric weights (`bias = -zero * scale`, zero = 8 for 4 bits) take the zero out
+        // in integers; any remaining bias multiplies the row's dequantized sum.
+        let zero = if four { 8 } else { 0 };
+        Ok(by_weight_rows([m, k, n], |j, out, _| {
+            let q = &raw[j * row_bytes..(j + 1) * row_bytes];
+            let mut wq = [0i32; 2048];
+            let wq = if k <= 2048 {
+                &mut wq[..k]
+            } else {
+                &mut vec![0i32; k][..]
+            };
+            for (c, v) in wq.iter_mut().enumerate() {
+                *v = if four {
+                    let b = q[c / 2];
+                    (if c % 2 == 0 { b & 0xF } else { b >> 4 }) as i32
+                } else {
+                    q[c] as i8 as i32
+                } - zero;
+            }
+            let (s, b) = (&scales[j * groups..], &biases[j * groups..]);
+            let mut ksum = 0f32;
+            for (g, wg) in wq.chunks_exact(group).enumerate() {
+                ksum -= wg.iter().sum::<i32>() as f32 * s[g];
+            }
+            for (o, (xr, &(inv, zp))) in out.iter_mut().zip(xq.chunks_exact(k).zip(params)) {
+                let mut y = ksum * zp as f32;
+                let mut rest_sum = 0f32;
+                for (g, (xg, wg)) in xr
+                    .chunks_exact(group)
+                    .zip(wq.chunks_exact(group))
+                    .enumerate()
+                {
+                    let acc: i32 = xg.iter().zip(wg).map(|(a, b)| a * b).sum();
+                    y += acc as f32 * s[g];
+                    let rest = b[g] + zero as f32 * s[g];
+                    if rest != 0.0 {
+                        rest_sum += rest * xg.iter().map(|&v| v - zp).sum::<i32>() as f32;
+                    }
+                }
+                *o = (y + rest_sum) * inv;
+            }
+        }))
     }
 
     fn dequant_row(
@@ -914,6 +1030,16 @@ pub fn quant_dequant_row(row: &mut [f32]) {
 /// Rounding `x · (255 / range)` instead of torchao's `x / (range / 255)` decides ties
 /// differently; ExecuTorch's XNNPACK runtime reproduces this bit for bit.
 pub fn quant_dequant_row_xnnpack(row: &mut [f32]) {
+    let mut q = vec![0i32; row.len()];
+    let (inv, _) = quant_row_xnnpack(row, &mut q);
+    for (v, &qi) in row.iter_mut().zip(&q) {
+        *v = qi as f32 * inv;
+    }
+}
+
+/// XNNPACK's per-row dynamic int8 quantization: writes `q - zero_point` per element and
+/// returns the dequantization scale `1 / multiplier` and the zero point.
+pub fn quant_row_xnnpack(row: &[f32], out: &mut [i32]) -> (f32, i32) {
     let mn = row.iter().copied().fold(0f32, f32::min);
     let mx = row.iter().copied().fold(0f32, f32::max);
     let mul = if mn == mx { 1.0 } else { 255.0 / (mx - mn) };
@@ -925,11 +1051,11 @@ pub fn quant_dequant_row_xnnpack(row: &mut [f32]) {
         127.0 - hi
     };
     let zp = zp.clamp(-128.0, 127.0).round_ties_even();
-    let inv = 1.0 / mul;
-    for v in row.iter_mut() {
+    for (o, v) in out.iter_mut().zip(row) {
         // (round(x·mul clamped to the int8 range less zp) + zp) - zp
-        *v = (*v * mul).clamp(-128.0 - zp, 127.0 - zp).round_ties_even() * inv;
+        *o = (*v * mul).clamp(-128.0 - zp, 127.0 - zp).round_ties_even() as i32;
     }
+    (1.0 / mul, zp as i32)
 }
 
 fn unary_f(u: UnaryOp, x: f32) -> f32 {
@@ -1363,6 +1489,83 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The demo model's 8da4w linears (K = 576, group 32, symmetric int4): with XNNPACK's
+    /// activation quantization the result is XNNPACK's exact per-group integer sums, scaled,
+    /// to within float rounding of those few terms, which a float dot product of the
+    /// dequantized values misses (its last bits flip later roundings in a deep model).
+    #[test]
+    fn xnnpack_linear_sums_each_group_in_integers() {
+        let (m, k, n, group) = (3, 576, 256, 32);
+        let groups = k / group;
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let raw: Vec<u8> = rand(&mut seed, n * k / 2)
+            .iter()
+            .map(|v| ((v + 1.0) * 127.9) as u8)
+            .collect();
+        let scales: Vec<f32> = rand(&mut seed, n * groups)
+            .iter()
+            .map(|v| 0.01 + v.abs() * 0.05)
+            .collect();
+        let biases: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
+        let mut x = rand(&mut seed, m * k);
+        x[7] = 40.0; // a massive activation, as real residual streams have
+        let mut g = Graph::default();
+        let xt = g.add_tensor("x", DType::F32, vec![m, k], Role::Input(0));
+        let ins = vec![
+            xt,
+            g.add_tensor("w", DType::U8, vec![n, k / 2], blob(raw.clone())),
+            g.add_tensor("s", DType::F32, vec![n, groups], blob(f32s(&scales))),
+            g.add_tensor("b", DType::F32, vec![n, groups], blob(f32s(&biases))),
+        ];
+        let y = g.add_tensor("y", DType::F32, vec![m, n], Role::Activation);
+        g.op(
+            OpKind::Linear {
+                weight: Weight::Q4 { group },
+                act_quant: ActQuant::Xnnpack,
+                has_bias: false,
+            },
+            ins,
+            vec![y],
+        );
+        g.inputs.push(Io::Tensor(xt));
+        g.outputs.push(y);
+        let xb = f32s(&x);
+        let got = CpuExecutor::new(g)
+            .unwrap()
+            .run(&[InputValue::Tensor {
+                shape: vec![m, k],
+                data: &xb,
+            }])
+            .unwrap();
+        let got = to_f32(DType::F32, &got[0].data).into_owned();
+        let mut worst = 0f64;
+        for i in 0..m {
+            let mut r = vec![0i32; k];
+            let inv = quant_row_xnnpack(&x[i * k..(i + 1) * k], &mut r).0 as f64;
+            for j in 0..n {
+                let (mut want, mut size) = (0f64, 0f64);
+                for gi in 0..groups {
+                    let acc: i64 = (gi * group..(gi + 1) * group)
+                        .map(|c| {
+                            let b = raw[j * k / 2 + c / 2];
+                            let q = if c % 2 == 0 { b & 0xF } else { b >> 4 };
+                            r[c] as i64 * (q as i64 - 8)
+                        })
+                        .sum();
+                    let term = scales[j * groups + gi] as f64 * acc as f64 * inv;
+                    want += term;
+                    size += term.abs();
+                }
+                worst = worst.max((got[i * n + j] as f64 - want).abs() / size);
+            }
+        }
+        // 1.58e-7 here; the float dot product of the dequantized values: 2.50e-7.
+        assert!(
+            worst <= 1.5 * f32::EPSILON as f64,
+            "error {worst:e} of the summed terms"
+        );
     }
 
     /// 15 · 255 / 34 = 112.5: torchao's `x / (range / 255)` lands just under the tie and
