@@ -1,7 +1,7 @@
 //! Reductions and softmax.
 
 use super::{norm_dim, KernelCtx, KernelFn, KernelResult};
-use crate::runtime::tensor::TensorIn;
+use crate::runtime::tensor::{DType, TensorIn};
 
 pub const KERNELS: &[(&str, KernelFn)] = &[
     ("aten::mean.out", mean),
@@ -74,7 +74,18 @@ fn mean(k: &mut KernelCtx) -> KernelResult {
     let a = k.input(0)?;
     let dims = k.int_list(1)?;
     let keep = k.boolean(2)?;
-    let (shape, v) = reduce(&a, &dims, keep, |g| g.iter().sum::<f64>() / g.len() as f64)?;
+    // ExecuTorch's portable mean.out sums in the output type, in element order, then divides:
+    // float32 inputs are summed in float32 that way (a more exact sum differs in the last bits,
+    // and an 8da4w model's int8 activation rounding turns such bits into whole quantization steps).
+    let f32_sum = a.dtype == DType::F32;
+    let (shape, v) = reduce(&a, &dims, keep, |g| {
+        if f32_sum {
+            let s = g.iter().fold(0f32, |acc, &x| acc + x as f32);
+            (s / g.len() as f32) as f64
+        } else {
+            g.iter().sum::<f64>() / g.len() as f64
+        }
+    })?;
     let o = k.last();
     k.write_f64(o, &shape, &v)
 }
