@@ -495,6 +495,9 @@ impl Method {
                     self.delegates[*d]
                         .execute(&mut self.mem, args)
                         .map_err(|m| kerr(&format!("delegate {id}"), m))?;
+                    if let Some(t) = &mut self.trace {
+                        t(pc, &format!("delegate {id}"), &self.mem, args);
+                    }
                 }
                 Step::Move(from, to) => {
                     let v = self.mem.values[*from].clone();

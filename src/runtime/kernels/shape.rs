@@ -30,6 +30,11 @@ pub const KERNELS: &[(&str, KernelFn)] = &[
         "quantized_decomposed::embedding_byte.dtype_out",
         embedding_byte,
     ),
+    ("quantized_decomposed::embedding_4bit.out", embedding_4bit),
+    (
+        "quantized_decomposed::embedding_4bit.dtype_out",
+        embedding_4bit,
+    ),
     ("aten::index.Tensor_out", index_tensor),
     ("aten::index_put.out", index_put),
     ("aten::index_copy.out", index_copy),
@@ -514,24 +519,46 @@ fn embedding(k: &mut KernelCtx) -> KernelResult {
 /// (and zero point) per row or per row and group (ExecuTorch `kernels/quantized/op_embedding.cpp`).
 /// Unlike its neighbours it computes values; it lives beside `embedding` because it is one.
 fn embedding_byte(k: &mut KernelCtx) -> KernelResult {
+    quantized_embedding(k, 8)
+}
+
+/// `quantized_decomposed::embedding_4bit(...)`, the same with two 4-bit values per uint8 byte:
+/// the high nibble is the even column, each stored as q + 8 (ExecuTorch `op_embedding4b.cpp`,
+/// packed by the llama `EmbeddingQuantHandler`).
+fn embedding_4bit(k: &mut KernelCtx) -> KernelResult {
+    quantized_embedding(k, 4)
+}
+
+fn quantized_embedding(k: &mut KernelCtx, bits: usize) -> KernelResult {
+    let op = if bits == 4 {
+        "embedding_4bit"
+    } else {
+        "embedding_byte"
+    };
     let w = k.input(0)?;
     let scales = k.input(1)?;
     let zps = k.opt_input(2)?;
     let ids = k.input(5)?;
-    if w.sizes.len() != 2 || !matches!(w.dtype, DType::I8 | DType::U8) {
+    let byte_ok = match bits {
+        4 => w.dtype == DType::U8,
+        _ => matches!(w.dtype, DType::I8 | DType::U8),
+    };
+    if w.sizes.len() != 2 || !byte_ok {
         return Err(format!(
-            "embedding_byte weight must be 2-D int8/uint8, got {} {:?}",
+            "{op} weight must be 2-D {}, got {} {:?}",
+            if bits == 4 { "uint8" } else { "int8/uint8" },
             w.dtype.name(),
             w.sizes
         ));
     }
-    let (rows, dim) = (w.sizes[0], w.sizes[1]);
+    let per_byte = 8 / bits;
+    let (rows, dim) = (w.sizes[0], w.sizes[1] * per_byte);
     let groups = match scales.sizes[..] {
         [r] if r == rows => 1,
         [r, g] if r == rows && g > 0 && dim % g == 0 => g,
         _ => {
             return Err(format!(
-                "embedding_byte scales {:?} do not fit weight {:?}",
+                "{op} scales {:?} do not fit weight {:?}",
                 scales.sizes, w.sizes
             ))
         }
@@ -539,9 +566,19 @@ fn embedding_byte(k: &mut KernelCtx) -> KernelResult {
     let s = scales.f32();
     let z: Option<Vec<f32>> = zps.map(|t| t.f32().into_owned());
     if z.as_ref().is_some_and(|z| z.len() != s.len()) {
-        return Err("embedding_byte zero points and scales differ in size".into());
+        return Err(format!("{op} zero points and scales differ in size"));
     }
-    let q = w.f32();
+    // Only the looked-up rows are decoded (the table is the model's largest tensor).
+    let (bytes, signed) = (w.bytes(), w.dtype == DType::I8);
+    let value = |r: usize, j: usize| -> f32 {
+        let b = bytes[r * w.sizes[1] + j / per_byte];
+        match (bits, signed) {
+            (4, _) if j % 2 == 0 => (b >> 4) as f32 - 8.0,
+            (4, _) => (b & 0x0f) as f32 - 8.0,
+            (_, true) => b as i8 as f32,
+            _ => b as f32,
+        }
+    };
     let group = dim / groups;
     let mut out = Vec::with_capacity(ids.numel() * dim);
     for i in ids.i64() {
@@ -549,7 +586,7 @@ fn embedding_byte(k: &mut KernelCtx) -> KernelResult {
         for j in 0..dim {
             let g = r * groups + j / group;
             let zp = z.as_ref().map_or(0.0, |z| z[g]);
-            out.push((q[r * dim + j] - zp) * s[g]);
+            out.push((value(r, j) - zp) * s[g]);
         }
     }
     let mut sizes = ids.sizes.clone();
