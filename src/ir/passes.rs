@@ -278,27 +278,185 @@ fn rename(g: &mut Graph, from: TensorId, to: TensorId) {
     }
 }
 
-/// Removes ops whose outputs nobody reads (ops writing state are kept).
+/// Removes ops whose outputs nobody reads (ops writing state are kept), and host symbols
+/// nothing uses: a tensor only a dead symbol measures is dead too (a rewrite that bypasses a
+/// chain leaves its `Size` symbols behind).
 pub fn eliminate_dead(g: &mut Graph) -> usize {
-    let mut n = 0;
-    loop {
-        let uses = use_counts(g);
-        let before = g.nodes.len();
-        g.nodes.retain(|node| match node {
+    // One backward pass: nodes are in execution order, so a node's readers all come later.
+    let mut live_t = vec![false; g.tensors.len()];
+    let mut live_s = vec![false; g.sym_names.len()];
+    for &t in &g.outputs {
+        live_t[t] = true;
+    }
+    for &(_, s) in &g.sym_outputs {
+        live_s[s] = true;
+    }
+    let mut keep = vec![false; g.nodes.len()];
+    for (i, node) in g.nodes.iter().enumerate().rev() {
+        match node {
             Node::Op(o) => {
                 let writes_state = matches!(o.kind, OpKind::CacheUpdate { .. })
                     || o.outputs
                         .iter()
                         .any(|&t| matches!(g.tensors[t].role, Role::State(_)));
-                writes_state || o.outputs.iter().any(|&t| uses[t] > 0)
+                if writes_state || o.outputs.iter().any(|&t| live_t[t]) {
+                    keep[i] = true;
+                    for &t in &o.inputs {
+                        live_t[t] = true;
+                    }
+                    let used = std::cell::RefCell::new(Vec::new());
+                    o.kind.clone().map_syms(|s| {
+                        used.borrow_mut().push(s);
+                        s
+                    });
+                    for s in used.into_inner() {
+                        live_s[s] = true;
+                    }
+                }
             }
-            Node::Sym(_) => true,
-        });
-        let removed = before - g.nodes.len();
-        if removed == 0 {
-            break;
+            Node::Sym(s) => {
+                let out = match s {
+                    SymOp::Size { out, .. }
+                    | SymOp::ReadInput { out, .. }
+                    | SymOp::Arith { out, .. } => *out,
+                };
+                if live_s[out] {
+                    keep[i] = true;
+                    match s {
+                        SymOp::Size { tensor, .. } | SymOp::ReadInput { tensor, .. } => {
+                            live_t[*tensor] = true
+                        }
+                        SymOp::Arith { a, b, .. } => {
+                            for v in [a, b] {
+                                if let Int::Sym(x) = v {
+                                    live_s[*x] = true;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
-        n += removed;
+    }
+    let removed = g
+        .nodes
+        .iter()
+        .zip(&keep)
+        .filter(|(n, &k)| !k && matches!(n, Node::Op(_)))
+        .count();
+    let mut k = keep.into_iter();
+    g.nodes.retain(|_| k.next().unwrap_or(true));
+    removed
+}
+
+/// A matmul operand that is one matrix repeated along the batch dims — `expand` of a matrix,
+/// then reshapes that keep the last two dims and transposes of them, as exports repeat a single
+/// KV head for every query head — is read once through the matmul's batch broadcasting: the
+/// expansion (and a transpose of the whole expansion) no longer materialise every call.
+pub fn unexpand_matmul_operands(g: &mut Graph) -> usize {
+    let prod = producers(g);
+    let tail = |s: &[usize]| (s.len() >= 2).then(|| [s[s.len() - 2], s[s.len() - 1]]);
+    // (matmul node, the repeated matrix, whether the chain transposes it)
+    let mut edits = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        let Node::Op(mm) = n else { continue };
+        if mm.kind != OpKind::MatMul || mm.inputs.len() != 2 {
+            continue;
+        }
+        let (mut t, mut transposed) = (mm.inputs[1], false);
+        let found = loop {
+            let Some(p) = prod[t] else { break None };
+            let o = op_at(g, p);
+            let Some(&src) = o.inputs.first() else {
+                break None;
+            };
+            let (ins, outs) = (&g.tensors[src].max_shape, &g.tensors[t].max_shape);
+            match &o.kind {
+                OpKind::Reshape { .. } if tail(ins).is_some() && tail(ins) == tail(outs) => {}
+                OpKind::Permute { perm } if perm.len() >= 2 => {
+                    let r = perm.len();
+                    if perm[r - 2..] == [r - 1, r - 2] {
+                        transposed = !transposed;
+                    } else if perm[r - 2..] != [r - 2, r - 1] {
+                        break None;
+                    }
+                }
+                OpKind::Expand { .. } => {
+                    let lead: usize = ins.iter().rev().skip(2).product();
+                    break (lead == 1 && tail(ins).is_some() && tail(ins) == tail(outs))
+                        .then_some(src);
+                }
+                _ => break None,
+            }
+            t = src;
+        };
+        if let Some(x) = found {
+            edits.push((i, x, transposed));
+        }
+    }
+    let n = edits.len();
+    for (i, x, transposed) in edits.into_iter().rev() {
+        let Node::Op(mm) = &g.nodes[i] else { continue };
+        let b = mm.inputs[1];
+        let rb = g.tensors[b].max_shape.len();
+        let (xs, dtype) = (g.tensors[x].max_shape.clone(), g.tensors[x].dtype);
+        let rx = xs.len();
+        let name = g.tensors[x].name.clone();
+        let (s0, s1) = (
+            g.add_sym(format!("{name} rows")),
+            g.add_sym(format!("{name} cols")),
+        );
+        let mut nodes = vec![
+            Node::Sym(SymOp::Size {
+                out: s0,
+                tensor: x,
+                dim: rx - 2,
+            }),
+            Node::Sym(SymOp::Size {
+                out: s1,
+                tensor: x,
+                dim: rx - 1,
+            }),
+        ];
+        let mut shape = vec![Int::Lit(1); rb - 2];
+        shape.extend([Int::Sym(s0), Int::Sym(s1)]);
+        let mut mshape = vec![1; rb - 2];
+        mshape.extend(&xs[rx - 2..]);
+        let m = g.add_tensor(
+            format!("{name} as one matrix"),
+            dtype,
+            mshape.clone(),
+            Role::Activation,
+        );
+        nodes.push(Node::Op(Op {
+            kind: OpKind::Reshape { shape },
+            inputs: vec![x],
+            outputs: vec![m],
+        }));
+        let mut operand = m;
+        if transposed {
+            mshape.swap(rb - 2, rb - 1);
+            let mt = g.add_tensor(
+                format!("{name} transposed"),
+                dtype,
+                mshape,
+                Role::Activation,
+            );
+            let perm = (0..rb - 2).chain([rb - 1, rb - 2]).collect();
+            nodes.push(Node::Op(Op {
+                kind: OpKind::Permute { perm },
+                inputs: vec![m],
+                outputs: vec![mt],
+            }));
+            operand = mt;
+        }
+        if let Node::Op(mm) = &mut g.nodes[i] {
+            mm.inputs[1] = operand;
+        }
+        g.nodes.splice(i..i, nodes);
+    }
+    if n > 0 {
+        eliminate_dead(g);
     }
     n
 }
@@ -309,6 +467,7 @@ pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
         ("fold_permutes", fold_permutes(g)),
         ("drop_noop_copies", drop_noop_copies(g)),
         ("fuse_rms_norm", fuse_rms_norm(g)),
+        ("unexpand_matmul_operands", unexpand_matmul_operands(g)),
         ("eliminate_dead", eliminate_dead(g)),
     ]
 }
@@ -530,5 +689,90 @@ mod tests {
         let want = run(g.clone(), &xs, &[4, 2]);
         assert_eq!(drop_noop_copies(&mut g), 0);
         assert_eq!(run(g, &xs, &[4, 2]), want);
+    }
+
+    /// Decode attention over one KV head repeated for 4 query heads, as the Vulkan export
+    /// leaves it: scores = q · (expand → reshape → transpose → reshape)(k), out = p · expanded v.
+    /// Both matmuls read the one head through batch broadcasting, with the same results.
+    #[test]
+    fn expanded_matmul_operands_are_broadcast_instead() {
+        let f = DType::F32;
+        let (h, s, d) = (4usize, 5usize, 3usize);
+        let mut g = Graph::default();
+        let x = g.add_tensor("kv", f, vec![1, 1, 1, s, d], Role::Input(0));
+        let t = |g: &mut Graph, name: &str, shape: &[usize]| {
+            g.add_tensor(name, f, shape.to_vec(), Role::Activation)
+        };
+        let lit = |v: &[usize]| v.iter().map(|&d| Int::Lit(d as i64)).collect::<Vec<_>>();
+        let e = t(&mut g, "e", &[1, 1, h, s, d]);
+        g.op(
+            OpKind::Expand {
+                shape: lit(&[1, 1, h, s, d]),
+            },
+            vec![x],
+            vec![e],
+        );
+        let e4 = t(&mut g, "e4", &[1, h, s, d]);
+        g.op(
+            OpKind::Reshape {
+                shape: lit(&[1, h, s, d]),
+            },
+            vec![e],
+            vec![e4],
+        );
+        let et = t(&mut g, "et", &[1, h, d, s]);
+        g.op(
+            OpKind::Permute {
+                perm: vec![0, 1, 3, 2],
+            },
+            vec![e4],
+            vec![et],
+        );
+        let kt = t(&mut g, "kt", &[h, d, s]);
+        g.op(
+            OpKind::Reshape {
+                shape: lit(&[h, d, s]),
+            },
+            vec![et],
+            vec![kt],
+        );
+        let v = t(&mut g, "v", &[h, s, d]);
+        g.op(
+            OpKind::Reshape {
+                shape: lit(&[h, s, d]),
+            },
+            vec![e],
+            vec![v],
+        );
+        // q: the first row of each head's values, to keep the graph to one input.
+        let q = t(&mut g, "q", &[h, 1, d]);
+        g.op(
+            OpKind::Slice {
+                dim: 1,
+                start: Int::Lit(0),
+                end: Int::Lit(1),
+                step: 1,
+            },
+            vec![v],
+            vec![q],
+        );
+        let sc = t(&mut g, "scores", &[h, 1, s]);
+        g.op(OpKind::MatMul, vec![q, kt], vec![sc]);
+        let o = t(&mut g, "out", &[h, 1, d]);
+        g.op(OpKind::MatMul, vec![sc, v], vec![o]);
+        g.inputs = vec![Io::Tensor(x)];
+        g.outputs = vec![o];
+        let xs: Vec<f32> = (0..s * d).map(|i| (i as f32 * 0.37).sin()).collect();
+        let want = run(g.clone(), &xs, &[1, 1, 1, s, d]);
+        // The q slice reads the expansion too: it stays, the two matmul operands change.
+        assert_eq!(unexpand_matmul_operands(&mut g), 2);
+        // The transpose now moves one head's matrix; the one of the whole expansion is gone.
+        let permutes: Vec<Vec<usize>> = g
+            .ops()
+            .filter(|o| matches!(o.kind, OpKind::Permute { .. }))
+            .map(|o| g.tensors[o.inputs[0]].max_shape.clone())
+            .collect();
+        assert_eq!(permutes, [vec![1, s, d]]);
+        assert_eq!(run(g, &xs, &[1, 1, 1, s, d]), want);
     }
 }
