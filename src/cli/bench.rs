@@ -244,7 +244,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     }
     let stream = match &gpu_ctx {
         Some(ctx) if a.decode > 0 => Some(
-            pteria::gpu::bench::stream_bandwidth(ctx, 256 << 20, 0.3).map_err(anyhow::Error::msg)?,
+            pteria::gpu::bench::stream_bandwidth(ctx, 256 << 20, 0.3)
+                .map_err(anyhow::Error::msg)?,
         ),
         _ => None,
     };
