@@ -5,8 +5,7 @@
 //              torchao's or XNNPACK's rounding (XNN_ROUNDING), as the CPU reference does.
 //   matvec     few rows of x (decode): teams of invocations own 4 rows each and read 16-byte
 //              weight quads (needs a quad inside one group: group % 32 for 4-bit, % 16 for
-//              8-bit, K % 4 for f32); team sums by subgroup shuffles or shared memory. Dynamic
-//              int8 activations are quantized inside it (INT_X), no act_quant step.
+//              8-bit, K % 4 for f32); team sums by subgroup shuffles or shared memory.
 //   matvec_q   the same for smaller groups: 8 rows per workgroup, single packed words; needs
 //              K % 8 == 0 (4-bit) or K % 4 == 0 (8-bit).
 //   matvec_f32 f32 weights of any K, coalesced scalar reads.
@@ -40,7 +39,7 @@ override WG: u32 = 256u;
 @group(0) @binding(2) var<storage, read_write> yu: array<u32>;
 @group(0) @binding(3) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> x4: array<vec4<f32>>;
-// x as raw 16-byte words (f32 bits).
+// x as raw words: f32, or from act_quant_packed int8 words, then (s, zp) per row.
 @group(0) @binding(3) var<storage, read> xu4: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> w4: array<vec4<u32>>;
@@ -194,6 +193,38 @@ fn pack4(v: vec4<f32>, r: RowQuant) -> u32 {
     return pack4xI8(q);
 }
 
+// The same, packed for `matvec` with INT_X: row `row`'s q as K / 4 words of signed bytes, then
+// after all M rows, (s, zp) per row as two f32 words. For 4-bit weights (KIND 1) each 8
+// elements are stored as (0, 2, 4, 6), (1, 3, 5, 7): the order of a weight word's low and high
+// nibbles once masked with 0x0f0f0f0f. Needs K % 8 == 0.
+@compute @workgroup_size(WG)
+fn act_quant_packed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) t: u32) {
+    let row = wg.x + wg.y * nwg.x;
+    if row >= p.m {
+        return;
+    }
+    let r = row_quant(row, t);
+    let base4 = row * p.k / 4u;
+    let words = p.k / 4u;
+    if KIND == 1u {
+        for (var b = t; b < p.k / 8u; b += WG) {
+            let a = bitcast<vec4<f32>>(xu4[base4 + 2u * b]);
+            let c = bitcast<vec4<f32>>(xu4[base4 + 2u * b + 1u]);
+            yu[row * words + 2u * b] = pack4(vec4<f32>(a.x, a.z, c.x, c.z), r);
+            yu[row * words + 2u * b + 1u] = pack4(vec4<f32>(a.y, a.w, c.y, c.w), r);
+        }
+    } else {
+        for (var i = t; i < words; i += WG) {
+            yu[row * words + i] = pack4(bitcast<vec4<f32>>(xu4[base4 + i]), r);
+        }
+    }
+    if t == 0u {
+        yu[p.m * words + 2u * row] = bitcast<u32>(r.s);
+        yu[p.m * words + 2u * row + 1u] = bitcast<u32>(r.zp);
+    }
+}
+
 // ---- matvec ----
 
 var<workgroup> red: array<f32, WG>;
@@ -319,7 +350,7 @@ override TEAM: u32 = 16u;
 // Lanes summed by subgroup shuffles (a power of two up to the subgroup size; 1: none), the
 // rest of the team through shared memory.
 override SG_LANES: u32 = 1u;
-// x is quantized to int8 per row in the kernel: integer dot products with the raw 4/8-bit
+// x comes from act_quant_packed: integer dot products of int8 activations with the raw 4/8-bit
 // weights (dot4I8Packed, DP4A where the GPU has it) replace the per-element dequantization:
 // Σ x·w over a group = s · (sc · (Σ q·n - zp Σ n) + b · (Σ q - zp · G)).
 override INT_X: bool = false;
@@ -390,38 +421,6 @@ fn quad_dot(row: u32, quads: u32, i: u32, xs: array<vec4<f32>, 8>, sx: f32) -> f
 var<private> zp_x: f32;
 var<private> s_x: f32;
 
-// INT_X: x is the f32 activations; every workgroup takes the row's range and quantizes the
-// quads it reads itself (act_quant's arithmetic), which saves a dispatch and a scratch round trip
-// per linear: on an H100 most of a decode mat-vec's time at mid shapes. For 4-bit weights each 8
-// elements are packed as (0, 2, 4, 6), (1, 3, 5, 7): the order of a weight word's low and high
-// nibbles once masked with 0x0f0f0f0f.
-var<private> row_q: RowQuant;
-
-// Words 2b and 2b + 1 of a 4-bit quad's int8 activations, from x's f32 vec4s v and v + 1.
-fn packed_pair(v: u32) -> vec2<u32> {
-    let a = bitcast<vec4<f32>>(xu4[v]);
-    let c = bitcast<vec4<f32>>(xu4[v + 1u]);
-    return vec2<u32>(pack4(vec4<f32>(a.x, a.z, c.x, c.z), row_q),
-                     pack4(vec4<f32>(a.y, a.w, c.y, c.w), row_q));
-}
-
-// Quad i of row m of x as int8 words (xa, then xb for 4-bit weights).
-fn quant_quad(m: u32, i: u32, xq: u32) -> array<vec4<u32>, 2> {
-    let v = m * p.k / 4u + i * xq;
-    if KIND == 1u {
-        let p0 = packed_pair(v);
-        let p1 = packed_pair(v + 2u);
-        let p2 = packed_pair(v + 4u);
-        let p3 = packed_pair(v + 6u);
-        return array<vec4<u32>, 2>(vec4<u32>(p0, p1), vec4<u32>(p2, p3));
-    }
-    let w = vec4<u32>(pack4(bitcast<vec4<f32>>(xu4[v]), row_q),
-                      pack4(bitcast<vec4<f32>>(xu4[v + 1u]), row_q),
-                      pack4(bitcast<vec4<f32>>(xu4[v + 2u]), row_q),
-                      pack4(bitcast<vec4<f32>>(xu4[v + 3u]), row_q));
-    return array<vec4<u32>, 2>(w, vec4<u32>(0u));
-}
-
 // One row's share of quad i against int8 activations (without the row's scale s_x).
 fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) -> f32 {
     let q = w4[row * quads + i];
@@ -476,13 +475,18 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let r3 = min(row0 + 3u, last);
     var acc = vec4<f32>(0.0);
     if INT_X {
-        row_q = row_quant(m, t);
-        zp_x = row_q.zp;
-        s_x = row_q.s;
+        // 16 x bytes per vec4 word: 2 words per 4-bit quad, 1 per 8-bit quad.
+        let xw = select(1u, 2u, KIND == 1u);
+        let xrow16 = m * p.k / 16u;
+        let pr = p.m * p.k / 4u + 2u * m;
+        zp_x = bitcast<f32>(xu4[(pr + 1u) / 4u][(pr + 1u) % 4u]);
+        s_x = bitcast<f32>(xu4[pr / 4u][pr % 4u]);
         for (var i = lane; i < quads; i += TEAM) {
-            let w = quant_quad(m, i, xq);
-            let xa = w[0];
-            let xb = w[1];
+            let xa = xu4[xrow16 + i * xw];
+            var xb = vec4<u32>(0u);
+            if KIND == 1u {
+                xb = xu4[xrow16 + i * xw + 1u];
+            }
             let ones = 0x01010101u;
             let sq = f32(dot4I8Packed(xa.x, ones) + dot4I8Packed(xa.y, ones)
                 + dot4I8Packed(xa.z, ones) + dot4I8Packed(xa.w, ones)

@@ -983,9 +983,8 @@ fn linear(
         && kind != 0
         && matvec
         && quad_matvec(weight, k, nn).is_some();
-    let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
-    // The integer mat-vec quantizes x itself; other paths read a quantized copy.
-    if act_quant != crate::ir::ActQuant::None && !int_x {
+    if act_quant != crate::ir::ActQuant::None {
+        let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
         // One workgroup per row: wide enough for about 4 16-byte words each (a long loop of
         // dependent loads in few invocations cost an H100 17 us at K = 12288).
         let aq_wg = (k / 16)
@@ -993,7 +992,11 @@ fn linear(
             .clamp(64, env.max_invocations.clamp(64, 1024) as usize);
         steps.push(step(
             "linear",
-            "act_quant",
+            if int_x {
+                "act_quant_packed"
+            } else {
+                "act_quant"
+            },
             vec![
                 ("WG", aq_wg as f64),
                 ("XNN_ROUNDING", b(xnn)),
@@ -1040,7 +1043,6 @@ fn linear(
                 ("TEAM", team as f64),
                 ("WG", wg as f64),
                 ("INT_X", b(int_x)),
-                ("XNN_ROUNDING", b(xnn)),
                 (
                     "SG_LANES",
                     env.subgroup.map_or(1, |s| team.min(s as usize)) as f64,
