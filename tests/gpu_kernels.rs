@@ -1233,6 +1233,40 @@ fn decode_steps_replay_one_recording_and_keep_the_kv_cache() {
     }
 }
 
+/// Executors of one context share their input and activation buffers (a program's delegates
+/// run one after another): two attention graphs with KV caches, called in turn, each still
+/// match the CPU at every step, so neither's inputs, activations or cache leak into the other.
+#[test]
+fn executors_of_one_context_called_in_turn_keep_their_own_results() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(29);
+    let (cache, h, d) = (40, 2, 32);
+    let layouts = [AttnLayout::Bshd, AttnLayout::Bhsd];
+    let mut ts: Vec<T> = layouts
+        .iter()
+        .map(|&l| decode_graph(l, cache, h, d, 8))
+        .collect();
+    let mut cpus: Vec<CpuExecutor> = ts
+        .iter()
+        .map(|t| CpuExecutor::new(t.g.clone()).unwrap())
+        .collect();
+    let mut gpus: Vec<GpuExecutor> = ts
+        .iter()
+        .map(|t| GpuExecutor::new(ctx.clone(), t.g.clone()).unwrap())
+        .collect();
+    let mut pos = 0;
+    for (step, s) in [7usize, 1, 1, 1].into_iter().enumerate() {
+        for (k, &layout) in layouts.iter().enumerate() {
+            set_step(&mut ts[k], &mut rng, layout, s, h, d, pos);
+            let vals = values(&ts[k].inputs);
+            let want = cpus[k].run(&vals).unwrap();
+            let got = gpus[k].run(&vals).unwrap();
+            compare(&format!("{layout:?} step {step}"), &got, &want, TOL, 1e-2);
+        }
+        pos += s as i64;
+    }
+}
+
 /// `index_put`-style cache writes: rows go to the positions an index tensor names (scattered,
 /// negative from the end), and the State keeps earlier calls' rows.
 #[test]

@@ -127,6 +127,10 @@ pub struct Context {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     layouts: Mutex<HashMap<Vec<Slot>, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pipelines: Mutex<HashMap<PipelineKey, Pipeline>>,
+    /// Input and activation buffers shared by the executors of this context, per slot number.
+    shared: Mutex<HashMap<usize, Vec<wgpu::Buffer>>>,
+    /// Held while an executor uses the shared buffers, so that executors on other threads wait.
+    turn: Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -238,7 +242,43 @@ impl Context {
             modules: Mutex::default(),
             layouts: Mutex::default(),
             pipelines: Mutex::default(),
+            shared: Mutex::default(),
+            turn: Mutex::default(),
         })
+    }
+
+    /// A buffer of at least `size` bytes for an executor's `slot`-th input or activation
+    /// buffer, shared with the same slot of this context's other executors. A call rewrites
+    /// its inputs and recomputes its activations before reading them and waits for the GPU
+    /// before it returns, so executors that take turns (`turn`) need only the largest plan's
+    /// memory instead of the sum: a program's delegates (an LLM export has one or more per
+    /// layer, each planned for the longest prompt) run one after another anyway.
+    /// Exclusive use of the shared buffers for one call.
+    pub(crate) fn turn(&self) -> MutexGuard<'_, ()> {
+        lock(&self.turn)
+    }
+
+    pub(crate) fn shared_buffer(
+        &self,
+        slot: usize,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer, String> {
+        let mut shared = lock(&self.shared);
+        let list = shared.entry(slot).or_default();
+        if let Some(b) = list.iter().find(|b| b.size() >= size && b.usage() == usage) {
+            return Ok(b.clone());
+        }
+        let b = self.scoped(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("shared"),
+                size,
+                usage,
+                mapped_at_creation: false,
+            })
+        })?;
+        list.push(b.clone());
+        Ok(b)
     }
 
     pub fn adapter(&self) -> &AdapterSummary {

@@ -217,23 +217,28 @@ impl GpuExecutor {
         let usage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC;
-        let mut buffers = ctx
-            .scoped(|| {
-                mem.buffers
-                    .iter()
-                    .map(|spec| {
-                        device.create_buffer(&wgpu::BufferDescriptor {
-                            label: None,
-                            size: spec.size,
-                            usage,
-                            mapped_at_creation: false,
-                        })
+        let mut buffers = Vec::with_capacity(mem.buffers.len() + 2);
+        let mut slot = 0;
+        for spec in &mem.buffers {
+            let b = match spec.kind {
+                // Constants and states belong to this executor; the rest is rewritten each call.
+                BufferKind::Constant { .. } | BufferKind::State(_) => ctx.scoped(|| {
+                    device.create_buffer(&wgpu::BufferDescriptor {
+                        label: None,
+                        size: spec.size,
+                        usage,
+                        mapped_at_creation: false,
                     })
-                    .collect::<Vec<_>>()
-            })
-            .map_err(|e| {
+                }),
+                BufferKind::Input | BufferKind::Pool => {
+                    slot += 1;
+                    ctx.shared_buffer(slot - 1, spec.size, usage)
+                }
+            };
+            buffers.push(b.map_err(|e| {
                 GpuError::Device(format!("allocating {} bytes: {e}", mem.report().total()))
-            })?;
+            })?);
+        }
         let small = |label| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -344,6 +349,8 @@ impl GpuExecutor {
 
     /// Runs one call; returns the graph outputs, as `ir::cpu::CpuExecutor::run` does.
     pub fn run(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>, GpuError> {
+        let ctx = self.ctx.clone();
+        let _turn = ctx.turn();
         let plan = infer_shapes(&self.graph, inputs)?;
         self.clock += 1;
         if self.recordings.contains_key(&plan.shapes) {
@@ -493,6 +500,8 @@ impl GpuExecutor {
         reps: u32,
     ) -> Result<ReplayTiming, GpuError> {
         self.run(inputs)?;
+        let ctx = self.ctx.clone();
+        let _turn = ctx.turn();
         let reps = reps.max(1);
         let shapes = infer_shapes(&self.graph, inputs)?.shapes;
         let rec = self
@@ -550,6 +559,8 @@ impl GpuExecutor {
             return Ok(None);
         }
         self.run(inputs)?;
+        let turn_ctx = self.ctx.clone();
+        let _turn = turn_ctx.turn();
         let shapes = infer_shapes(&self.graph, inputs)?.shapes;
         let rec = self
             .recordings
