@@ -6,14 +6,20 @@ cd "$(dirname "$0")/.."
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# System packages the build and tests need: C toolchain for -sys crates, pkg-config, curl for
-# rustup, and lavapipe (mesa-vulkan-drivers), the CPU Vulkan driver every GPU kernel test runs on.
-# The Tauri shell (src-tauri) links WebKitGTK 4.1 and GTK 3; its UI tests run the web UI in
-# Debian's Chromium (driven by npm playwright-core, on the machine's Node.js); the real window
-# test needs Xvfb.
+# System packages the build and tests need (what the -sys crates' build scripts probe with
+# pkg-config, and what is loaded at run time):
+# - everything: C toolchain for -sys crates, pkg-config, curl for rustup, and lavapipe
+#   (mesa-vulkan-drivers), the CPU Vulkan driver every GPU kernel test runs on;
+# - the Tauri app (src-tauri): WebKitGTK 4.1 with GTK 3, libsoup 3 and JavaScriptCore (the
+#   webkit2gtk/gtk/soup3/javascriptcore -sys crates);
+# - the Slint shell (ui/desktop): fontconfig (yeslogic-fontconfig-sys), and the X11 libraries winit
+#   and xkbcommon-dl open at run time, plus a font for both windows to draw text with;
+# - the window tests of both shells start Xvfb; the web UI tests run Debian's Chromium (driven by
+#   npm playwright-core, on the machine's Node.js).
 pkgs=(build-essential pkg-config curl ca-certificates mesa-vulkan-drivers libvulkan1
-  libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev libjavascriptcoregtk-4.1-dev librsvg2-dev
-  libxdo-dev chromium xvfb xauth)
+  libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev libjavascriptcoregtk-4.1-dev
+  libfontconfig-dev libx11-6 libx11-xcb1 libxcursor1 libxi6 libxkbcommon0 libxkbcommon-x11-0
+  fonts-dejavu-core xvfb chromium)
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,8 +1,8 @@
 //! The real app window (WebKitGTK, the real `ui/web` and capabilities from tauri.conf.json) under
 //! Xvfb: the model loads at start as it does for a user, a message is typed and sent through the
-//! page, the reply streams in, and the window is saved as a PNG. Uses the bundled demo model when
-//! its files are in assets/, else the tiny Llama fixture as the bundled model. Linux only;
-//! `PTERIA_NO_WINDOW_TESTS=1` skips it where no X server can run.
+//! page, the reply streams in, and the window is saved as a PNG and compared with the empty chat.
+//! Uses the bundled demo model when its files are in assets/, else the tiny Llama fixture as the
+//! bundled model. Linux only; `PTERIA_NO_WINDOW_TESTS=1` skips it where no X server can run.
 
 #![cfg(target_os = "linux")]
 
@@ -11,8 +11,9 @@
 mod tiny;
 
 use pteria::chat::{ChatCore, CoreConfig, DeviceChoice, Settings};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tauri::Manager;
@@ -33,29 +34,35 @@ impl Drop for Xvfb {
     }
 }
 
-/// The X display to use: the one set, else an Xvfb started here.
+/// The X display to use: the one set, else an Xvfb started here on a display number it picks
+/// itself (`-displayfd`).
 fn display() -> Xvfb {
     if std::env::var_os("DISPLAY").is_some_and(|d| !d.is_empty()) {
         return Xvfb(None);
     }
-    let n = 90 + std::process::id() % 400;
-    let child = Command::new("Xvfb")
+    let mut child = Command::new("Xvfb")
         .args([
-            format!(":{n}").as_str(),
+            "-displayfd",
+            "1",
             "-screen",
             "0",
             "1280x860x24",
             "-nolisten",
             "tcp",
         ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .expect("Xvfb (Debian package xvfb) must be installed for the window test");
-    let socket = PathBuf::from(format!("/tmp/.X11-unix/X{n}"));
-    let t0 = Instant::now();
-    while !socket.exists() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::env::set_var("DISPLAY", format!(":{n}"));
+    // Xvfb writes the display number once it accepts connections.
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("Xvfb's stdout");
+    let read = BufReader::new(stdout).read_line(&mut line);
+    assert!(
+        read.is_ok() && !line.trim().is_empty(),
+        "Xvfb did not report a display"
+    );
+    std::env::set_var("DISPLAY", format!(":{}", line.trim()));
     Xvfb(Some(child))
 }
 
@@ -143,7 +150,7 @@ fn the_real_window_streams_a_reply_and_is_captured() {
 }
 
 /// Types and sends the question through the page once a model is loaded, waits for the saved
-/// reply, and saves the window as a PNG.
+/// reply, saves the window as a PNG and checks that the reply changed the chat area's pixels.
 fn drive(
     handle: &tauri::AppHandle,
     core: &ChatCore,
@@ -165,6 +172,9 @@ fn drive(
     })?;
     wait("the model to load", &|| core.loaded_model().is_some())?;
     let window = handle.get_webview_window("main").ok_or("no main window")?;
+    // The empty chat, to compare the finished reply against.
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = on_main_thread(handle, &window, |w| capture(w, None))?;
     let script = format!(
         r#"(function go() {{
             if (document.body.dataset.ready !== "true" || document.getElementById("send").hidden) return setTimeout(go, 100);
@@ -182,19 +192,44 @@ fn drive(
     })?;
     // Let the page redraw the finished reply before the capture.
     std::thread::sleep(Duration::from_millis(1500));
+    let shot = shot.to_path_buf();
+    let after = on_main_thread(handle, &window, move |w| capture(w, Some(&shot)))?;
+    let changed = changed_pixels(&before, &after)?;
+    if changed < 3_000 {
+        return Err(format!(
+            "the chat area changed by only {changed} pixels after the reply"
+        ));
+    }
+    Ok(())
+}
+
+fn on_main_thread<T: Send + 'static>(
+    handle: &tauri::AppHandle,
+    window: &tauri::WebviewWindow,
+    f: impl FnOnce(&tauri::WebviewWindow) -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
     let (tx, rx) = mpsc::channel();
-    let path = shot.to_path_buf();
+    let window = window.clone();
     handle
         .run_on_main_thread(move || {
-            let _ = tx.send(capture(&window, &path));
+            let _ = tx.send(f(&window));
         })
         .map_err(|e| e.to_string())?;
     rx.recv_timeout(Duration::from_secs(30))
         .map_err(|_| "the capture never ran".to_string())?
 }
 
-/// The window's pixels as the X server has them, through GDK.
-fn capture(window: &tauri::WebviewWindow, path: &Path) -> Result<(), String> {
+/// A window's pixels, copied out of GDK (whose pixbufs stay on the main thread).
+struct Shot {
+    width: usize,
+    height: usize,
+    stride: usize,
+    channels: usize,
+    bytes: Vec<u8>,
+}
+
+/// The window's pixels as the X server has them, through GDK; saved as a PNG when asked.
+fn capture(window: &tauri::WebviewWindow, save_to: Option<&Path>) -> Result<Shot, String> {
     use gtk::gdk::prelude::*;
     use gtk::prelude::*;
     let gtk_window = window.gtk_window().map_err(|e| e.to_string())?;
@@ -203,7 +238,37 @@ fn capture(window: &tauri::WebviewWindow, path: &Path) -> Result<(), String> {
     let pixbuf = gdk_window
         .pixbuf(0, 0, w, h)
         .ok_or("could not read the window's pixels")?;
-    pixbuf
-        .savev(path, "png", &[])
-        .map_err(|e| format!("saving {}: {e}", path.display()))
+    if let Some(path) = save_to {
+        pixbuf
+            .savev(path, "png", &[])
+            .map_err(|e| format!("saving {}: {e}", path.display()))?;
+    }
+    let dim = |v: i32| usize::try_from(v).map_err(|_| format!("a pixbuf dimension of {v}"));
+    Ok(Shot {
+        width: dim(pixbuf.width())?,
+        height: dim(pixbuf.height())?,
+        stride: dim(pixbuf.rowstride())?,
+        channels: dim(pixbuf.n_channels())?,
+        bytes: pixbuf.read_pixel_bytes().to_vec(),
+    })
+}
+
+/// Pixels that differ in the chat area (right of the conversation list, between the header and
+/// the message box): the question's and the streamed reply's text.
+fn changed_pixels(before: &Shot, after: &Shot) -> Result<usize, String> {
+    let size = |s: &Shot| (s.width, s.height, s.stride, s.channels);
+    if size(before) != size(after) {
+        return Err("the window changed size between the captures".into());
+    }
+    let (w, h, stride, channels) = size(after);
+    let mut changed = 0;
+    for y in 40..h.saturating_sub(80) {
+        for x in 260.min(w)..w {
+            let i = y * stride + x * channels;
+            if before.bytes[i..i + 3] != after.bytes[i..i + 3] {
+                changed += 1;
+            }
+        }
+    }
+    Ok(changed)
 }

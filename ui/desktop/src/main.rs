@@ -1,6 +1,6 @@
-//! `pteria-desktop`: the chat window. `--screenshot FILE` (used by the test suite under Xvfb)
-//! waits until the model has loaded and any `--send` reply has finished, saves the window as a
-//! PNG and exits.
+//! `pteria-desktop`: the chat window. `--screenshot FILE` waits until the model has loaded and
+//! any `--send` reply has finished, saves the window as a PNG and exits (screenshots for people;
+//! the test suite drives the window itself in tests/screenshot.rs).
 
 use anyhow::{Context, Result};
 use clap::Parser;

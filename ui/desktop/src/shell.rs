@@ -51,7 +51,7 @@ pub fn attach(ui: &AppWindow, core: ChatCore, post: Post, load_last: bool) {
     ui.on_regenerate(move || {
         c.with(|ui, core, post| {
             let id = ui.get_current_conversation();
-            let started = core.regenerate(&id, reply_events(ui, post));
+            let started = core.regenerate(&id, reply_events(ui, core, post));
             reply_started(ui, core, started)
         })
     });
@@ -159,7 +159,7 @@ fn send(ui: &AppWindow, core: &ChatCore, post: &Post, text: &str) -> Result<(), 
         id = core.create_conversation(None)?.id;
         ui.set_current_conversation(id.as_str().into());
     }
-    let started = core.send(&id, text, reply_events(ui, post))?;
+    let started = core.send(&id, text, reply_events(ui, core, post))?;
     ui.set_draft("".into());
     reply_started(ui, core, Ok(started))
 }
@@ -192,20 +192,26 @@ fn reply_started(
 }
 
 /// The reply stream's handler: each event is applied to the window on the UI thread.
-fn reply_events(ui: &AppWindow, post: &Post) -> impl FnMut(ChatEvent) + Send + 'static {
+fn reply_events(
+    ui: &AppWindow,
+    core: &ChatCore,
+    post: &Post,
+) -> impl FnMut(ChatEvent) + Send + 'static {
     let ui = ui.as_weak();
+    let core = core.clone();
     let post = post.clone();
     move |event| {
         let ui = ui.clone();
+        let core = core.clone();
         post(Box::new(move || {
             if let Some(ui) = ui.upgrade() {
-                apply_reply_event(&ui, event);
+                apply_reply_event(&ui, &core, event);
             }
         }))
     }
 }
 
-fn apply_reply_event(ui: &AppWindow, event: ChatEvent) {
+fn apply_reply_event(ui: &AppWindow, core: &ChatCore, event: ChatEvent) {
     let rows = ui.get_messages();
     let last = rows.row_count().saturating_sub(1);
     let Some(mut row) = rows.row_data(last).filter(|r| r.streaming) else {
@@ -230,7 +236,12 @@ fn apply_reply_event(ui: &AppWindow, event: ChatEvent) {
             ui.set_replying(false);
         }
     }
+    let done = !row.streaming;
     rows.set_row_data(last, row);
+    if done {
+        // The saved reply changes the conversation's message count in the sidebar.
+        refresh_conversations(ui, core);
+    }
 }
 
 fn open(ui: &AppWindow, core: &ChatCore, id: &str) {

@@ -1,176 +1,336 @@
-//! The real window under Xvfb: `pteria-desktop` is started on a data directory holding a
-//! conversation with a markdown reply (and, when the bundled demo model is in assets/, sends it a
-//! message and waits for the streamed reply), saves what its window shows as a PNG and exits.
-//! The PNG is kept in the target directory for a person to look at.
+//! The real window (winit on X11, software renderer) under an Xvfb server this test starts: a
+//! saved conversation with a markdown reply is drawn, then a new chat is opened, a message is sent
+//! through the window's callback and the reply streams in. Both states are saved as PNGs in the
+//! target directory (for a person to look at) and checked: the code block is drawn as a dark box
+//! with text on it, and the streamed reply changed the transcript's pixels.
 //!
-//! Needs `xvfb-run` (Debian `xvfb`, which scripts/test.sh installs); PTERIA_NO_XVFB_TESTS=1 skips
-//! it where no X server can be had.
+//! Uses the bundled demo model when its program is in assets/ (a real English reply), else the
+//! tiny Llama fixture as the bundled model. Winit wants the main thread, so this file has its own
+//! `main` (`harness = false`). Needs Debian's `xvfb` (scripts/test.sh installs it);
+//! `PTERIA_NO_WINDOW_TESTS=1` skips it where no X server can run.
 
-use pteria::chat::store::{new_id, now_ms, Store};
-use pteria::chat::{Author, MessageStats, Settings, StoredMessage};
+#[allow(dead_code)]
+#[path = "support/markdown_conversation.rs"]
+mod markdown_conversation;
+#[allow(dead_code)]
+#[path = "../../../tests/support/tiny_chat.rs"]
+mod tiny;
+
+use pteria::chat::{ChatCore, CoreConfig, DeviceChoice, Settings};
+use pteria_desktop::{shell, snapshot, AppWindow};
+use slint::{ComponentHandle, Model, Rgba8Pixel, SharedPixelBuffer};
+use std::cell::RefCell;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-const REPLY: &str = "Here is how to **count words** in a file:
+const NAME: &str = "the_window_under_xvfb_draws_markdown_and_a_streamed_reply";
+const DEMO_DIR: &str = "models/smollm2-135m-instruct";
+const TIMEOUT: Duration = Duration::from_secs(300);
 
-1. Read the file *line by line*.
-2. Split each line on whitespace.
-   - Empty lines count as `0`.
-3. Add up the counts.
-
-```rust
-fn words(text: &str) -> usize {
-    text.split_whitespace().count()
-}
-```
-
-> Tip: `wc -w` does the same from a shell.";
-
-const DEMO_MODEL: &str = "models/smollm2-135m-instruct";
-
-fn message(author: Author, content: &str, stats: Option<MessageStats>) -> StoredMessage {
-    StoredMessage {
-        id: new_id(),
-        author,
-        content: content.into(),
-        created_at: now_ms(),
-        stats,
-        stopped: false,
-        error: None,
-    }
-}
-
-fn has_xvfb() -> bool {
-    Command::new("xvfb-run")
-        .arg("--help")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
-}
-
-#[test]
-fn the_window_under_xvfb_shows_a_markdown_conversation() {
-    if std::env::var_os("PTERIA_NO_XVFB_TESTS").is_some() {
-        eprintln!("skipped: PTERIA_NO_XVFB_TESTS is set");
+fn main() {
+    // Behave like a libtest binary for `cargo test -- --list` and name filters.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("{NAME}: test");
         return;
     }
-    assert!(
-        has_xvfb(),
-        "xvfb-run is missing: install Debian's xvfb (scripts/test.sh does) or set PTERIA_NO_XVFB_TESTS=1"
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let (mut store, _) = Store::open(data.join("conversations")).unwrap();
-    let c = store.create(Some("Counting words")).unwrap();
-    let stats = MessageStats {
-        model: "smollm2-135m-instruct:portable-fp32".into(),
-        prompt_tokens: 31,
-        cached_tokens: 0,
-        generated_tokens: 96,
-        ttft_ms: Some(84.0),
-        prefill_tokens_per_s: 370.0,
-        decode_tokens_per_s: 41.3,
-        stop: "end of turn".into(),
-        dropped_messages: 0,
-        context_tokens: 2048,
-        seed: 7,
-    };
-    store
-        .update(&c.id, |c| {
-            c.messages.push(message(
-                Author::User,
-                "How do I count the words in a file?",
-                None,
-            ));
-            c.messages
-                .push(message(Author::Assistant, REPLY, Some(stats.clone())));
-        })
-        .unwrap();
-    drop(store);
-
-    let repo_assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets");
-    let demo = repo_assets.join(DEMO_MODEL).is_dir();
-    let assets = if demo {
-        // Short greedy replies keep the run quick on CPU.
-        Settings {
-            temperature: 0.0,
-            max_tokens: Some(24),
-            device: pteria::chat::DeviceChoice::Cpu,
-            ..Settings::default()
-        }
-        .save(&data.join("settings.json"))
-        .unwrap();
-        repo_assets
-    } else {
-        dir.path().join("no-assets")
-    };
-
-    let png_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pteria-desktop.png");
-    let _ = std::fs::remove_file(&png_path);
-    let mut cmd = Command::new("xvfb-run");
-    cmd.args(["-a", "-s", "-screen 0 1280x900x24"])
-        .arg(env!("CARGO_BIN_EXE_pteria-desktop"))
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--assets")
-        .arg(&assets)
-        .arg("--screenshot")
-        .arg(&png_path);
-    if demo {
-        cmd.args(["--send", "Say hello."]);
+    if args
+        .iter()
+        .any(|a| !a.starts_with('-') && !NAME.contains(a.as_str()))
+    {
+        return;
     }
-    let mut child = cmd.spawn().expect("starting xvfb-run");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            panic!("pteria-desktop did not save its screenshot within 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(status.success(), "pteria-desktop under xvfb-run: {status}");
+    if std::env::var_os("PTERIA_NO_WINDOW_TESTS").is_some() {
+        eprintln!("{NAME}: skipped (PTERIA_NO_WINDOW_TESTS is set)");
+        return;
+    }
+    let _x = Xvfb::start();
+    run();
+    println!("test {NAME} ... ok");
+}
 
-    let decoder = png::Decoder::new(std::io::BufReader::new(
-        std::fs::File::open(&png_path).expect("no screenshot was saved"),
-    ));
-    let mut reader = decoder.read_info().unwrap();
-    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut pixels).unwrap();
+/// An Xvfb server on a display number it picks itself (`-displayfd`), stopped on drop.
+struct Xvfb(Child);
+
+impl Xvfb {
+    fn start() -> Xvfb {
+        let mut child = Command::new("Xvfb")
+            .args([
+                "-displayfd",
+                "1",
+                "-screen",
+                "0",
+                "1280x900x24",
+                "-nolisten",
+                "tcp",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "starting Xvfb (Debian package xvfb; PTERIA_NO_WINDOW_TESTS=1 skips this test)",
+            );
+        // Xvfb writes the display number once it accepts connections.
+        let mut line = String::new();
+        let read = BufReader::new(child.stdout.take().expect("Xvfb's stdout")).read_line(&mut line);
+        let display = line.trim();
+        assert!(
+            read.is_ok() && !display.is_empty(),
+            "Xvfb did not report a display"
+        );
+        // The main thread, before any other thread exists.
+        std::env::set_var("DISPLAY", format!(":{display}"));
+        Xvfb(child)
+    }
+}
+
+impl Drop for Xvfb {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The demo model's assets when its program is present; else the tiny fixture as the bundled
+/// model. Short greedy replies on the CPU either way.
+fn config(root: &Path) -> (CoreConfig, &'static str) {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let assets = manifest.join("../../assets");
+    let (config, which) = if assets.join(DEMO_DIR).join("model.pte").is_file() {
+        let mut c = CoreConfig::new(root.join("data"), assets).expect("builtin catalog");
+        c.device_facts = None;
+        (c, "demo")
+    } else {
+        let fixtures = manifest.join("../../tests/fixtures");
+        let c = tiny::config(root, &fixtures, "http://127.0.0.1:9".into());
+        (c, "fixture")
+    };
+    std::fs::create_dir_all(&config.data_dir).expect("data dir");
+    Settings {
+        temperature: 0.0,
+        max_tokens: Some(if which == "demo" { 24 } else { 12 }),
+        device: DeviceChoice::Cpu,
+        ..Settings::default()
+    }
+    .save(&config.data_dir.join("settings.json"))
+    .expect("settings");
+    (config, which)
+}
+
+/// The fixture's 32-token context holds a short question only.
+fn question(which: &str) -> &'static str {
+    if which == "demo" {
+        markdown_conversation::QUESTION
+    } else {
+        "Hi!"
+    }
+}
+
+/// What the window showed at each step.
+#[derive(Default)]
+struct Seen {
+    empty_chat: Option<SharedPixelBuffer<Rgba8Pixel>>,
+    reply: Option<String>,
+    error: Option<String>,
+}
+
+fn run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().to_path_buf();
+    let (config, which) = config(&root);
+    markdown_conversation::save(&config.data_dir);
+    let core = ChatCore::open(config).expect("chat core");
+
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let markdown_png = out.join("pteria-desktop-markdown.png");
+    let reply_png = out.join("pteria-desktop.png");
+    for p in [&markdown_png, &reply_png] {
+        let _ = std::fs::remove_file(p);
+    }
+
+    let ui = AppWindow::new().expect("opening the window");
+    shell::attach(&ui, core.clone(), shell::event_loop_post(), true);
+    let seen = Rc::new(RefCell::new(Seen::default()));
+    let shots = (markdown_png.as_path(), reply_png.as_path());
+    let _driver = drive(&ui, core.clone(), seen.clone(), question(which), shots);
+    ui.run().expect("running the window");
+
+    let seen = seen.take();
+    if let Some(e) = seen.error {
+        panic!("{e}");
+    }
+    let markdown = read_png(&markdown_png);
+    check_markdown(&markdown);
+    let reply = seen.reply.expect("the reply was never shown");
+    assert!(!reply.trim().is_empty(), "an empty reply");
+    let saved = core.conversations();
+    let saved = core
+        .conversation(&saved[0].id)
+        .expect("the new conversation");
+    assert_eq!(saved.messages[0].content, question(which));
+    assert_eq!(
+        saved.messages[1].content, reply,
+        "the window shows the saved reply"
+    );
+    let after = read_png(&reply_png);
+    let before = seen.empty_chat.expect("the empty chat's snapshot");
+    check_reply_drawn(&before, &after);
+    eprintln!(
+        "{NAME} ({which} model): reply {reply:?}; screenshots {} and {}",
+        markdown_png.display(),
+        reply_png.display()
+    );
+}
+
+/// Steps through the scene on a UI-thread timer, through the callbacks the window's buttons call:
+/// once the model is loaded, saves the restored markdown conversation, opens a new chat, sends
+/// the question and saves the window once the reply is finished.
+fn drive(
+    ui: &AppWindow,
+    core: ChatCore,
+    seen: Rc<RefCell<Seen>>,
+    question: &'static str,
+    (markdown_png, reply_png): (&Path, &Path),
+) -> slint::Timer {
+    let timer = slint::Timer::default();
+    let weak = ui.as_weak();
+    let (markdown_png, reply_png) = (markdown_png.to_path_buf(), reply_png.to_path_buf());
+    let started = Instant::now();
+    let mut step = 0;
+    let mut quiet = 0;
+    timer.start(
+        slint::TimerMode::Repeated,
+        Duration::from_millis(100),
+        move || {
+            let Some(ui) = weak.upgrade() else { return };
+            let fail = |e: String| {
+                seen.borrow_mut().error = Some(e);
+                let _ = slint::quit_event_loop();
+            };
+            if started.elapsed() > TIMEOUT {
+                return fail(format!("step {step} not done after {TIMEOUT:?}"));
+            }
+            if core.loading_model().is_some() || ui.get_replying() {
+                quiet = 0;
+                return;
+            }
+            // A few quiet ticks so the last change is drawn before a snapshot.
+            quiet += 1;
+            if quiet < 3 {
+                return;
+            }
+            quiet = 0;
+            match step {
+                0 => {
+                    if core.loaded_model().is_none() {
+                        return fail(format!("no model loaded: {}", ui.get_model_status()));
+                    }
+                    if let Err(e) = snapshot::save_png(ui.window(), &markdown_png) {
+                        return fail(format!("{e:#}"));
+                    }
+                    ui.invoke_new_conversation();
+                }
+                1 => {
+                    match ui.window().take_snapshot() {
+                        Ok(shot) => seen.borrow_mut().empty_chat = Some(shot),
+                        Err(e) => return fail(format!("snapshot: {e}")),
+                    }
+                    ui.invoke_send(question.into());
+                    if !ui.get_replying() {
+                        return fail(format!("the message was not sent: {}", ui.get_error()));
+                    }
+                }
+                _ => {
+                    let last = ui.get_messages().iter().last();
+                    seen.borrow_mut().reply = last.map(|m| m.text.to_string());
+                    if let Err(e) = snapshot::save_png(ui.window(), &reply_png) {
+                        return fail(format!("{e:#}"));
+                    }
+                    let _ = slint::quit_event_loop();
+                }
+            }
+            step += 1;
+        },
+    );
+    timer
+}
+
+struct Image {
+    w: usize,
+    h: usize,
+    rgba: Vec<u8>,
+}
+
+impl Image {
+    fn rgb(&self, x: usize, y: usize) -> (u8, u8, u8) {
+        let i = (y * self.w + x) * 4;
+        (self.rgba[i], self.rgba[i + 1], self.rgba[i + 2])
+    }
+}
+
+fn read_png(path: &Path) -> Image {
+    let file = std::fs::File::open(path)
+        .unwrap_or_else(|e| panic!("no screenshot at {}: {e}", path.display()));
+    let mut reader = png::Decoder::new(BufReader::new(file))
+        .read_info()
+        .expect("a PNG");
+    let mut rgba = vec![0; reader.output_buffer_size().expect("PNG size")];
+    let info = reader.next_frame(&mut rgba).expect("PNG pixels");
     assert_eq!(info.color_type, png::ColorType::Rgba);
     let (w, h) = (info.width as usize, info.height as usize);
     assert!(
         w >= 760 && h >= 520,
         "{w}x{h}: smaller than the window's minimum"
     );
-    eprintln!("screenshot: {} ({w}x{h})", png_path.display());
+    Image { w, h, rgba }
+}
 
-    let rgb = |x: usize, y: usize| {
-        let i = (y * w + x) * 4;
-        (pixels[i], pixels[i + 1], pixels[i + 2])
-    };
-    // The code block's background (#1f2937) fills a box of its own: the reply was rendered as
-    // blocks, not as raw markdown.
-    let code_bg = (0..h)
-        .flat_map(|y| (0..w).map(move |x| (x, y)))
-        .filter(|&(x, y)| rgb(x, y) == (0x1f, 0x29, 0x37))
-        .count();
-    assert!(code_bg > 5_000, "code block background: {code_bg} pixels");
-    // And there is text on it: light pixels inside the code block's rows.
-    let code_rows: Vec<usize> = (0..h)
-        .filter(|&y| (0..w).filter(|&x| rgb(x, y) == (0x1f, 0x29, 0x37)).count() > 200)
+/// The code block's background fills a box of its own (the reply was drawn as blocks, not as raw
+/// markdown) and there is light text on it.
+fn check_markdown(img: &Image) {
+    let bg = markdown_conversation::CODE_BACKGROUND;
+    let code_rows: Vec<usize> = (0..img.h)
+        .filter(|&y| (0..img.w).filter(|&x| img.rgb(x, y) == bg).count() > 200)
         .collect();
+    let box_pixels: usize = code_rows
+        .iter()
+        .map(|&y| (0..img.w).filter(|&x| img.rgb(x, y) == bg).count())
+        .sum();
+    assert!(
+        box_pixels > 5_000,
+        "code block background: {box_pixels} pixels"
+    );
     let glyphs = code_rows
         .iter()
-        .flat_map(|&y| (0..w).map(move |x| (x, y)))
+        .flat_map(|&y| (0..img.w).map(move |x| (x, y)))
         .filter(|&(x, y)| {
-            let (r, g, b) = rgb(x, y);
+            let (r, g, b) = img.rgb(x, y);
             r > 150 && g > 150 && b > 150
         })
         .count();
     assert!(glyphs > 200, "code text pixels: {glyphs}");
+}
+
+/// The transcript (right of the sidebar, above the message box) changed between the empty chat
+/// and the finished reply by at least the question's and the reply's text.
+fn check_reply_drawn(before: &SharedPixelBuffer<Rgba8Pixel>, after: &Image) {
+    assert_eq!(
+        (before.width() as usize, before.height() as usize),
+        (after.w, after.h)
+    );
+    let px = before.as_slice();
+    let changed = (40..after.h.saturating_sub(120))
+        .flat_map(|y| (260..after.w).map(move |x| (x, y)))
+        .filter(|&(x, y)| {
+            let p = px[y * after.w + x];
+            (p.r, p.g, p.b) != after.rgb(x, y)
+        })
+        .count();
+    assert!(
+        changed > 3_000,
+        "the transcript changed by only {changed} pixels after the reply"
+    );
 }

@@ -7,6 +7,9 @@
 #[path = "../../../tests/downloads/hub.rs"]
 mod hub;
 #[allow(dead_code)]
+#[path = "support/markdown_conversation.rs"]
+mod markdown_conversation;
+#[allow(dead_code)]
 #[path = "../../../tests/support/tiny_chat.rs"]
 mod tiny;
 
@@ -188,6 +191,11 @@ fn a_sent_message_streams_its_reply_into_the_window_with_ttft_and_speed() {
         .map(|c| c.title.to_string())
         .collect();
     assert_eq!(titles, ["hi"], "the first message names the conversation");
+    assert_eq!(
+        ui.get_conversations().row_data(0).unwrap().subtitle,
+        "2 messages",
+        "the sidebar counts the saved reply"
+    );
 
     // Regenerate replaces the reply; greedy sampling writes the same one again.
     click(&ui, "Regenerate");
@@ -229,8 +237,10 @@ fn stop_ends_the_reply_and_the_window_shows_it_stopped() {
     let last = saved.messages.last().unwrap();
     assert!(last.stopped);
     assert_eq!(reply.text, last.content.as_str());
-    // Without the stop the never-ending fixture fills the 25 positions left.
-    assert!(last.stats.as_ref().unwrap().generated_tokens < 5);
+    // Without the stop the never-ending fixture fills the 25 positions left. (How many tokens
+    // come before the stop lands depends on how fast this thread drains the queue: no tighter
+    // bound holds on a loaded machine.)
+    assert!(last.stats.as_ref().unwrap().generated_tokens < 25);
 }
 
 #[test]
@@ -358,3 +368,101 @@ fn conversations_are_listed_reopened_and_deleted_from_the_sidebar() {
     assert_eq!(core.conversations().len(), 1);
 }
 
+#[test]
+fn a_restored_markdown_reply_is_drawn_as_native_blocks() {
+    let s = Setup::new();
+    markdown_conversation::save(&s.dir.path().join("data"));
+    let core = s.open();
+    let (ui, _rx) = window(&core);
+    let shown = rows(&ui);
+    assert_eq!(shown.len(), 2);
+    let blocks: Vec<_> = shown[1].blocks.iter().collect();
+    let outline: Vec<(String, i32, String)> = blocks
+        .iter()
+        .map(|b| (b.kind.to_string(), b.depth, b.marker.to_string()))
+        .collect();
+    let want = [
+        ("paragraph", 0, ""),
+        ("item", 0, "1."),
+        ("item", 0, "2."),
+        ("item", 1, "•"),
+        ("item", 0, "3."),
+        ("code", 0, ""),
+        ("quote", 0, ""),
+    ];
+    assert_eq!(
+        outline,
+        want.map(|(k, d, m)| (k.to_string(), d, m.to_string()))
+    );
+    // Emphasis, strong text and inline code styled as Slint styles the same markdown.
+    let styled = |md: &str| format!("{:?}", slint::StyledText::from_markdown(md).unwrap());
+    assert_eq!(
+        format!("{:?}", blocks[0].text),
+        styled("Here is how to **count words** in a file:")
+    );
+    assert_eq!(
+        format!("{:?}", blocks[1].text),
+        styled("Read the file *line by line*.")
+    );
+    assert_eq!(
+        format!("{:?}", blocks[3].text),
+        styled("Empty lines count as `0`.")
+    );
+    assert_eq!(blocks[5].language, "rust");
+    let code = "fn words(text: &str) -> usize {\n    text.split_whitespace().count()\n}";
+    assert_eq!(blocks[5].code, code);
+    // The code block is a monospace text element of its own on screen.
+    let code_text = ElementHandle::find_by_accessible_label(&ui, code)
+        .next()
+        .expect("the code block's text element");
+    assert!(code_text.size().width > 100.0 && code_text.size().height > 30.0);
+    assert_eq!(
+        shown[1].stats, "TTFT 84 ms · 41.3 tok/s · 96 tokens",
+        "the saved reply keeps its stats"
+    );
+}
+
+/// The chat page fills the window at any size, while a message, a conversation row and a
+/// model card keep their own height however much room is free.
+#[test]
+fn the_window_content_follows_the_window_size_and_rows_keep_their_height() {
+    let s = Setup::new();
+    markdown_conversation::save(&s.dir.path().join("data"));
+    let core = s.open();
+    let (ui, _rx) = window(&core);
+    let one = |type_name: &str| {
+        let mut found = ElementHandle::find_by_element_type_name(&ui, type_name);
+        found
+            .next()
+            .unwrap_or_else(|| panic!("no {type_name} on screen"))
+    };
+    for (w, h) in [(1400.0, 1000.0), (800.0, 560.0)] {
+        ui.window().set_size(slint::LogicalSize::new(w, h));
+        let page = one("ChatPage");
+        let (size, at) = (page.size(), page.absolute_position());
+        assert_eq!(
+            (at.x + size.width, size.height),
+            (w, h),
+            "the chat page fills a {w}x{h} window"
+        );
+        let question = one("MessageView");
+        assert!(
+            question.size().height < 90.0,
+            "a one-line message is {} px tall in a {w}x{h} window",
+            question.size().height
+        );
+        let row = one("ConversationItem");
+        assert!(
+            row.size().height < 60.0,
+            "a conversation row is {} px tall",
+            row.size().height
+        );
+    }
+    ui.set_page(1);
+    let card = one("VariantView");
+    assert!(
+        card.size().height < 120.0,
+        "a model card is {} px tall",
+        card.size().height
+    );
+}
