@@ -15,11 +15,13 @@ sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 # - the Slint shell (ui/desktop): fontconfig (yeslogic-fontconfig-sys), and the X11 libraries winit
 #   and xkbcommon-dl open at run time, plus a font for both windows to draw text with;
 # - the window tests of both shells start Xvfb; the web UI tests run Debian's Chromium (driven by
-#   npm playwright-core, on the machine's Node.js).
+#   npm playwright-core, on the machine's Node.js);
+# - the Android/iOS checks (scripts/check-mobile.sh): clang compiles ring's C for those targets,
+#   llvm-ar (from llvm) archives it.
 pkgs=(build-essential pkg-config curl ca-certificates mesa-vulkan-drivers libvulkan1
   libwebkit2gtk-4.1-dev libgtk-3-dev libsoup-3.0-dev libjavascriptcoregtk-4.1-dev
   libfontconfig-dev libx11-6 libx11-xcb1 libxcursor1 libxi6 libxkbcommon0 libxkbcommon-x11-0
-  fonts-dejavu-core xvfb chromium)
+  fonts-dejavu-core xvfb chromium clang llvm)
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -42,9 +44,11 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cargo test"
 # Every suite runs even after a failure, so one CI log shows all of them.
 status=0
+echo "== mobile: cargo check -p pteria-app for aarch64-linux-android and aarch64-apple-ios"
+scripts/check-mobile.sh || status=$?
+echo "== cargo test"
 cargo test --workspace --no-fail-fast || status=$?
 
 echo "== UI tests (ui/web in headless Chromium, Tauri IPC mocked)"
