@@ -49,7 +49,7 @@ fn main() {
     }
     let _x = Xvfb::start();
     run();
-    println!("test {NAME} ... ok");
+    println!("test {NAME} ... ok\n\ntest result: ok. 1 passed; 0 failed");
 }
 
 /// An Xvfb server on a display number it picks itself (`-displayfd`), stopped on drop.
