@@ -250,16 +250,24 @@ fn open(ui: &AppWindow, core: &ChatCore, id: &str) {
             ui.set_current_conversation(c.id.as_str().into());
             let rows: Vec<_> = c.messages.iter().map(view::message_row).collect();
             edit(ui.get_messages(), |m| m.set_vec(rows));
-            let usage = core.context_usage(id).ok().flatten();
-            ui.set_context_usage(
-                usage
-                    .map(|u| context_text(u.used_tokens, u.context_tokens))
-                    .unwrap_or_default()
-                    .into(),
-            );
+            show_context_usage(ui, core);
         }
         Err(e) => ui.set_error(e.to_string().into()),
     }
+}
+
+/// The open conversation's context use, against the loaded model's context when one is loaded.
+fn show_context_usage(ui: &AppWindow, core: &ChatCore) {
+    let usage = core
+        .context_usage(&ui.get_current_conversation())
+        .ok()
+        .flatten();
+    ui.set_context_usage(
+        usage
+            .map(|u| context_text(u.used_tokens, u.context_tokens))
+            .unwrap_or_default()
+            .into(),
+    );
 }
 
 fn context_text(used: usize, context: usize) -> String {
@@ -279,7 +287,10 @@ fn start_load(ui: &AppWindow, core: &ChatCore, post: &Post, spec: Option<&str>) 
                     LoadEvent::Loading { spec } => {
                         ui.set_model_status(format!("Loading {spec}…").into())
                     }
-                    LoadEvent::Loaded { .. } => show_model(&ui, &core),
+                    LoadEvent::Loaded { .. } => {
+                        show_model(&ui, &core);
+                        show_context_usage(&ui, &core);
+                    }
                     LoadEvent::Failed { spec, error } => {
                         ui.set_model_status(format!("{spec} failed to load: {error}").into())
                     }

@@ -373,7 +373,11 @@ fn a_restored_markdown_reply_is_drawn_as_native_blocks() {
     let s = Setup::new();
     markdown_conversation::save(&s.dir.path().join("data"));
     let core = s.open();
-    let (ui, _rx) = window(&core);
+    let (ui, rx) = window(&core);
+    // The saved stats' context use, then against the fixture's 32 tokens once it is loaded.
+    assert_eq!(ui.get_context_usage(), "context 127 / 2048 tokens");
+    loaded(&ui, &rx);
+    assert_eq!(ui.get_context_usage(), "context 127 / 32 tokens");
     let shown = rows(&ui);
     assert_eq!(shown.len(), 2);
     let blocks: Vec<_> = shown[1].blocks.iter().collect();
