@@ -453,7 +453,16 @@ fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) 
     }
     let per_quad = select(16u, 32u, KIND == 1u);
     let g = row * p.groups + i * per_quad / GROUP;
-    return scales[g] * (f32(sqn) - zp_x * f32(sn)) + biases[g] * (sq - zp_x * elems);
+    // Both sums are exact integers (below 2^24): Σ (q - zp)·n and Σ (q - zp).
+    let qn = f32(sqn) - zp_x * f32(sn);
+    let qs = sq - zp_x * elems;
+    if KIND == 1u {
+        // 4-bit weights are n = round(w / s) + 8 with bias b = -8s: subtracting 8 Σ (q - zp)
+        // in integers leaves one rounding, where s·Σ(q-zp)·n + b·Σ(q-zp) rounds two products
+        // that mostly cancel (errors of several ulps, enough to flip a later int8 rounding).
+        return scales[g] * (qn - 8.0 * qs) + (biases[g] + 8.0 * scales[g]) * qs;
+    }
+    return scales[g] * qn + biases[g] * qs;
 }
 
 @compute @workgroup_size(WG)

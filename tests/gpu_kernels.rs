@@ -683,6 +683,78 @@ fn activation_quant_rounds_ties_as_its_reference() {
     }
 }
 
+/// Dynamic int8 activations against symmetric 4-bit weights (bias -8·scale, as the Vulkan and
+/// XNNPACK exports store them) on the decode path are exact integer sums, so the result may
+/// round only once per group: a rule that rounds s·Σq·n and b·Σq apart loses several ulps to
+/// their cancellation, enough to flip a later int8 rounding (the tiny Gemma 8da4w fixture did
+/// on an H100). One-signed activations make Σq large, the worst case.
+#[test]
+fn dq8_int4_decode_linear_rounds_once_per_group() {
+    use pteria::ir::cpu::quant_dequant_row;
+    let (k, n, group) = (256, 64, 32);
+    let mut rng = Rng::new(8);
+    let x: Vec<f32> = rng.floats(k, 3.0).iter().map(|v| v.abs() + 0.5).collect();
+    let nibbles = rng.bytes(n * k / 2);
+    let scales: Vec<f32> = rng
+        .floats(n * k / group, 0.02)
+        .iter()
+        .map(|v| v.abs() + 0.001)
+        .collect();
+    let biases: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
+    let mut t = T::default();
+    let xi = t.input_f(&[1, k], &x);
+    let w = t.constant(DType::U8, &[n, k / 2], nibbles.clone());
+    let sc = t.const_f(&[n, k / group], &scales);
+    let bi = t.const_f(&[n, k / group], &biases);
+    let y = t.op(
+        OpKind::Linear {
+            weight: Weight::Q4 { group },
+            act_quant: pteria::ir::ActQuant::Torchao,
+            has_bias: false,
+        },
+        vec![xi, w, sc, bi],
+        DType::F32,
+        &[1, n],
+    );
+    t.out(y);
+    // The exact value in f64: x = s·(q - zp) by the reference's own quantization.
+    let mut xq = x.clone();
+    quant_dequant_row(&mut xq);
+    let (mn, mx) = x
+        .iter()
+        .fold((0f32, 0f32), |(a, b), v| (a.min(*v), b.max(*v)));
+    let s = ((mx - mn) / 255.0).max(f32::EPSILON) as f64;
+    let want: Vec<f64> = (0..n)
+        .map(|r| {
+            (0..k)
+                .map(|j| {
+                    let q = ((nibbles[r * k / 2 + j / 2] >> ((j % 2) * 4)) & 0xf) as f64;
+                    let qx = (xq[j] as f64 / s).round();
+                    s * qx * scales[r * k / group + j / group] as f64 * (q - 8.0)
+                })
+                .sum()
+        })
+        .collect();
+    let rel_l2 = |got: &[f32]| {
+        let (mut d, mut w2) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(&want) {
+            d += (*g as f64 - w).powi(2);
+            w2 += w * w;
+        }
+        (d / w2).sqrt()
+    };
+    for (name, c) in [("", ctx()), (" (no subgroups)", no_subgroup_ctx())] {
+        let Some(c) = c else { continue };
+        let mut gpu = GpuExecutor::new(c, t.g.clone()).unwrap();
+        let got = gpu.run(&values(&t.inputs)).unwrap()[0].to_f32().unwrap();
+        let e = rel_l2(&got);
+        assert!(
+            e < 1e-7,
+            "dq8 int4 decode linear{name}: rel-L2 {e:.2e} from exact"
+        );
+    }
+}
+
 #[test]
 fn linear_at_gemma_e2b_sizes_matches_cpu() {
     let mut rng = Rng::new(6);
