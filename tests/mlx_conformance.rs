@@ -8,7 +8,6 @@ use pteria::pte::Program;
 use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
 use pteria::runtime::{HostTensor, Method, Output};
 use serde_json::Value;
-use std::sync::Arc;
 
 fn manifest() -> Value {
     let text = std::fs::read_to_string(common::fixtures().join("manifest.json")).unwrap();
@@ -102,16 +101,8 @@ fn mlx_fixtures_match_goldens_on_the_cpu_executor() {
 
 #[test]
 fn mlx_fixtures_match_goldens_on_the_gpu_executor() {
-    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
-        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+    let Some(ctx) = common::gpu_context() else {
         return;
-    }
-    let ctx = match pteria::gpu::Context::new() {
-        Ok(c) => Arc::new(c),
-        Err(e) => {
-            println!("skipped: no GPU adapter ({e}); install mesa-vulkan-drivers for lavapipe");
-            return;
-        }
     };
     println!("adapter: {:?}", ctx.adapter());
     check_all("gpu", || gpu_executor(ctx.clone()));
@@ -179,13 +170,8 @@ fn mlx_llm_custom_ops_match_pytorch_eager_on_the_cpu_executor() {
 
 #[test]
 fn mlx_llm_custom_ops_match_pytorch_eager_on_the_gpu_executor() {
-    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
-        println!("PTERIA_NO_GPU_TESTS=1: skipped");
-        return;
-    }
-    match pteria::gpu::Context::new() {
-        Ok(ctx) => check_llm_ops("gpu", gpu_executor(Arc::new(ctx))),
-        Err(e) => println!("skipped: no GPU adapter ({e})"),
+    if let Some(ctx) = common::gpu_context() {
+        check_llm_ops("gpu", gpu_executor(ctx));
     }
 }
 
@@ -269,12 +255,7 @@ fn mlx_quantized_embeddings_and_linears_match_pytorch_eager_on_the_cpu_executor(
 
 #[test]
 fn mlx_quantized_embeddings_and_linears_match_pytorch_eager_on_the_gpu_executor() {
-    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
-        println!("PTERIA_NO_GPU_TESTS=1: skipped");
-        return;
-    }
-    match pteria::gpu::Context::new() {
-        Ok(ctx) => check_quant_ops("gpu", gpu_executor(Arc::new(ctx))),
-        Err(e) => println!("skipped: no GPU adapter ({e})"),
+    if let Some(ctx) = common::gpu_context() {
+        check_quant_ops("gpu", gpu_executor(ctx));
     }
 }

@@ -7,7 +7,6 @@ use pteria::pte::Program;
 use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
 use pteria::runtime::{HostTensor, Method, Output};
 use serde_json::Value;
-use std::sync::Arc;
 
 fn manifest() -> Value {
     let text = std::fs::read_to_string(common::fixtures().join("manifest.json")).unwrap();
@@ -87,14 +86,9 @@ fn vulkan_fixtures_match_goldens_on_the_cpu_executor() {
 
 #[test]
 fn vulkan_fixtures_match_goldens_on_the_gpu_executor() {
-    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
-        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+    let Some(ctx) = common::gpu_context() else {
         return;
-    }
-    let ctx = Arc::new(
-        pteria::gpu::Context::new()
-            .expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)"),
-    );
+    };
     println!("adapter: {:?}", ctx.adapter());
     let m = manifest();
     for e in vulkan_entries(&m) {
@@ -168,14 +162,9 @@ fn unsupported_operators_are_all_listed_at_load() {
 /// buffers that never travel: a decode step uploads its token and position (two i32) only.
 #[test]
 fn whole_method_keeps_the_kv_cache_on_the_gpu() {
-    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
-        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+    let Some(ctx) = common::gpu_context() else {
         return;
-    }
-    let ctx = Arc::new(
-        pteria::gpu::Context::new()
-            .expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)"),
-    );
+    };
     let path = common::fixtures().join("gemma4_tiny_vulkan_stock_8da4w_emb4.pte");
     let program = Program::open(&path, &[]).unwrap();
     let (make, handles) = pteria::runtime::delegate::profiled_gpu_executor(ctx);

@@ -9,7 +9,6 @@ use pteria::pte::Program;
 use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
 use pteria::runtime::{BackendRegistry, HostTensor, Method, Output};
 use serde_json::Value;
-use std::sync::Arc;
 
 fn manifest() -> Value {
     let text =
@@ -122,16 +121,8 @@ fn xnnpack_programs_match_their_goldens_on_every_call() {
 
 #[test]
 fn xnnpack_programs_match_their_goldens_on_the_gpu_executor() {
-    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
-        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+    let Some(ctx) = common::gpu_context() else {
         return;
-    }
-    let ctx = match pteria::gpu::Context::new() {
-        Ok(c) => Arc::new(c),
-        Err(e) => {
-            println!("skipped: no GPU adapter ({e}); install mesa-vulkan-drivers for lavapipe");
-            return;
-        }
     };
     println!("adapter: {:?}", ctx.adapter());
     check_all("gpu", gpu_executor(ctx));

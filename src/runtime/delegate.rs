@@ -324,10 +324,10 @@ impl IrExecutor for SharedGpu {
 }
 
 impl ProfiledGpu {
-    /// GPU time per graph node of the last call, replayed; `None` without GPU timestamps.
-    pub fn profile_last(&mut self) -> Result<Option<Vec<crate::gpu::OpTime>>, String> {
-        let inputs: Vec<ir::InputValue> = self
-            .last
+    /// The last call's inputs for a replay; `None` before any call. A free-standing borrow of
+    /// `last` so the executor can be borrowed mutably beside it.
+    fn last_inputs(last: &[OwnedInput], takes_inputs: bool) -> Option<Vec<ir::InputValue<'_>>> {
+        let inputs: Vec<ir::InputValue> = last
             .iter()
             .map(|v| match v {
                 OwnedInput::Tensor(shape, data) => ir::InputValue::Tensor {
@@ -337,9 +337,15 @@ impl ProfiledGpu {
                 OwnedInput::Sym(s) => ir::InputValue::Sym(*s),
             })
             .collect();
-        if inputs.is_empty() && !self.exec.graph().inputs.is_empty() {
+        (!inputs.is_empty() || !takes_inputs).then_some(inputs)
+    }
+
+    /// GPU time per graph node of the last call, replayed; `None` without GPU timestamps.
+    pub fn profile_last(&mut self) -> Result<Option<Vec<crate::gpu::OpTime>>, String> {
+        let takes_inputs = !self.exec.graph().inputs.is_empty();
+        let Some(inputs) = Self::last_inputs(&self.last, takes_inputs) else {
             return Ok(None);
-        }
+        };
         self.exec.profile(&inputs).map_err(|e| e.to_string())
     }
 
@@ -353,20 +359,10 @@ impl ProfiledGpu {
 
     /// GPU time of the last call's dispatches, replayed `reps` times back to back in one pass.
     pub fn time_last(&mut self, reps: u32) -> Result<Option<crate::gpu::ReplayTiming>, String> {
-        let inputs: Vec<ir::InputValue> = self
-            .last
-            .iter()
-            .map(|v| match v {
-                OwnedInput::Tensor(shape, data) => ir::InputValue::Tensor {
-                    shape: shape.clone(),
-                    data,
-                },
-                OwnedInput::Sym(s) => ir::InputValue::Sym(*s),
-            })
-            .collect();
-        if inputs.is_empty() && !self.exec.graph().inputs.is_empty() {
+        let takes_inputs = !self.exec.graph().inputs.is_empty();
+        let Some(inputs) = Self::last_inputs(&self.last, takes_inputs) else {
             return Ok(None);
-        }
+        };
         self.exec
             .time_replays(&inputs, reps)
             .map(Some)

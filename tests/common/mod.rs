@@ -59,3 +59,19 @@ pub fn rel_l2(a: &[f32], b: &[f64]) -> f64 {
     let den: f64 = b.iter().map(|y| y * y).sum();
     (num / den.max(1e-30)).sqrt()
 }
+
+/// The GPU for a GPU test: `None` (skip) only when `PTERIA_NO_GPU_TESTS=1`; a missing adapter
+/// otherwise fails the test, so a machine without lavapipe cannot pass GPU suites silently.
+pub fn gpu_context() -> Option<std::sync::Arc<pteria::gpu::Context>> {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        println!("PTERIA_NO_GPU_TESTS=1: skipped");
+        return None;
+    }
+    match pteria::gpu::Context::new() {
+        Ok(c) => Some(std::sync::Arc::new(c)),
+        Err(e) => panic!(
+            "no GPU adapter for the GPU tests ({e}). Install lavapipe (Debian: \
+             mesa-vulkan-drivers) or set PTERIA_NO_GPU_TESTS=1 to skip them"
+        ),
+    }
+}
