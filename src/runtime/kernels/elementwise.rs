@@ -446,35 +446,42 @@ fn round(k: &mut KernelCtx) -> KernelResult {
     // ATen rounds half to even.
     unary_fi(k, f64::round_ties_even, |x| x)
 }
-fn rsqrt(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, |x| 1.0 / x.sqrt())
+// ExecuTorch's portable kernels compute a float32 tensor in float32 (`1.0f / std::sqrt(x)`, `expf`): a
+// float32 input takes the float32 form of the expression, whose roundings can differ from the float64
+// form rounded once (rsqrt differs on ~1 in 5 inputs).
+macro_rules! float_unary {
+    ($($name:ident: |$x:ident| $e:expr;)*) => {
+        $(fn $name(k: &mut KernelCtx) -> KernelResult {
+            unary_f32_or_f64(k, |$x: f32| $e, |$x: f64| $e)
+        })*
+    };
 }
-fn sqrt(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, f64::sqrt)
+float_unary! {
+    rsqrt: |x| 1.0 / x.sqrt();
+    sqrt: |x| x.sqrt();
+    exp: |x| x.exp();
+    log: |x| x.ln();
+    tanh: |x| x.tanh();
+    sin: |x| x.sin();
+    cos: |x| x.cos();
+    sigmoid: |x| 1.0 / (1.0 + (-x).exp());
+    reciprocal: |x| 1.0 / x;
+    silu: |x| x / (1.0 + (-x).exp());
 }
-fn exp(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, f64::exp)
-}
-fn log(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, f64::ln)
-}
-fn tanh(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, f64::tanh)
-}
-fn sin(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, f64::sin)
-}
-fn cos(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, f64::cos)
-}
-fn sigmoid(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, |x| 1.0 / (1.0 + (-x).exp()))
-}
-fn reciprocal(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, |x| 1.0 / x)
-}
-fn silu(k: &mut KernelCtx) -> KernelResult {
-    unary_f(k, |x| x / (1.0 + (-x).exp()))
+
+/// A float op computed in float32 when input and output are float32, else in float64.
+fn unary_f32_or_f64(
+    k: &mut KernelCtx,
+    f32_fn: impl Fn(f32) -> f32,
+    f64_fn: impl Fn(f64) -> f64,
+) -> KernelResult {
+    let a = k.input(0)?;
+    let o = k.last();
+    if a.dtype == DType::F32 && k.out_dtype(o)? == DType::F32 {
+        let r: Vec<f32> = a.f32().iter().map(|&x| f32_fn(x)).collect();
+        return k.write_f32(o, &a.sizes, &r);
+    }
+    unary_f(k, f64_fn)
 }
 fn erf_k(k: &mut KernelCtx) -> KernelResult {
     unary_f(k, erf)
@@ -654,6 +661,57 @@ fn arange_start(k: &mut KernelCtx) -> KernelResult {
 #[cfg(test)]
 mod tests {
     use super::erf;
+    use crate::runtime::kernels::{lookup, KernelCtx};
+    use crate::runtime::tensor::{DType, Storage, Tensor};
+    use crate::runtime::{Memory, Value};
+
+    fn f32_tensor(storage: Storage, n: usize) -> Value {
+        Value::Tensor(Tensor {
+            dtype: DType::F32,
+            sizes: vec![n],
+            max_bytes: 4 * n,
+            dim_order: vec![0],
+            storage,
+        })
+    }
+
+    /// `aten::rsqrt.out` on float32 rounds twice as ExecuTorch's portable kernel does
+    /// (`1.0f / std::sqrt(x)`); the float64 form rounded once differs on some of these inputs.
+    #[test]
+    fn float32_rsqrt_is_one_over_sqrt_in_float32() {
+        let xs: Vec<f32> = (0..4096).map(|i| 1e-5 + i as f32 * 0.013_7).collect();
+        let n = xs.len();
+        let mut mem = Memory {
+            values: vec![
+                f32_tensor(Storage::Input(0), n),
+                f32_tensor(
+                    Storage::Arena {
+                        arena: 0,
+                        offset: 0,
+                    },
+                    n,
+                ),
+            ],
+            arenas: vec![vec![0u8; 4 * n]],
+            inputs: vec![xs.iter().flat_map(|x| x.to_le_bytes()).collect()],
+        };
+        let kernel = lookup("aten::rsqrt.out").expect("rsqrt is registered");
+        kernel(&mut KernelCtx::new(&mut mem, &[0, 1])).expect("rsqrt runs");
+        let got: Vec<f32> = mem.arenas[0]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let f32_form: Vec<f32> = xs.iter().map(|x| 1.0 / x.sqrt()).collect();
+        let f64_form: Vec<f32> = xs
+            .iter()
+            .map(|&x| (1.0 / (x as f64).sqrt()) as f32)
+            .collect();
+        assert_eq!(got, f32_form);
+        assert!(
+            f32_form != f64_form,
+            "the inputs must tell the two forms apart"
+        );
+    }
 
     #[test]
     fn erf_matches_reference_values() {
