@@ -108,6 +108,11 @@ impl Setup {
         Cache::new(self.home.path())
     }
 
+    /// Downloads `variant` with `fast_options()`.
+    fn download(&self, variant: &str) -> Result<LocalModel, DownloadError> {
+        download(&self.downloader(fast_options()), self, variant)
+    }
+
     fn downloader(&self, options: DownloadOptions) -> Downloader {
         self.downloader_with(options, None)
     }
@@ -122,6 +127,20 @@ impl Setup {
 
     fn program_path(&self) -> PathBuf {
         self.home.path().join("models/tiny").join(REV).join(PROGRAM)
+    }
+
+    /// The CDN GETs for the program's bytes.
+    fn program_gets(&self) -> Vec<hub::Request> {
+        content_gets(&self.hub, &sha256_hex(&self.program))
+    }
+
+    /// Asserts `local` holds the program and its last GET resumed at `offset`.
+    fn assert_resumed_at(&self, local: &LocalModel, offset: u64) {
+        assert_eq!(std::fs::read(&local.program).unwrap(), self.program);
+        assert_eq!(
+            self.program_gets().last().unwrap().range_start(),
+            Some(offset)
+        );
     }
 
     /// Asserts the cache lists nothing for the model and holds no complete copy of the program.
@@ -165,17 +184,24 @@ fn block_on<F: Future>(f: F) -> F::Output {
         })
 }
 
-fn download(
+/// Downloads `variant` (never cancelled), with the progress it reported.
+fn download_with_progress(
     d: &Downloader,
     s: &Setup,
     variant: &str,
-    cancel: &CancelToken,
 ) -> (Result<LocalModel, DownloadError>, Vec<Progress>) {
     let mut events = Vec::new();
-    let result = block_on(d.download(s.model(), s.variant(variant), cancel, &mut |p| {
-        events.push(p.clone())
-    }));
+    let result = block_on(d.download(
+        s.model(),
+        s.variant(variant),
+        &CancelToken::new(),
+        &mut |p| events.push(p.clone()),
+    ));
     (result, events)
+}
+
+fn download(d: &Downloader, s: &Setup, variant: &str) -> Result<LocalModel, DownloadError> {
+    download_with_progress(d, s, variant).0
 }
 
 /// Files under `dir`, recursively.
@@ -205,7 +231,7 @@ fn content_gets(hub: &Hub, sha: &str) -> Vec<hub::Request> {
 fn downloads_a_variant_through_the_cdn_redirect_and_verifies_it() {
     let s = Setup::new(300_000);
     let d = s.downloader(fast_options());
-    let (result, events) = download(&d, &s, "cpu", &CancelToken::new());
+    let (result, events) = download_with_progress(&d, &s, "cpu");
     let local = result.unwrap();
 
     assert_eq!(local.program, s.program_path());
@@ -223,7 +249,7 @@ fn downloads_a_variant_through_the_cdn_redirect_and_verifies_it() {
         .collect();
     assert_eq!(heads.len(), 2);
     assert!(heads.iter().all(|r| !r.cdn));
-    let gets = content_gets(&s.hub, &sha256_hex(&s.program));
+    let gets = s.program_gets();
     assert_eq!(gets.len(), 1);
     assert_eq!(gets[0].range, None);
 
@@ -270,10 +296,10 @@ fn a_dropped_transfer_resumes_with_a_range_request() {
     let s = Setup::new(400_000);
     s.hub.fail_next_get(PROGRAM, Fault::DropAfter(100_000));
     let d = s.downloader(fast_options());
-    let local = download(&d, &s, "cpu", &CancelToken::new()).0.unwrap();
+    let local = download(&d, &s, "cpu").unwrap();
 
     assert_eq!(std::fs::read(&local.program).unwrap(), s.program);
-    let gets = content_gets(&s.hub, &sha256_hex(&s.program));
+    let gets = s.program_gets();
     assert_eq!(gets.len(), 2, "{gets:?}");
     assert_eq!(gets[0].range_start(), None);
     assert_eq!(gets[1].range_start(), Some(100_000));
@@ -290,9 +316,7 @@ fn an_interrupted_download_is_resumed_by_the_next_one() {
         },
         ..fast_options()
     };
-    let err = download(&s.downloader(no_retries), &s, "cpu", &CancelToken::new())
-        .0
-        .unwrap_err();
+    let err = download(&s.downloader(no_retries), &s, "cpu").unwrap_err();
     assert!(matches!(err.root(), DownloadError::Network { .. }), "{err}");
     assert!(
         err.to_string().contains("after 150000 of 400000 bytes"),
@@ -302,31 +326,14 @@ fn an_interrupted_download_is_resumed_by_the_next_one() {
     let partial = s.cache().partial_bytes(s.model(), s.variant("cpu"));
     assert_eq!(partial, 150_000);
 
-    let local = download(
-        &s.downloader(fast_options()),
-        &s,
-        "cpu",
-        &CancelToken::new(),
-    )
-    .0
-    .unwrap();
-    assert_eq!(std::fs::read(&local.program).unwrap(), s.program);
-    let gets = content_gets(&s.hub, &sha256_hex(&s.program));
-    assert_eq!(gets.last().unwrap().range_start(), Some(partial));
+    s.assert_resumed_at(&s.download("cpu").unwrap(), partial);
 }
 
 #[test]
 fn corrupted_bytes_fail_the_integrity_check_and_nothing_is_cached() {
     let s = Setup::new(200_000);
     s.hub.fail_next_get(PROGRAM, Fault::Corrupt(123_456));
-    let err = download(
-        &s.downloader(fast_options()),
-        &s,
-        "cpu",
-        &CancelToken::new(),
-    )
-    .0
-    .unwrap_err();
+    let err = s.download("cpu").unwrap_err();
     match &err {
         DownloadError::ChecksumMismatch { file, expected, .. } => {
             assert_eq!(file, PROGRAM);
@@ -347,14 +354,7 @@ fn corrupted_bytes_fail_the_integrity_check_and_nothing_is_cached() {
 fn a_missing_file_is_a_clear_404_without_retries() {
     let s = Setup::new(1000);
     // The hub has no gpu program.
-    let err = download(
-        &s.downloader(fast_options()),
-        &s,
-        "gpu",
-        &CancelToken::new(),
-    )
-    .0
-    .unwrap_err();
+    let err = s.download("gpu").unwrap_err();
     assert!(matches!(err, DownloadError::NotFound { .. }), "{err}");
     let text = err.to_string();
     assert!(
@@ -371,16 +371,9 @@ fn server_errors_are_retried_until_the_server_recovers() {
     s.hub.fail_next_head(TOKENIZER, Fault::Status(503));
     s.hub.fail_next_get(PROGRAM, Fault::Status(500));
     s.hub.fail_next_get(PROGRAM, Fault::Status(500));
-    let local = download(
-        &s.downloader(fast_options()),
-        &s,
-        "cpu",
-        &CancelToken::new(),
-    )
-    .0
-    .unwrap();
+    let local = s.download("cpu").unwrap();
     assert_eq!(std::fs::read(&local.program).unwrap(), s.program);
-    assert_eq!(content_gets(&s.hub, &sha256_hex(&s.program)).len(), 3);
+    assert_eq!(s.program_gets().len(), 3);
     let tokenizer_heads = s
         .hub
         .requests_for(TOKENIZER)
@@ -394,14 +387,7 @@ fn server_errors_are_retried_until_the_server_recovers() {
 fn persistent_server_errors_give_up_after_bounded_retries() {
     let s = Setup::new(50_000);
     s.hub.fail_every_get(PROGRAM, Some(Fault::Status(500)));
-    let err = download(
-        &s.downloader(fast_options()),
-        &s,
-        "cpu",
-        &CancelToken::new(),
-    )
-    .0
-    .unwrap_err();
+    let err = s.download("cpu").unwrap_err();
     assert!(
         matches!(
             err,
@@ -409,7 +395,7 @@ fn persistent_server_errors_give_up_after_bounded_retries() {
         ),
         "{err}"
     );
-    assert_eq!(content_gets(&s.hub, &sha256_hex(&s.program)).len(), 3);
+    assert_eq!(s.program_gets().len(), 3);
     s.assert_not_downloaded();
 }
 
@@ -422,9 +408,7 @@ fn a_stalled_server_times_out_instead_of_hanging() {
         ..fast_options()
     };
     let started = Instant::now();
-    let err = download(&s.downloader(options), &s, "cpu", &CancelToken::new())
-        .0
-        .unwrap_err();
+    let err = download(&s.downloader(options), &s, "cpu").unwrap_err();
     assert!(matches!(err.root(), DownloadError::Timeout { .. }), "{err}");
     assert!(err.to_string().contains("no answer from"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10));
@@ -436,25 +420,16 @@ fn the_hub_gets_the_token_and_the_cdn_does_not() {
     let s = Setup::new(20_000);
     s.hub.require_token("secret");
 
-    let err = download(
-        &s.downloader(fast_options()),
-        &s,
-        "cpu",
-        &CancelToken::new(),
-    )
-    .0
-    .unwrap_err();
+    let err = s.download("cpu").unwrap_err();
     assert!(matches!(err, DownloadError::Unauthorized { .. }), "{err}");
     assert!(err.to_string().contains("HF_TOKEN"), "{err}");
 
     let wrong = s.downloader_with(fast_options(), Some("guess"));
-    let err = download(&wrong, &s, "cpu", &CancelToken::new())
-        .0
-        .unwrap_err();
+    let err = download(&wrong, &s, "cpu").unwrap_err();
     assert!(matches!(err, DownloadError::Forbidden { .. }), "{err}");
 
     let right = s.downloader_with(fast_options(), Some("secret"));
-    download(&right, &s, "cpu", &CancelToken::new()).0.unwrap();
+    download(&right, &s, "cpu").unwrap();
     let requests = s.hub.requests();
     let auth = |cdn: bool| {
         requests
@@ -498,10 +473,7 @@ fn a_slow_download_can_be_cancelled_and_resumed_later() {
     assert!(partial > 100_000 && partial < 2_000_000, "{partial}");
 
     s.hub.fail_every_get(PROGRAM, None);
-    let local = download(&d, &s, "cpu", &CancelToken::new()).0.unwrap();
-    assert_eq!(std::fs::read(&local.program).unwrap(), s.program);
-    let gets = content_gets(&s.hub, &sha256_hex(&s.program));
-    assert_eq!(gets.last().unwrap().range_start(), Some(partial));
+    s.assert_resumed_at(&download(&d, &s, "cpu").unwrap(), partial);
 }
 
 #[test]
@@ -511,9 +483,7 @@ fn not_enough_disk_space_fails_before_any_byte_is_written() {
         available_space: Some(50_000_000),
         ..fast_options()
     };
-    let err = download(&s.downloader(options), &s, "cpu", &CancelToken::new())
-        .0
-        .unwrap_err();
+    let err = download(&s.downloader(options), &s, "cpu").unwrap_err();
     let needed = (s.program.len() + s.tokenizer.len()) as u64;
     match &err {
         DownloadError::InsufficientSpace {
@@ -532,14 +502,7 @@ fn not_enough_disk_space_fails_before_any_byte_is_written() {
 #[test]
 fn a_cached_model_loads_without_the_network() {
     let s = Setup::new(30_000);
-    download(
-        &s.downloader(fast_options()),
-        &s,
-        "cpu",
-        &CancelToken::new(),
-    )
-    .0
-    .unwrap();
+    s.download("cpu").unwrap();
     let Setup {
         hub,
         home,
@@ -576,8 +539,8 @@ fn files_shared_between_variants_are_fetched_once() {
     s.hub
         .add_file(REPO, REV, GPU_PROGRAM, noise(20_000, 2), true);
     let d = s.downloader(fast_options());
-    download(&d, &s, "cpu", &CancelToken::new()).0.unwrap();
-    download(&d, &s, "gpu", &CancelToken::new()).0.unwrap();
+    download(&d, &s, "cpu").unwrap();
+    download(&d, &s, "gpu").unwrap();
     let tokenizer_gets = s
         .hub
         .requests_for(TOKENIZER)
@@ -609,16 +572,9 @@ fn a_partial_file_of_another_version_is_not_resumed() {
         r#"{"url":"x","size":60000,"etag":"0000"}"#,
     )
     .unwrap();
-    let local = download(
-        &s.downloader(fast_options()),
-        &s,
-        "cpu",
-        &CancelToken::new(),
-    )
-    .0
-    .unwrap();
+    let local = s.download("cpu").unwrap();
     assert_eq!(std::fs::read(&local.program).unwrap(), s.program);
-    let gets = content_gets(&s.hub, &sha256_hex(&s.program));
+    let gets = s.program_gets();
     assert_eq!(gets.len(), 1);
     assert_eq!(gets[0].range, None);
 }

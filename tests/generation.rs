@@ -7,9 +7,9 @@ mod common;
 
 use common::{fixtures, read_npy, rel_l2};
 use pteria::llm::{
-    CancelToken, ChatTemplate, ContextPolicy, DecodeOptions, Engine, Event, GenerateOptions,
-    LlmError, LoadOptions, Message, Model, ModelFiles, RenderOptions, Runner, RunnerConfig,
-    Sampler, SamplingParams, StopReason, Tokenizer,
+    CancelToken, ChatTemplate, Completion, ContextPolicy, DecodeOptions, Decoded, Engine, Event,
+    GenerateOptions, LlmError, LoadOptions, Message, Model, ModelFiles, Prefill, RenderOptions,
+    Runner, RunnerConfig, Sampler, SamplingParams, StopReason, Tokenizer,
 };
 use pteria::runtime::BackendRegistry;
 use serde_json::json;
@@ -683,39 +683,35 @@ fn no_stops(max: Option<usize>) -> DecodeOptions {
     }
 }
 
+/// A greedy run of `prompt` with no stop ids and no cancellation.
+fn greedy_generate(r: &mut Runner, prompt: &[u32], max: Option<usize>) -> (Prefill, Decoded) {
+    r.generate(
+        prompt,
+        &mut greedy(),
+        &no_stops(max),
+        &CancelToken::new(),
+        &mut |_| Ok(()),
+    )
+    .unwrap()
+}
+
 #[test]
 fn generation_budget_is_max_context_len_minus_cached_tokens() {
     let never = CancelToken::new();
     let mut r = runner(LLAMA, RunnerConfig::default());
-    let (_, d) = r
-        .generate(&PROMPT, &mut greedy(), &no_stops(None), &never, &mut |_| {
-            Ok(())
-        })
-        .unwrap();
+    let (_, d) = greedy_generate(&mut r, &PROMPT, None);
     assert_eq!((d.tokens.len(), d.stop), (32 - 10, StopReason::ContextFull));
     // The last token is not fed: the cache holds the prompt and all but one generated token.
     assert_eq!(r.cached_tokens().len(), 31);
 
     // A second turn that extends the cache: its budget is what the cache has left.
     let mut r = runner(LLAMA, RunnerConfig::default());
-    let (_, d1) = r
-        .generate(
-            &PROMPT,
-            &mut greedy(),
-            &no_stops(Some(5)),
-            &never,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let (_, d1) = greedy_generate(&mut r, &PROMPT, Some(5));
     assert_eq!(d1.stop, StopReason::MaxTokens);
     let mut turn2 = PROMPT.to_vec();
     turn2.extend(&d1.tokens);
     turn2.extend([3, 4, 5]);
-    let (p, d2) = r
-        .generate(&turn2, &mut greedy(), &no_stops(None), &never, &mut |_| {
-            Ok(())
-        })
-        .unwrap();
+    let (p, d2) = greedy_generate(&mut r, &turn2, None);
     assert_eq!((p.reused, p.prefilled), (14, 4));
     assert_eq!(
         (d2.tokens.len(), d2.stop),
@@ -730,11 +726,7 @@ fn generation_budget_is_max_context_len_minus_cached_tokens() {
             ..RunnerConfig::default()
         },
     );
-    let (_, d) = r
-        .generate(&PROMPT, &mut greedy(), &no_stops(None), &never, &mut |_| {
-            Ok(())
-        })
-        .unwrap();
+    let (_, d) = greedy_generate(&mut r, &PROMPT, None);
     assert_eq!((d.tokens.len(), d.stop), (6, StopReason::ContextFull));
     let too_long: Vec<u32> = (0..17).collect();
     assert!(matches!(
@@ -750,15 +742,7 @@ fn generation_budget_is_max_context_len_minus_cached_tokens() {
 fn stop_tokens_end_the_reply_and_are_not_part_of_it() {
     let never = CancelToken::new();
     let mut r = runner(LLAMA, RunnerConfig::default());
-    let (_, free) = r
-        .generate(
-            &PROMPT,
-            &mut greedy(),
-            &no_stops(Some(8)),
-            &never,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let (_, free) = greedy_generate(&mut r, &PROMPT, Some(8));
     // Make the fourth greedy token a stop token: the same run ends there.
     let stop = free.tokens[3];
     let first = free.tokens.iter().position(|&t| t == stop).unwrap();
@@ -811,17 +795,8 @@ fn cancellation_stops_prefill_between_chunks_and_the_cache_stays_usable() {
 
 #[test]
 fn cancellation_stops_decode_between_steps() {
-    let never = CancelToken::new();
     let mut r = runner(LLAMA, RunnerConfig::default());
-    let (_, full) = r
-        .generate(
-            &PROMPT,
-            &mut greedy(),
-            &no_stops(Some(10)),
-            &never,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let (_, full) = greedy_generate(&mut r, &PROMPT, Some(10));
 
     let cancel = CancelToken::new();
     let mut r = runner(LLAMA, RunnerConfig::default());
@@ -850,43 +825,18 @@ fn cancellation_stops_decode_between_steps() {
 
 #[test]
 fn kv_reuse_generates_the_same_tokens_as_a_full_reprefill() {
-    let never = CancelToken::new();
     let mut r = runner(LLAMA, chunked(7));
-    let (_, d1) = r
-        .generate(
-            &PROMPT,
-            &mut greedy(),
-            &no_stops(Some(6)),
-            &never,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let (_, d1) = greedy_generate(&mut r, &PROMPT, Some(6));
     let mut turn2 = PROMPT.to_vec();
     turn2.extend(&d1.tokens);
     turn2.extend([11, 12, 13]);
-    let (p, reused) = r
-        .generate(
-            &turn2,
-            &mut greedy(),
-            &no_stops(Some(8)),
-            &never,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let (p, reused) = greedy_generate(&mut r, &turn2, Some(8));
     // 10 prompt tokens + 5 fed generated tokens were cached; the 6th and the new 3 are run.
     assert_eq!((p.reused, p.prefilled, p.reset), (15, 4, false));
     let logits_reused = r.logits().map(<[f32]>::to_vec);
 
     let mut fresh = runner(LLAMA, chunked(7));
-    let (p, full) = fresh
-        .generate(
-            &turn2,
-            &mut greedy(),
-            &no_stops(Some(8)),
-            &never,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let (p, full) = greedy_generate(&mut fresh, &turn2, Some(8));
     assert_eq!((p.reused, p.prefilled), (0, 19));
     assert_eq!(reused.tokens, full.tokens);
     let reference: Vec<f64> = fresh.logits().unwrap().iter().map(|&x| x as f64).collect();
@@ -896,26 +846,10 @@ fn kv_reuse_generates_the_same_tokens_as_a_full_reprefill() {
     let mut other = PROMPT.to_vec();
     other[5] = 99;
     let resets = r.resets();
-    let (p, diverged) = r
-        .generate(
-            &other,
-            &mut greedy(),
-            &no_stops(Some(8)),
-            &never,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let (p, diverged) = greedy_generate(&mut r, &other, Some(8));
     assert_eq!((p.reused, p.prefilled, p.reset), (0, 10, true));
     assert_eq!(r.resets(), resets + 1);
-    let (_, want) = runner(LLAMA, chunked(7))
-        .generate(
-            &other,
-            &mut greedy(),
-            &no_stops(Some(8)),
-            &never,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let (_, want) = greedy_generate(&mut runner(LLAMA, chunked(7)), &other, Some(8));
     assert_eq!(diverged.tokens, want.tokens);
 }
 
@@ -1017,6 +951,18 @@ fn load_options(reserve: usize) -> LoadOptions {
     }
 }
 
+/// A greedy chat turn with no cancellation.
+fn greedy_chat(model: &mut Model, history: &[Message], max: Option<usize>) -> Completion {
+    model
+        .chat(
+            history,
+            &greedy_options(max),
+            &CancelToken::new(),
+            &mut |_| {},
+        )
+        .unwrap()
+}
+
 /// The bytes the Llama byte tokenizer's ids stand for (ids 5.. are bytes 5..).
 fn bytes_of(ids: &[u32]) -> Vec<u8> {
     ids.iter().filter(|&&i| i >= 5).map(|&i| i as u8).collect()
@@ -1070,11 +1016,8 @@ fn model_streams_whole_characters_even_from_invalid_bytes() {
 fn model_reuses_the_cache_when_the_next_turn_extends_the_conversation() {
     let dir = tempfile::tempdir().unwrap();
     let mut model = Model::load(llama_tokenizer_files(dir.path()), &load_options(4)).unwrap();
-    let never = CancelToken::new();
     let mut history = vec![Message::system("S"), Message::user("hi")];
-    let c1 = model
-        .chat(&history, &greedy_options(Some(2)), &never, &mut |_| {})
-        .unwrap();
+    let c1 = greedy_chat(&mut model, &history, Some(2));
     // The reply re-tokenises to the ids generated, so the next prompt starts with the cache.
     let reply_ids = model.tokenizer().encode(&c1.text).unwrap();
     assert_eq!(reply_ids, c1.tokens, "reply {:?}", c1.text);
@@ -1084,9 +1027,7 @@ fn model_reuses_the_cache_when_the_next_turn_extends_the_conversation() {
 
     history.push(Message::assistant(c1.text.clone()));
     history.push(Message::user("ok"));
-    let c2 = model
-        .chat(&history, &greedy_options(Some(3)), &never, &mut |_| {})
-        .unwrap();
+    let c2 = greedy_chat(&mut model, &history, Some(3));
     let prompt = 4 + 5 + (2 + 3) + 5 + 2;
     assert_eq!(
         (c2.stats.prompt_tokens, c2.stats.cached_tokens),
@@ -1096,9 +1037,7 @@ fn model_reuses_the_cache_when_the_next_turn_extends_the_conversation() {
 
     // The same conversation on a fresh model (full prefill) gives the same reply.
     let mut fresh = Model::load(llama_tokenizer_files(dir.path()), &load_options(4)).unwrap();
-    let c3 = fresh
-        .chat(&history, &greedy_options(Some(3)), &never, &mut |_| {})
-        .unwrap();
+    let c3 = greedy_chat(&mut fresh, &history, Some(3));
     assert_eq!(
         (c3.stats.cached_tokens, c3.stats.prefilled_tokens),
         (0, prompt)
@@ -1132,9 +1071,7 @@ fn a_full_context_drops_the_oldest_turns_but_keeps_the_system_prompt() {
         .encode(&model.template().render(&kept, gen_prompt()).unwrap())
         .unwrap();
     assert_eq!(fitted.tokens, want);
-    let c = model
-        .chat(&history, &greedy_options(Some(3)), &never, &mut |_| {})
-        .unwrap();
+    let c = greedy_chat(&mut model, &history, Some(3));
     assert_eq!((c.stats.prompt_tokens, c.stats.dropped_messages), (20, 2));
 
     // A reply that fills the cache mid-way drops another turn and continues.
@@ -1143,9 +1080,7 @@ fn a_full_context_drops_the_oldest_turns_but_keeps_the_system_prompt() {
         Message::user("one two"),
         Message::user("x"),
     ];
-    let c = model
-        .chat(&history, &greedy_options(None), &never, &mut |_| {})
-        .unwrap();
+    let c = greedy_chat(&mut model, &history, None);
     // 4 + 10 + 4 + 2 = 20 prompt tokens leave 12 for the reply; the random model never stops,
     // so at 12 the turn "one two" goes: 4 + 4 + 2 + 12 = 22 tokens are prefilled again and the
     // reply goes on for the 10 positions left.
@@ -1165,11 +1100,7 @@ fn a_full_context_drops_the_oldest_turns_but_keeps_the_system_prompt() {
         .encode(&model.template().render(&shorter, gen_prompt()).unwrap())
         .unwrap();
     prompt.extend(&c.tokens[..12]);
-    let (_, rest) = runner(LLAMA, RunnerConfig::default())
-        .generate(&prompt, &mut greedy(), &no_stops(None), &never, &mut |_| {
-            Ok(())
-        })
-        .unwrap();
+    let (_, rest) = greedy_generate(&mut runner(LLAMA, RunnerConfig::default()), &prompt, None);
     assert_eq!(rest.tokens, c.tokens[12..]);
 
     // A last message that cannot fit even alone is an error, not a panic.
