@@ -337,6 +337,26 @@ impl Lower<'_> {
         self.emit(n, OpKind::Binary(op), vec![x, y], b.output_id)
     }
 
+    /// `(max(x, 0), min(x, 0))`: the halves LeakyReLU, PReLU and ELU treat apart.
+    fn split_sign(&mut self, x: TensorId) -> (TensorId, TensorId) {
+        let pos = self.temp(x, "pos");
+        let neg = self.temp(x, "neg");
+        let clamp = |min, max| OpKind::Clamp { min, max };
+        self.g.op(clamp(Some(0.0), None), vec![x], vec![pos]);
+        self.g.op(clamp(None, Some(0.0)), vec![x], vec![neg]);
+        (pos, neg)
+    }
+
+    /// `y = x op scalar`.
+    fn scalar_op(&mut self, op: BinaryOp, scalar: f64, x: TensorId, y: TensorId) {
+        let kind = OpKind::BinaryScalar {
+            op,
+            scalar,
+            scalar_first: false,
+        };
+        self.g.op(kind, vec![x], vec![y]);
+    }
+
     /// `max(x, 0) + slope · min(x, 0)`, the shared form of LeakyReLU and PReLU.
     fn leaky(
         &mut self,
@@ -345,35 +365,10 @@ impl Lower<'_> {
         slope: Result<f32, TensorId>,
         out: u32,
     ) -> Result<(), String> {
-        let pos = self.temp(x, "pos");
-        let neg = self.temp(x, "neg");
+        let (pos, neg) = self.split_sign(x);
         let scaled = self.temp(x, "scaled");
-        self.g.op(
-            OpKind::Clamp {
-                min: Some(0.0),
-                max: None,
-            },
-            vec![x],
-            vec![pos],
-        );
-        self.g.op(
-            OpKind::Clamp {
-                min: None,
-                max: Some(0.0),
-            },
-            vec![x],
-            vec![neg],
-        );
         match slope {
-            Ok(s) => self.g.op(
-                OpKind::BinaryScalar {
-                    op: BinaryOp::Mul,
-                    scalar: s as f64,
-                    scalar_first: false,
-                },
-                vec![neg],
-                vec![scaled],
-            ),
+            Ok(s) => self.scalar_op(BinaryOp::Mul, s as f64, neg, scaled),
             Err(t) => self
                 .g
                 .op(OpKind::Binary(BinaryOp::Mul), vec![neg, t], vec![scaled]),
@@ -429,15 +424,7 @@ impl Lower<'_> {
                     self.temp(x, "relu6"),
                     self.temp(x, "gate"),
                 );
-                self.g.op(
-                    OpKind::BinaryScalar {
-                        op: BinaryOp::Add,
-                        scalar: 3.0,
-                        scalar_first: false,
-                    },
-                    vec![x],
-                    vec![a],
-                );
+                self.scalar_op(BinaryOp::Add, 3.0, x, a);
                 self.g.op(
                     OpKind::Clamp {
                         min: Some(0.0),
@@ -446,15 +433,7 @@ impl Lower<'_> {
                     vec![a],
                     vec![b],
                 );
-                self.g.op(
-                    OpKind::BinaryScalar {
-                        op: BinaryOp::Div,
-                        scalar: 6.0,
-                        scalar_first: false,
-                    },
-                    vec![b],
-                    vec![c],
-                );
+                self.scalar_op(BinaryOp::Div, 6.0, b, c);
                 self.emit(n, OpKind::Binary(BinaryOp::Mul), vec![x, c], u.output_id)?;
             }
             K::LeakyRelu(r) => {
@@ -464,48 +443,15 @@ impl Lower<'_> {
             K::Elu(e) => {
                 // max(x, 0) + alpha · (exp(min(x, 0)) - 1)
                 let x = self.input(e.input_id)?;
-                let (pos, neg, ex, em1, sc) = (
-                    self.temp(x, "pos"),
-                    self.temp(x, "neg"),
+                let (pos, neg) = self.split_sign(x);
+                let (ex, em1, sc) = (
                     self.temp(x, "exp"),
                     self.temp(x, "expm1"),
                     self.temp(x, "scaled"),
                 );
-                self.g.op(
-                    OpKind::Clamp {
-                        min: Some(0.0),
-                        max: None,
-                    },
-                    vec![x],
-                    vec![pos],
-                );
-                self.g.op(
-                    OpKind::Clamp {
-                        min: None,
-                        max: Some(0.0),
-                    },
-                    vec![x],
-                    vec![neg],
-                );
                 self.g.op(OpKind::Unary(UnaryOp::Exp), vec![neg], vec![ex]);
-                self.g.op(
-                    OpKind::BinaryScalar {
-                        op: BinaryOp::Sub,
-                        scalar: 1.0,
-                        scalar_first: false,
-                    },
-                    vec![ex],
-                    vec![em1],
-                );
-                self.g.op(
-                    OpKind::BinaryScalar {
-                        op: BinaryOp::Mul,
-                        scalar: e.alpha as f64,
-                        scalar_first: false,
-                    },
-                    vec![em1],
-                    vec![sc],
-                );
+                self.scalar_op(BinaryOp::Sub, 1.0, ex, em1);
+                self.scalar_op(BinaryOp::Mul, e.alpha as f64, em1, sc);
                 self.emit(n, OpKind::Binary(BinaryOp::Add), vec![pos, sc], e.output_id)?;
             }
             K::Clamp(u) => {
@@ -869,33 +815,19 @@ impl Lower<'_> {
         let Some((&last, rest)) = cuts.split_last() else {
             return self.emit(n, OpKind::Copy, vec![x], s.output_id);
         };
+        let slice = |(dim, o, end): (usize, i64, i64)| OpKind::Slice {
+            dim,
+            start: Int::Lit(o),
+            end: Int::Lit(end),
+            step: 1,
+        };
         for &(d, o, end) in rest {
             let t = self.temp(x, "slice");
             self.g.tensors[t].max_shape[d] = (end.min(shape[d] as i64) - o).max(0) as usize;
-            self.g.op(
-                OpKind::Slice {
-                    dim: d,
-                    start: Int::Lit(o),
-                    end: Int::Lit(end),
-                    step: 1,
-                },
-                vec![x],
-                vec![t],
-            );
+            self.g.op(slice((d, o, end)), vec![x], vec![t]);
             x = t;
         }
-        let (d, o, end) = last;
-        self.emit(
-            n,
-            OpKind::Slice {
-                dim: d,
-                start: Int::Lit(o),
-                end: Int::Lit(end),
-                step: 1,
-            },
-            vec![x],
-            s.output_id,
-        )
+        self.emit(n, slice(last), vec![x], s.output_id)
     }
 
     fn concat(&mut self, n: &XNode, c: &Concatenate) -> Result<(), String> {

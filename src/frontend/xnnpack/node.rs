@@ -248,6 +248,9 @@ pub enum NodeKind {
     Cos(Unary),
 }
 
+/// `(field name, value id)` pairs, in schema order.
+pub type FieldIds = Vec<(&'static str, u32)>;
+
 /// Union member names by tag (index = tag - 1), as the schema spells them.
 const NAMES: [&str; 47] = [
     "XNNAdd",
@@ -369,8 +372,20 @@ impl NodeKind {
 
     /// `(field name, value id)` for each input the node reads, in schema order; absent optional
     /// inputs (a bias of `XNN_INVALID_VALUE_ID`) are left out.
-    pub fn input_fields(&self) -> Vec<(&'static str, u32)> {
+    pub fn input_fields(&self) -> FieldIds {
+        self.fields().0
+    }
+
+    /// `(field name, value id)` for each output the node writes.
+    pub fn output_fields(&self) -> FieldIds {
+        self.fields().1
+    }
+
+    /// The input and the output fields, from one match so that a member is listed once.
+    fn fields(&self) -> (FieldIds, FieldIds) {
         use NodeKind::*;
+        let input = |id| vec![("input_id", id)];
+        let output = |id| vec![("output_id", id)];
         match self {
             Add(b)
             | Div(b)
@@ -379,9 +394,10 @@ impl NodeKind {
             | Subtract(b)
             | Maximum(b)
             | Prelu(b)
-            | BatchMatrixMultiply(b) => {
-                vec![("input1_id", b.input1_id), ("input2_id", b.input2_id)]
-            }
+            | BatchMatrixMultiply(b) => (
+                vec![("input1_id", b.input1_id), ("input2_id", b.input2_id)],
+                output(b.output_id),
+            ),
             Softmax(u)
             | Sigmoid(u)
             | Clamp(u)
@@ -401,26 +417,32 @@ impl NodeKind {
             | Exp(u)
             | Sin(u)
             | Copy(u)
-            | Cos(u) => vec![("input_id", u.input_id)],
+            | Cos(u) => (input(u.input_id), output(u.output_id)),
             FullyConnected(f) => {
                 let mut v = vec![("input1_id", f.input1_id), ("filter_id", f.filter_id)];
                 v.extend(f.bias_id.map(|b| ("bias_id", b)));
-                v
+                (v, output(f.output_id))
             }
             Conv2d(c) | DepthwiseConv2d(c) | ConvTranspose2d(c) => {
                 let mut v = vec![("input1_id", c.input1_id), ("filter_id", c.filter_id)];
                 v.extend(c.bias_id.map(|b| ("bias_id", b)));
-                v
+                (v, output(c.output_id))
             }
-            StaticTranspose(n) => vec![("input_id", n.input_id)],
-            StaticResizeBilinear2d(n) => vec![("input_id", n.input_id)],
-            StaticConstantPad(n) => vec![("input_id", n.input_id)],
-            AvgPooling2d(n) | MaxPooling2d(n) => vec![("input_id", n.input_id)],
-            StaticReshape(n) => vec![("input_id", n.input_id)],
-            ArgMaxPooling2d(n) => vec![("input_id", n.input_id)],
-            LeakyRelu(n) => vec![("input_id", n.input_id)],
-            Elu(n) => vec![("input_id", n.input_id)],
-            StaticSlice(n) => vec![("input_id", n.input_id)],
+            StaticTranspose(n) => (input(n.input_id), output(n.output_id)),
+            StaticResizeBilinear2d(n) => (input(n.input_id), output(n.output_id)),
+            StaticConstantPad(n) => (input(n.input_id), output(n.output_id)),
+            AvgPooling2d(n) | MaxPooling2d(n) => (input(n.input_id), output(n.output_id)),
+            StaticReshape(n) => (input(n.input_id), output(n.output_id)),
+            ArgMaxPooling2d(n) => (
+                input(n.input_id),
+                vec![
+                    ("output_value_id", n.output_value_id),
+                    ("output_index_id", n.output_index_id),
+                ],
+            ),
+            LeakyRelu(n) => (input(n.input_id), output(n.output_id)),
+            Elu(n) => (input(n.input_id), output(n.output_id)),
+            StaticSlice(n) => (input(n.input_id), output(n.output_id)),
             Concatenate2(c) | Concatenate3(c) | Concatenate4(c) | Concatenate5(c) => {
                 const FIELDS: [&str; 5] = [
                     "input1_id",
@@ -429,74 +451,24 @@ impl NodeKind {
                     "input4_id",
                     "input5_id",
                 ];
-                FIELDS
+                let v = FIELDS
                     .iter()
                     .copied()
                     .zip(c.input_ids.iter().copied())
-                    .collect()
+                    .collect();
+                (v, output(c.output_id))
             }
-            ScaledDotProductAttention(s) => vec![
-                ("query_id", s.query_id),
-                ("key_id", s.key_id),
-                ("value_id", s.value_id),
-                ("scale_id", s.scale_id),
-                ("mask_id", s.mask_id),
-            ],
+            ScaledDotProductAttention(s) => (
+                vec![
+                    ("query_id", s.query_id),
+                    ("key_id", s.key_id),
+                    ("value_id", s.value_id),
+                    ("scale_id", s.scale_id),
+                    ("mask_id", s.mask_id),
+                ],
+                output(s.output_id),
+            ),
         }
-    }
-
-    /// `(field name, value id)` for each output the node writes.
-    pub fn output_fields(&self) -> Vec<(&'static str, u32)> {
-        use NodeKind::*;
-        let out = match self {
-            Add(b)
-            | Div(b)
-            | Minimum(b)
-            | Multiply(b)
-            | Subtract(b)
-            | Maximum(b)
-            | Prelu(b)
-            | BatchMatrixMultiply(b) => b.output_id,
-            Softmax(u)
-            | Sigmoid(u)
-            | Clamp(u)
-            | Floor(u)
-            | Convert(u)
-            | GlobalAvgPooling2d(u)
-            | SquareRoot(u)
-            | Ceiling(u)
-            | Hardswish(u)
-            | Negate(u)
-            | Square(u)
-            | Abs(u)
-            | ReciprocalSquareRoot(u)
-            | Log(u)
-            | Gelu(u)
-            | Tanh(u)
-            | Exp(u)
-            | Sin(u)
-            | Copy(u)
-            | Cos(u) => u.output_id,
-            FullyConnected(f) => f.output_id,
-            Conv2d(c) | DepthwiseConv2d(c) | ConvTranspose2d(c) => c.output_id,
-            StaticTranspose(n) => n.output_id,
-            StaticResizeBilinear2d(n) => n.output_id,
-            StaticConstantPad(n) => n.output_id,
-            AvgPooling2d(n) | MaxPooling2d(n) => n.output_id,
-            StaticReshape(n) => n.output_id,
-            LeakyRelu(n) => n.output_id,
-            Elu(n) => n.output_id,
-            StaticSlice(n) => n.output_id,
-            Concatenate2(c) | Concatenate3(c) | Concatenate4(c) | Concatenate5(c) => c.output_id,
-            ScaledDotProductAttention(s) => s.output_id,
-            ArgMaxPooling2d(n) => {
-                return vec![
-                    ("output_value_id", n.output_value_id),
-                    ("output_index_id", n.output_index_id),
-                ]
-            }
-        };
-        vec![("output_id", out)]
     }
 
     /// Value ids the node reads.
