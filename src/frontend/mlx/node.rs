@@ -910,7 +910,57 @@ struct Fields<'a> {
     v: &'a [Value],
 }
 
+/// Accessors for fields whose slot must hold one `Value` variant (`required`), may be absent
+/// (`optional`), or is a list where absent means empty (`list`).
+macro_rules! accessors {
+    ($($kind:ident $name:ident -> $ty:ty: $variant:ident, $want:literal;)*) => {$(
+        accessors!(@$kind $name, $ty, $variant, $want);
+    )*};
+    (@required $name:ident, $ty:ty, $variant:ident, $want:literal) => {
+        fn $name(&self, i: usize) -> Result<$ty, String> {
+            match self.get(i)? {
+                Value::$variant(x) => Ok(x.clone()),
+                _ => Err(self.bug(i, $want)),
+            }
+        }
+    };
+    (@optional $name:ident, $ty:ty, $variant:ident, $want:literal) => {
+        fn $name(&self, i: usize) -> Result<Option<$ty>, String> {
+            match self.get(i)? {
+                Value::$variant(x) => Ok(Some(x.clone())),
+                Value::Absent => Ok(None),
+                _ => Err(self.bug(i, $want)),
+            }
+        }
+    };
+    (@list $name:ident, $ty:ty, $variant:ident, $want:literal) => {
+        fn $name(&self, i: usize) -> Result<Vec<$ty>, String> {
+            match self.get(i)? {
+                Value::$variant(x) => Ok(x.clone()),
+                Value::Absent => Ok(Vec::new()),
+                _ => Err(self.bug(i, $want)),
+            }
+        }
+    };
+}
+
 impl Fields<'_> {
+    accessors! {
+        required tid -> Tid: Tid, "a Tid";
+        optional opt_tid -> Tid: Tid, "an optional Tid";
+        required vid -> Vid: Vid, "a Vid";
+        required bool -> bool: Bool, "a bool";
+        required string -> String: Str, "a string";
+        optional opt_dtype -> ScalarType: ScalarType, "a ScalarType";
+        required int_or_vid -> IntOrVid: IntOrVid, "an IntOrVid";
+        required float_or_vid -> FloatOrVid: FloatOrVid, "a FloatOrVid";
+        required vid_or_tid -> VidOrTid: VidOrTid, "a VidOrTid";
+        required index -> IntOrVidOrTid: IntOrVidOrTid, "an IntOrVidOrTid";
+        list tids -> Tid: Tids, "a [Tid]";
+        list int_or_vids -> IntOrVid: IntOrVids, "an [IntOrVid]";
+        list i32s -> i32: I32s, "an [int32]";
+    }
+
     fn get(&self, i: usize) -> Result<&Value, String> {
         self.v.get(i).ok_or_else(|| self.bug(i, "a field"))
     }
@@ -920,28 +970,6 @@ impl Fields<'_> {
             "internal error: {} field slot {i} does not hold {want} (decoder and schema disagree)",
             self.kind.name()
         )
-    }
-
-    fn tid(&self, i: usize) -> Result<Tid, String> {
-        match self.get(i)? {
-            Value::Tid(t) => Ok(*t),
-            _ => Err(self.bug(i, "a Tid")),
-        }
-    }
-
-    fn opt_tid(&self, i: usize) -> Result<Option<Tid>, String> {
-        match self.get(i)? {
-            Value::Tid(t) => Ok(Some(*t)),
-            Value::Absent => Ok(None),
-            _ => Err(self.bug(i, "an optional Tid")),
-        }
-    }
-
-    fn vid(&self, i: usize) -> Result<Vid, String> {
-        match self.get(i)? {
-            Value::Vid(v) => Ok(*v),
-            _ => Err(self.bug(i, "a Vid")),
-        }
     }
 
     fn opt_i32(&self, i: usize) -> Result<Option<i32>, String> {
@@ -971,82 +999,8 @@ impl Fields<'_> {
         self.opt_f32(i)?.ok_or_else(|| self.bug(i, "a float"))
     }
 
-    fn bool(&self, i: usize) -> Result<bool, String> {
-        match self.get(i)? {
-            Value::Bool(b) => Ok(*b),
-            _ => Err(self.bug(i, "a bool")),
-        }
-    }
-
-    fn string(&self, i: usize) -> Result<String, String> {
-        match self.get(i)? {
-            Value::Str(s) => Ok(s.clone()),
-            _ => Err(self.bug(i, "a string")),
-        }
-    }
-
-    fn opt_dtype(&self, i: usize) -> Result<Option<ScalarType>, String> {
-        match self.get(i)? {
-            Value::ScalarType(t) => Ok(Some(*t)),
-            Value::Absent => Ok(None),
-            _ => Err(self.bug(i, "a ScalarType")),
-        }
-    }
-
     fn dtype(&self, i: usize) -> Result<ScalarType, String> {
         self.opt_dtype(i)?
             .ok_or_else(|| self.bug(i, "a ScalarType"))
-    }
-
-    fn int_or_vid(&self, i: usize) -> Result<IntOrVid, String> {
-        match self.get(i)? {
-            Value::IntOrVid(x) => Ok(*x),
-            _ => Err(self.bug(i, "an IntOrVid")),
-        }
-    }
-
-    fn float_or_vid(&self, i: usize) -> Result<FloatOrVid, String> {
-        match self.get(i)? {
-            Value::FloatOrVid(x) => Ok(*x),
-            _ => Err(self.bug(i, "a FloatOrVid")),
-        }
-    }
-
-    fn vid_or_tid(&self, i: usize) -> Result<VidOrTid, String> {
-        match self.get(i)? {
-            Value::VidOrTid(x) => Ok(*x),
-            _ => Err(self.bug(i, "a VidOrTid")),
-        }
-    }
-
-    fn index(&self, i: usize) -> Result<IntOrVidOrTid, String> {
-        match self.get(i)? {
-            Value::IntOrVidOrTid(x) => Ok(*x),
-            _ => Err(self.bug(i, "an IntOrVidOrTid")),
-        }
-    }
-
-    fn tids(&self, i: usize) -> Result<Vec<Tid>, String> {
-        match self.get(i)? {
-            Value::Tids(x) => Ok(x.clone()),
-            Value::Absent => Ok(Vec::new()),
-            _ => Err(self.bug(i, "a [Tid]")),
-        }
-    }
-
-    fn int_or_vids(&self, i: usize) -> Result<Vec<IntOrVid>, String> {
-        match self.get(i)? {
-            Value::IntOrVids(x) => Ok(x.clone()),
-            Value::Absent => Ok(Vec::new()),
-            _ => Err(self.bug(i, "an [IntOrVid]")),
-        }
-    }
-
-    fn i32s(&self, i: usize) -> Result<Vec<i32>, String> {
-        match self.get(i)? {
-            Value::I32s(x) => Ok(x.clone()),
-            Value::Absent => Ok(Vec::new()),
-            _ => Err(self.bug(i, "an [int32]")),
-        }
     }
 }

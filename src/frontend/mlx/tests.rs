@@ -192,25 +192,27 @@ fn slot(idx: u32) -> Obj {
     Obj(vec![Some(F::U32(idx))])
 }
 
+/// The toy graph's `QuantizedMatmul`: temp 4 = x · dequant(w, scales), group 32, 4 bits.
+fn toy_matmul(table: TagTable) -> Obj {
+    let fields = vec![
+        s(0),
+        s(1),
+        s(2),
+        s(4),
+        None,
+        Some(F::I32(32)),
+        Some(F::I32(4)),
+        Some(F::Str("affine")),
+    ];
+    ins(table, NodeKind::QuantizedMatmul, fields)
+}
+
 /// A toy graph: inputs x, w (packed int4), scales; output y; temps 4, 5; one value slot.
 /// `SymSize; QuantizedMatmul; Rope(offset = v0); Stack; IdCopy`, tagged under `table`.
 fn toy_graph(table: TagTable) -> Obj {
     let chain = vec![
         ins(table, NodeKind::SymSize, vec![s(0), Some(F::I32(1)), s(0)]),
-        ins(
-            table,
-            NodeKind::QuantizedMatmul,
-            vec![
-                s(0),
-                s(1),
-                s(2),
-                s(4),
-                None,
-                Some(F::I32(32)),
-                Some(F::I32(4)),
-                Some(F::Str("affine")),
-            ],
-        ),
+        toy_matmul(table),
         ins(
             table,
             NodeKind::Rope,
@@ -439,20 +441,7 @@ fn a_failure_common_to_both_layouts_is_reported_plainly() {
     let mut g = toy_graph(TagTable::Executorch151);
     let chain = vec![
         ins(TagTable::Executorch151, NodeKind::IdCopy, vec![s(9), s(3)]),
-        ins(
-            TagTable::Executorch151,
-            NodeKind::QuantizedMatmul,
-            vec![
-                s(0),
-                s(1),
-                s(2),
-                s(4),
-                None,
-                Some(F::I32(32)),
-                Some(F::I32(4)),
-                Some(F::Str("affine")),
-            ],
-        ),
+        toy_matmul(TagTable::Executorch151),
     ];
     g.0[7] = Some(F::Tables(vec![Obj(vec![Some(F::Tables(chain))])]));
     let e = parse_err(&blob_of(&g));
