@@ -544,8 +544,65 @@ impl Lower<'_> {
             .collect()
     }
 
-    /// q4gsw weights → canonical Q4: bytes as they are; scales `[K/g, Npad]` → `[N, K/g]`,
-    /// biases `-8·scale` (the +8 offset of the stored nibbles).
+    /// `(q, k, v, k_cache, v_cache, start_pos, ..)`: writes k and v into their caches at
+    /// `start_pos` (dim 1 of BSHD) and returns `[q, k_cache, v_cache]` and `start_pos` for the
+    /// attention that follows.
+    fn update_kv_caches(&mut self, c: &OperatorCall) -> Result<([TensorId; 3], Int), String> {
+        let a = |i: usize| Self::arg(c, i);
+        let (q, k, v) = (
+            self.tensor(a(0)?)?,
+            self.tensor(a(1)?)?,
+            self.tensor(a(2)?)?,
+        );
+        let (kc, vc) = (self.tensor(a(3)?)?, self.tensor(a(4)?)?);
+        let start = self.int(a(5)?)?;
+        for (cache, new) in [(kc, k), (vc, v)] {
+            self.g.op(
+                OpKind::CacheUpdate { axis: 1, start },
+                vec![cache, new],
+                vec![cache],
+            );
+        }
+        Ok(([q, kc, vc], start))
+    }
+
+    /// Attention over caches that already hold this step's keys and values, BSHD, the part
+    /// `sdpa_with_kv_cache` and `custom_sdpa` share; `args` are the positions of their `mask?`,
+    /// `is_causal` and `scale?` arguments. A null scale is `1/sqrt(head_dim)`.
+    fn cached_sdpa(
+        &mut self,
+        c: &OperatorCall,
+        [q, kc, vc]: [TensorId; 3],
+        start: Int,
+        args: [usize; 3],
+    ) -> Result<(), String> {
+        let [mi, ci, si] = args;
+        let a = |i: usize| Self::arg(c, i);
+        let mask = self.opt_tensor(a(mi)?)?;
+        let causal = self.boolean(a(ci)?)?;
+        let d = *self.g.tensors[q].max_shape.last().ok_or("scalar query")?;
+        let scale = match self.map[a(si)?] {
+            Mapped::Null => 1.0 / (d as f32).sqrt(),
+            _ => self.double(a(si)?)? as f32,
+        };
+        let y = self.out(c)?;
+        let mut ins = vec![q, kc, vc];
+        ins.extend(mask);
+        self.g.op(
+            OpKind::Sdpa {
+                layout: AttnLayout::Bshd,
+                scale,
+                causal,
+                window: None,
+                softcap: None,
+                start,
+            },
+            ins,
+            vec![y],
+        );
+        Ok(())
+    }
+
     /// A 4-bit group-wise linear whose operands sit at `args` = [input, weights, scales, group,
     /// bias]; the bias argument exists only when the call has one more argument than its output.
     fn q4_linear(
@@ -577,6 +634,8 @@ impl Lower<'_> {
         Ok(())
     }
 
+    /// q4gsw weights → canonical Q4: bytes as they are; scales `[K/g, Npad]` → `[N, K/g]`,
+    /// biases `-8·scale` (the +8 offset of the stored nibbles).
     fn q4_weights(&mut self, w: usize, s: usize, group: usize) -> Result<[TensorId; 3], String> {
         let wt = self.tensor(w)?;
         let st = self.tensor(s)?;
@@ -986,45 +1045,8 @@ impl Lower<'_> {
             "torchao.choose_qparams_affine.default" => {}
             "sdpa_with_kv_cache.default" => {
                 // (q, k, v, k_cache, v_cache, start_pos, seq_len, mask?, dropout, is_causal, scale?)
-                let (q, k, v) = (
-                    self.tensor(a(0)?)?,
-                    self.tensor(a(1)?)?,
-                    self.tensor(a(2)?)?,
-                );
-                let (kc, vc) = (self.tensor(a(3)?)?, self.tensor(a(4)?)?);
-                let start = self.int(a(5)?)?;
-                let mask = self.opt_tensor(a(7)?)?;
-                let causal = self.boolean(a(9)?)?;
-                let d = *self.g.tensors[q].max_shape.last().ok_or("scalar query")?;
-                let scale = match self.map[a(10)?] {
-                    Mapped::Null => 1.0 / (d as f32).sqrt(),
-                    _ => self.double(a(10)?)? as f32,
-                };
-                let y = self.out(c)?;
-                self.g.op(
-                    OpKind::CacheUpdate { axis: 1, start },
-                    vec![kc, k],
-                    vec![kc],
-                );
-                self.g.op(
-                    OpKind::CacheUpdate { axis: 1, start },
-                    vec![vc, v],
-                    vec![vc],
-                );
-                let mut ins = vec![q, kc, vc];
-                ins.extend(mask);
-                self.g.op(
-                    OpKind::Sdpa {
-                        layout: AttnLayout::Bshd,
-                        scale,
-                        causal,
-                        window: None,
-                        softcap: None,
-                        start,
-                    },
-                    ins,
-                    vec![y],
-                );
+                let (qkv, start) = self.update_kv_caches(c)?;
+                self.cached_sdpa(c, qkv, start, [7, 9, 10])?;
             }
             "update_cache.default" => {
                 let (v, cache) = (self.tensor(a(0)?)?, self.tensor(a(1)?)?);
@@ -1043,28 +1065,7 @@ impl Lower<'_> {
                     self.tensor(a(2)?)?,
                 );
                 let start = self.int(a(3)?)?;
-                let mask = self.opt_tensor(a(4)?)?;
-                let causal = self.boolean(a(6)?)?;
-                let d = *self.g.tensors[q].max_shape.last().ok_or("scalar query")?;
-                let scale = match self.map[a(7)?] {
-                    Mapped::Null => 1.0 / (d as f32).sqrt(),
-                    _ => self.double(a(7)?)? as f32,
-                };
-                let y = self.out(c)?;
-                let mut ins = vec![q, kc, vc];
-                ins.extend(mask);
-                self.g.op(
-                    OpKind::Sdpa {
-                        layout: AttnLayout::Bshd,
-                        scale,
-                        causal,
-                        window: None,
-                        softcap: None,
-                        start,
-                    },
-                    ins,
-                    vec![y],
-                );
+                self.cached_sdpa(c, [q, kc, vc], start, [4, 6, 7])?;
             }
             "aten.select_copy.int" => {
                 let x = self.tensor(a(0)?)?;
@@ -1103,7 +1104,8 @@ impl Lower<'_> {
             "aten.mul.Tensor" => self.binary(c, BinaryOp::Mul, None)?,
             "aten.div.Tensor" => self.binary(c, BinaryOp::Div, None)?,
             "aten.pow.Tensor_Scalar" => self.binary(c, BinaryOp::Pow, None)?,
-            "aten.mean.dim" => {
+            // (self, dim: int[], keepdim)
+            op @ ("aten.mean.dim" | "aten.sum.dim_IntList") => {
                 let x = self.tensor(a(0)?)?;
                 let r = self.rank(x);
                 let mut dims = self
@@ -1117,7 +1119,12 @@ impl Lower<'_> {
                 dims.sort_unstable();
                 let keepdim = self.boolean(a(2)?)?;
                 let y = self.out(c)?;
-                self.g.op(OpKind::Mean { dims, keepdim }, vec![x], vec![y]);
+                let kind = if op == "aten.mean.dim" {
+                    OpKind::Mean { dims, keepdim }
+                } else {
+                    OpKind::Sum { dims, keepdim }
+                };
+                self.g.op(kind, vec![x], vec![y]);
             }
             "aten.rsqrt.default" => self.unary(c, UnaryOp::Rsqrt)?,
             "aten.sqrt.default" => self.unary(c, UnaryOp::Sqrt)?,
@@ -1331,22 +1338,9 @@ impl Lower<'_> {
             "gemma_sdpa_with_kv_cache.default" => {
                 // (q, k, v, key_cache, value_cache, start_pos, seq_len, attn_mask?, is_causal,
                 //  [softcap], out): both caches updated at start_pos, then gemma attention.
-                let (q, k, v) = (
-                    self.tensor(a(0)?)?,
-                    self.tensor(a(1)?)?,
-                    self.tensor(a(2)?)?,
-                );
-                let (kc, vc) = (self.tensor(a(3)?)?, self.tensor(a(4)?)?);
-                let start = self.int(a(5)?)?;
                 let softcap = (c.args.len() > 10).then_some(9);
-                for (cache, new) in [(kc, k), (vc, v)] {
-                    self.g.op(
-                        OpKind::CacheUpdate { axis: 1, start },
-                        vec![cache, new],
-                        vec![cache],
-                    );
-                }
-                self.gemma_sdpa(c, [q, kc, vc], start, a(7)?, a(8)?, softcap)?;
+                let (qkv, start) = self.update_kv_caches(c)?;
+                self.gemma_sdpa(c, qkv, start, a(7)?, a(8)?, softcap)?;
             }
             "gemma_custom_sdpa.default" => {
                 // (q, key_cache, value_cache, start_pos, seq_len, attn_mask?, is_causal,
@@ -1407,22 +1401,6 @@ impl Lower<'_> {
                     vec![w, s, b, idx],
                     vec![y],
                 );
-            }
-            "aten.sum.dim_IntList" => {
-                let x = self.tensor(a(0)?)?;
-                let r = self.rank(x);
-                let mut dims = self
-                    .ints(a(1)?)?
-                    .into_iter()
-                    .map(|d| match d {
-                        Int::Lit(v) => self.dim(v, r),
-                        Int::Sym(_) => Err("symbolic reduction dim".into()),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                dims.sort_unstable();
-                let keepdim = self.boolean(a(2)?)?;
-                let y = self.out(c)?;
-                self.g.op(OpKind::Sum { dims, keepdim }, vec![x], vec![y]);
             }
             other => return Err(format!("operator `{other}` has no lowering")),
         }
