@@ -7,65 +7,16 @@ use pteria::pte::Program;
 use pteria::runtime::{BackendRegistry, HostTensor, Method, Output};
 use serde_json::Value;
 
-fn manifest() -> Value {
-    let text =
-        std::fs::read_to_string(common::fixtures().join("manifest.json")).expect("manifest.json");
-    serde_json::from_str(&text).expect("manifest is JSON")
-}
-
-fn programs(m: &Value) -> Vec<Value> {
-    match &m["programs"] {
-        Value::Array(a) => a.clone(),
-        Value::Object(o) => o.values().cloned().collect(),
-        _ => panic!("manifest has no programs"),
-    }
-}
-
-/// Runs the manifest's calls on `forward`; returns each call's flattened output.
-fn run_calls(method: &mut Method, m: &Value) -> Vec<Vec<f32>> {
-    let calls = m["inputs"]["calls"].as_array().expect("calls");
-    calls
-        .iter()
-        .map(|c| {
-            let toks: Vec<i64> = c["tokens"][0]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_i64().unwrap())
-                .collect();
-            let pos: Vec<i64> = c["input_pos"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_i64().unwrap())
-                .collect();
-            let out = method
-                .execute(&[
-                    HostTensor::from_i64(&[1, toks.len()], &toks),
-                    HostTensor::from_i64(&[pos.len()], &pos),
-                ])
-                .unwrap_or_else(|e| panic!("{e}"));
-            match &out[0] {
-                Output::Tensor(t) => t.to_f32().unwrap(),
-                o => panic!("unexpected output {o:?}"),
-            }
-        })
-        .collect()
-}
-
 /// Checks one program against its golden on the given registry; returns the worst rel-L2.
 fn check(entry: &Value, m: &Value, backends: &BackendRegistry) -> Result<f64, String> {
     let file = entry["file"].as_str().unwrap();
     let program = Program::open(&common::fixtures().join(file), &[]).map_err(|e| e.to_string())?;
     let mut method = Method::load(&program, "forward", backends).map_err(|e| e.to_string())?;
-    let got = run_calls(&mut method, m);
-    let (shape, golden) =
-        common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
+    let errs = common::golden_rel_l2_per_call(&mut method, entry, m)
+        .map_err(|e| format!("{file}: {e}"))?;
     let tol = entry["tolerance_rel_l2_per_call"].as_f64().unwrap();
-    let vocab = shape[1];
     let mut worst = 0f64;
-    for (i, g) in got.iter().enumerate() {
-        let e = common::rel_l2(g, &golden[i * vocab..(i + 1) * vocab]);
+    for (i, &e) in errs.iter().enumerate() {
         worst = worst.max(e);
         // A NaN logit must fail too, hence not `e > tol`.
         if e.is_nan() || e > tol {
@@ -77,9 +28,9 @@ fn check(entry: &Value, m: &Value, backends: &BackendRegistry) -> Result<f64, St
 
 #[test]
 fn portable_programs_match_their_goldens_on_every_call() {
-    let m = manifest();
+    let m = common::manifest();
     let mut n = 0;
-    for e in programs(&m).iter().filter(|e| e["backend"] == "portable") {
+    for e in &common::manifest_programs(&m, "portable") {
         let worst = check(e, &m, &BackendRegistry::default()).unwrap_or_else(|err| panic!("{err}"));
         println!("{}: worst rel-L2 {worst:.2e}", e["file"]);
         assert!(worst <= 1e-5);
@@ -93,8 +44,11 @@ fn portable_programs_match_their_goldens_on_every_call() {
 
 #[test]
 fn delegated_programs_without_a_backend_fail_clearly() {
-    let m = manifest();
-    for e in programs(&m).iter().filter(|e| e["backend"] != "portable") {
+    let m = common::manifest();
+    for e in common::manifest_entries(&m)
+        .iter()
+        .filter(|e| e["backend"] != "portable")
+    {
         let file = e["file"].as_str().unwrap();
         let program = Program::open(&common::fixtures().join(file), &[]).unwrap();
         let err = Method::load(&program, "forward", &BackendRegistry::default())
@@ -110,8 +64,8 @@ fn delegated_programs_without_a_backend_fail_clearly() {
 
 #[test]
 fn every_fixture_loads_and_reports_its_metadata() {
-    let m = manifest();
-    for e in programs(&m) {
+    let m = common::manifest();
+    for e in common::manifest_entries(&m) {
         let file = e["file"].as_str().unwrap();
         let program = Program::open(&common::fixtures().join(file), &[]).unwrap();
         let max_seq = pteria::runtime::constant_method(&program, "get_max_seq_len")

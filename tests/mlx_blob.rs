@@ -13,33 +13,13 @@ use std::path::PathBuf;
 
 /// Every fixture program with at least one `MLXBackend` delegate, with its blobs.
 fn mlx_fixtures() -> Vec<(PathBuf, Program, Vec<Vec<u8>>)> {
-    let mut paths: Vec<_> = std::fs::read_dir(common::fixtures())
-        .expect("fixtures dir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "pte"))
-        .collect();
-    paths.sort();
-    let mut out = Vec::new();
-    for path in paths {
-        let program =
-            Program::open(&path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let blobs: Vec<Vec<u8>> = program
-            .plans
-            .iter()
-            .flat_map(|p| &p.delegates)
-            .filter(|d| d.id == mlx::BACKEND_ID)
-            .map(|d| d.data.to_vec())
-            .collect();
-        if !blobs.is_empty() {
-            out.push((path, program, blobs));
-        }
-    }
-    assert!(
-        !out.is_empty(),
-        "no MLXBackend fixture in {}",
-        common::fixtures().display()
-    );
-    out
+    common::delegate_fixtures(mlx::BACKEND_ID)
+        .into_iter()
+        .map(|(path, program, blobs)| {
+            let blobs = blobs.into_iter().map(|(_, _, b)| b.to_vec()).collect();
+            (path, program, blobs)
+        })
+        .collect()
 }
 
 fn fixture(name: &str) -> MlxGraph {

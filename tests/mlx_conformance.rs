@@ -9,19 +9,6 @@ use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
 use pteria::runtime::{HostTensor, Method, Output};
 use serde_json::Value;
 
-fn manifest() -> Value {
-    let text = std::fs::read_to_string(common::fixtures().join("manifest.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn ints(v: &Value) -> Vec<i64> {
-    v.as_array()
-        .expect("an array of integers")
-        .iter()
-        .map(|x| x.as_i64().expect("an integer"))
-        .collect()
-}
-
 /// Rel-L2 of every call of one program against its golden.
 fn rel_l2_per_call(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<Vec<f64>, String> {
     let file = entry["file"].as_str().unwrap();
@@ -35,43 +22,17 @@ fn rel_l2_per_call(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<Ve
             method.whole_note().unwrap_or("?")
         ));
     }
-    let (shape, golden) =
-        common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
-    let vocab = shape[1];
-    let calls = m["inputs"]["calls"].as_array().unwrap();
-    assert_eq!(shape[0], calls.len(), "{file}: golden rows vs calls");
-    let mut errs = Vec::new();
-    for (i, c) in calls.iter().enumerate() {
-        let (toks, pos) = (ints(&c["tokens"][0]), ints(&c["input_pos"]));
-        let out = method
-            .execute(&[
-                HostTensor::from_i64(&[1, toks.len()], &toks),
-                HostTensor::from_i64(&[pos.len()], &pos),
-            ])
-            .map_err(|e| format!("{file} call {i}: {e}"))?;
-        let Output::Tensor(t) = &out[0] else {
-            return Err(format!("{file} call {i}: no tensor output"));
-        };
-        let got = t.to_f32().map_err(|e| e.to_string())?;
-        errs.push(common::rel_l2(&got, &golden[i * vocab..(i + 1) * vocab]));
-    }
-    Ok(errs)
+    common::golden_rel_l2_per_call(&mut method, entry, m).map_err(|e| format!("{file} {e}"))
 }
 
 fn mlx_entries(m: &Value) -> Vec<Value> {
-    let v: Vec<Value> = m["programs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["backend"] == "mlx")
-        .cloned()
-        .collect();
+    let v = common::manifest_programs(m, "mlx");
     assert!(v.len() >= 2, "expected the fp32 and int4 MLX fixtures");
     v
 }
 
 fn check_all(device: &str, make: impl Fn() -> ExecutorFactory) {
-    let m = manifest();
+    let m = common::manifest();
     let mut failures = Vec::new();
     for e in mlx_entries(&m) {
         let file = e["file"].as_str().unwrap();
@@ -108,37 +69,31 @@ fn mlx_fixtures_match_goldens_on_the_gpu_executor() {
     check_all("gpu", || gpu_executor(ctx.clone()));
 }
 
-/// Rel-L2 per call of `mlx_llm_ops.pte` (an attention block written with the MLX LLM custom ops:
-/// rope with a position offset, linear and ring-buffer KV-cache updates, lower-right causal GQA
-/// `custom_sdpa`, SDPA with a sliding-window mask, RMSNorm with and without weight) against the
-/// same module run in PyTorch eager.
-fn llm_ops_rel_l2(make: ExecutorFactory) -> Result<(Vec<f64>, f64), String> {
+/// Rel-L2 per call of fixture `name` (`<name>.pte`, run on the calls its `<name>.json` spec lists)
+/// against `<name>.golden.npy`, rows of the spec's `width` values, and the spec's tolerance.
+/// `inputs(call, first_row, width)` gives a call's inputs and how many rows it covers.
+fn spec_rel_l2(
+    name: &str,
+    width: &str,
+    make: ExecutorFactory,
+    inputs: impl Fn(&Value, usize, usize) -> (Vec<HostTensor>, usize),
+) -> Result<(Vec<f64>, f64), String> {
     let dir = common::fixtures();
     let spec: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("mlx_llm_ops.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap())
             .unwrap();
     let tol = spec["tolerance_rel_l2_per_call"].as_f64().unwrap();
-    let c = spec["hidden"].as_u64().unwrap() as usize;
-    let program = Program::open(&dir.join("mlx_llm_ops.pte"), &[]).map_err(|e| e.to_string())?;
+    let c = spec[width].as_u64().unwrap() as usize;
+    let program =
+        Program::open(&dir.join(format!("{name}.pte")), &[]).map_err(|e| e.to_string())?;
     let backends = pteria::frontend::backends(make);
     let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
-    let (_, xs) = common::read_npy(&dir.join("mlx_llm_ops.inputs.npy"));
-    let (_, golden) = common::read_npy(&dir.join("mlx_llm_ops.golden.npy"));
+    let (_, golden) = common::read_npy(&dir.join(format!("{name}.golden.npy")));
     let mut row = 0;
     let mut errs = Vec::new();
     for (i, call) in spec["calls"].as_array().unwrap().iter().enumerate() {
-        let pos = ints(&call["input_pos"]);
-        let t = pos.len();
-        let x: Vec<f32> = xs[row * c..(row + t) * c]
-            .iter()
-            .map(|&v| v as f32)
-            .collect();
-        let out = method
-            .execute(&[
-                HostTensor::from_f32(&[1, t, c], &x),
-                HostTensor::from_i64(&[t], &pos),
-            ])
-            .map_err(|e| format!("call {i}: {e}"))?;
+        let (ins, t) = inputs(call, row, c);
+        let out = method.execute(&ins).map_err(|e| format!("call {i}: {e}"))?;
         let Output::Tensor(y) = &out[0] else {
             return Err(format!("call {i}: no tensor output"));
         };
@@ -149,11 +104,11 @@ fn llm_ops_rel_l2(make: ExecutorFactory) -> Result<(Vec<f64>, f64), String> {
     Ok((errs, tol))
 }
 
-fn check_llm_ops(device: &str, make: ExecutorFactory) {
-    let (errs, tol) = llm_ops_rel_l2(make).unwrap_or_else(|e| panic!("{device}: {e}"));
+fn check_spec(device: &str, name: &str, result: Result<(Vec<f64>, f64), String>) {
+    let (errs, tol) = result.unwrap_or_else(|e| panic!("{device}: {e}"));
     let calls: Vec<String> = errs.iter().map(|x| format!("{x:.2e}")).collect();
     println!(
-        "{device} mlx_llm_ops.pte: per call [{}] (tolerance {tol:.0e})",
+        "{device} {name}.pte: per call [{}] (tolerance {tol:.0e})",
         calls.join(", ")
     );
     assert!(
@@ -161,6 +116,28 @@ fn check_llm_ops(device: &str, make: ExecutorFactory) {
         "{device}: [{}] > {tol:.0e}",
         calls.join(", ")
     );
+}
+
+/// `mlx_llm_ops.pte`: an attention block written with the MLX LLM custom ops (rope with a
+/// position offset, linear and ring-buffer KV-cache updates, lower-right causal GQA
+/// `custom_sdpa`, SDPA with a sliding-window mask, RMSNorm with and without weight) against the
+/// same module run in PyTorch eager.
+fn check_llm_ops(device: &str, make: ExecutorFactory) {
+    let (_, xs) = common::read_npy(&common::fixtures().join("mlx_llm_ops.inputs.npy"));
+    let result = spec_rel_l2("mlx_llm_ops", "hidden", make, |call, row, c| {
+        let pos = common::ints(&call["input_pos"]);
+        let t = pos.len();
+        let x: Vec<f32> = xs[row * c..(row + t) * c]
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let ins = vec![
+            HostTensor::from_f32(&[1, t, c], &x),
+            HostTensor::from_i64(&[t], &pos),
+        ];
+        (ins, t)
+    });
+    check_spec(device, "mlx_llm_ops", result);
 }
 
 #[test]
@@ -179,7 +156,7 @@ fn mlx_llm_custom_ops_match_pytorch_eager_on_the_gpu_executor() {
 /// same bound for its tokens slot, and the program's method info carries it.
 #[test]
 fn mlx_programs_declare_their_max_input_length() {
-    let m = manifest();
+    let m = common::manifest();
     for e in mlx_entries(&m) {
         let file = e["file"].as_str().unwrap();
         let program = Program::open(&common::fixtures().join(file), &[]).unwrap();
@@ -202,50 +179,16 @@ fn mlx_programs_declare_their_max_input_length() {
     }
 }
 
-/// Rel-L2 per call of `mlx_quant_ops.pte` (torchao weight-only quantized embeddings, int4 group 32
-/// and int8 group 64, and linears, int8 group 128 and int4 group 64 with a bias, as the MLX recipe
-/// quantizes them) against the quantized module in PyTorch eager.
-fn quant_ops_rel_l2(make: ExecutorFactory) -> Result<(Vec<f64>, f64), String> {
-    let dir = common::fixtures();
-    let spec: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("mlx_quant_ops.json")).unwrap())
-            .unwrap();
-    let tol = spec["tolerance_rel_l2_per_call"].as_f64().unwrap();
-    let n = spec["out_features"].as_u64().unwrap() as usize;
-    let program = Program::open(&dir.join("mlx_quant_ops.pte"), &[]).map_err(|e| e.to_string())?;
-    let backends = pteria::frontend::backends(make);
-    let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
-    let (_, golden) = common::read_npy(&dir.join("mlx_quant_ops.golden.npy"));
-    let mut row = 0;
-    let mut errs = Vec::new();
-    for (i, call) in spec["calls"].as_array().unwrap().iter().enumerate() {
-        let toks = ints(&call["tokens"]);
-        let t = toks.len();
-        let out = method
-            .execute(&[HostTensor::from_i64(&[1, t], &toks)])
-            .map_err(|e| format!("call {i}: {e}"))?;
-        let Output::Tensor(y) = &out[0] else {
-            return Err(format!("call {i}: no tensor output"));
-        };
-        let got = y.to_f32().map_err(|e| e.to_string())?;
-        errs.push(common::rel_l2(&got, &golden[row * n..(row + t) * n]));
-        row += t;
-    }
-    Ok((errs, tol))
-}
-
+/// `mlx_quant_ops.pte`: torchao weight-only quantized embeddings (int4 group 32 and int8 group 64)
+/// and linears (int8 group 128 and int4 group 64 with a bias), as the MLX recipe quantizes them,
+/// against the quantized module in PyTorch eager.
 fn check_quant_ops(device: &str, make: ExecutorFactory) {
-    let (errs, tol) = quant_ops_rel_l2(make).unwrap_or_else(|e| panic!("{device}: {e}"));
-    let calls: Vec<String> = errs.iter().map(|x| format!("{x:.2e}")).collect();
-    println!(
-        "{device} mlx_quant_ops.pte: per call [{}] (tolerance {tol:.0e})",
-        calls.join(", ")
-    );
-    assert!(
-        errs.iter().all(|&e| e <= tol),
-        "{device}: [{}] > {tol:.0e}",
-        calls.join(", ")
-    );
+    let result = spec_rel_l2("mlx_quant_ops", "out_features", make, |call, _, _| {
+        let toks = common::ints(&call["tokens"]);
+        let t = toks.len();
+        (vec![HostTensor::from_i64(&[1, t], &toks)], t)
+    });
+    check_spec(device, "mlx_quant_ops", result);
 }
 
 #[test]

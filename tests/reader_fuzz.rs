@@ -38,12 +38,7 @@ fn exercise(bytes: Vec<u8>, run: bool, data: &[DataFile]) -> bool {
 
 #[test]
 fn mutated_programs_never_panic() {
-    let mut seeds: Vec<_> = std::fs::read_dir(common::fixtures())
-        .expect("fixtures dir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "pte"))
-        .collect();
-    seeds.sort();
+    let seeds = common::fixture_programs();
     assert!(!seeds.is_empty(), "no .pte fixtures to seed the fuzzer");
     let per_seed = common::fuzz::iters(400);
     let mut fuzz_seeds = Vec::new();

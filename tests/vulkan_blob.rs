@@ -12,33 +12,13 @@ use std::sync::Arc;
 
 /// Every fixture program with at least one `VulkanBackend` delegate, with those blobs.
 fn vulkan_fixtures() -> Vec<(PathBuf, Program, Vec<Blob>)> {
-    let mut paths: Vec<_> = std::fs::read_dir(common::fixtures())
-        .expect("fixtures dir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "pte"))
-        .collect();
-    paths.sort();
-    let mut out = Vec::new();
-    for path in paths {
-        let program =
-            Program::open(&path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let blobs: Vec<Blob> = program
-            .plans
-            .iter()
-            .flat_map(|p| &p.delegates)
-            .filter(|d| d.id == vulkan::BACKEND_ID)
-            .map(|d| d.data.clone())
-            .collect();
-        if !blobs.is_empty() {
-            out.push((path, program, blobs));
-        }
-    }
-    assert!(
-        !out.is_empty(),
-        "no VulkanBackend fixture in {}",
-        common::fixtures().display()
-    );
-    out
+    common::delegate_fixtures(vulkan::BACKEND_ID)
+        .into_iter()
+        .map(|(path, program, blobs)| {
+            let blobs = blobs.into_iter().map(|(_, _, b)| b).collect();
+            (path, program, blobs)
+        })
+        .collect()
 }
 
 /// The single Vulkan graph of fixture `name`, or `None` (with a note) when the file is absent.

@@ -5,13 +5,8 @@ mod common;
 
 use pteria::pte::Program;
 use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
-use pteria::runtime::{HostTensor, Method, Output};
+use pteria::runtime::{HostTensor, Method};
 use serde_json::Value;
-
-fn manifest() -> Value {
-    let text = std::fs::read_to_string(common::fixtures().join("manifest.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
 
 /// Worst per-call rel-L2 of one program against its golden.
 fn worst_rel_l2(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<f64, String> {
@@ -26,53 +21,24 @@ fn worst_rel_l2(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<f64, 
             method.whole_note().unwrap_or("?")
         ));
     }
-    let (shape, golden) =
-        common::read_npy(&common::fixtures().join(entry["golden"].as_str().unwrap()));
-    let vocab = shape[1];
-    let mut worst = 0f64;
-    for (i, c) in m["inputs"]["calls"].as_array().unwrap().iter().enumerate() {
-        let toks: Vec<i64> = c["tokens"][0]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_i64().unwrap())
-            .collect();
-        let pos: Vec<i64> = c["input_pos"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_i64().unwrap())
-            .collect();
-        let out = method
-            .execute(&[
-                HostTensor::from_i64(&[1, toks.len()], &toks),
-                HostTensor::from_i64(&[pos.len()], &pos),
-            ])
-            .map_err(|e| format!("{file} call {i}: {e}"))?;
-        let Output::Tensor(t) = &out[0] else {
-            return Err("no tensor output".into());
-        };
-        let e = common::rel_l2(&t.to_f32().unwrap(), &golden[i * vocab..(i + 1) * vocab]);
-        worst = worst.max(e);
+    let errs =
+        common::golden_rel_l2_per_call(&mut method, entry, m).map_err(|e| format!("{file} {e}"))?;
+    // `f64::max` skips NaN; a NaN call must fail.
+    if let Some(i) = errs.iter().position(|e| e.is_nan()) {
+        return Err(format!("{file} call {i}: NaN logits"));
     }
-    Ok(worst)
+    Ok(errs.into_iter().fold(0f64, f64::max))
 }
 
 fn vulkan_entries(m: &Value) -> Vec<Value> {
-    let v: Vec<Value> = m["programs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["backend"] == "vulkan")
-        .cloned()
-        .collect();
+    let v = common::manifest_programs(m, "vulkan");
     assert!(v.len() >= 2, "expected the fp32 and 8da4w Vulkan fixtures");
     v
 }
 
 #[test]
 fn vulkan_fixtures_match_goldens_on_the_cpu_executor() {
-    let m = manifest();
+    let m = common::manifest();
     for e in vulkan_entries(&m) {
         let tol = e["tolerance_rel_l2_per_call"].as_f64().unwrap();
         let worst = worst_rel_l2(&e, &m, cpu_executor()).unwrap_or_else(|err| panic!("{err}"));
@@ -90,7 +56,7 @@ fn vulkan_fixtures_match_goldens_on_the_gpu_executor() {
         return;
     };
     println!("adapter: {:?}", ctx.adapter());
-    let m = manifest();
+    let m = common::manifest();
     for e in vulkan_entries(&m) {
         let tol = e["tolerance_rel_l2_per_call"].as_f64().unwrap();
         let worst =

@@ -9,7 +9,6 @@ use pteria::frontend::xnnpack::{
 use pteria::pte::{Blob, Bytes, NamedData, Program};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 /// One fixture program and its XNNPACK delegates as (method, delegate index, blob).
@@ -21,34 +20,14 @@ struct Fixture {
 
 /// Every fixture program with at least one `XnnpackBackend` delegate, sorted by file name.
 fn fixtures() -> Vec<Fixture> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(common::fixtures())
-        .expect("fixtures dir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "pte"))
-        .collect();
-    paths.sort();
-    let mut out = Vec::new();
-    for path in paths {
-        let program =
-            Program::open(&path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let mut blobs = Vec::new();
-        for plan in &program.plans {
-            for (i, d) in plan.delegates.iter().enumerate() {
-                if d.id == xnnpack::BACKEND_ID {
-                    blobs.push((plan.name.clone(), i, d.data.clone()));
-                }
-            }
-        }
-        if !blobs.is_empty() {
-            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-            out.push(Fixture {
-                name,
-                program,
-                blobs,
-            });
-        }
-    }
-    out
+    common::delegate_fixtures(xnnpack::BACKEND_ID)
+        .into_iter()
+        .map(|(path, program, blobs)| Fixture {
+            name: path.file_stem().unwrap().to_string_lossy().into_owned(),
+            program,
+            blobs,
+        })
+        .collect()
 }
 
 fn parse_all(f: &Fixture) -> Vec<XnnGraph> {

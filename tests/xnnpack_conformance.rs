@@ -7,51 +7,8 @@ mod common;
 
 use pteria::pte::Program;
 use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
-use pteria::runtime::{BackendRegistry, HostTensor, Method, Output};
+use pteria::runtime::{BackendRegistry, Method};
 use serde_json::Value;
-
-fn manifest() -> Value {
-    let text =
-        std::fs::read_to_string(common::fixtures().join("manifest.json")).expect("manifest.json");
-    serde_json::from_str(&text).expect("manifest is JSON")
-}
-
-fn programs(m: &Value) -> Vec<Value> {
-    match &m["programs"] {
-        Value::Array(a) => a.clone(),
-        Value::Object(o) => o.values().cloned().collect(),
-        _ => panic!("manifest has no programs"),
-    }
-}
-
-fn ints(v: &Value) -> Vec<i64> {
-    v.as_array()
-        .expect("an array of integers")
-        .iter()
-        .map(|x| x.as_i64().expect("an integer"))
-        .collect()
-}
-
-/// Runs the manifest's calls on `forward` in order; returns each call's flattened logits.
-fn run_calls(method: &mut Method, m: &Value) -> Result<Vec<Vec<f32>>, String> {
-    let calls = m["inputs"]["calls"].as_array().expect("calls");
-    let mut outs = Vec::new();
-    for (i, c) in calls.iter().enumerate() {
-        let toks = ints(&c["tokens"][0]);
-        let pos = ints(&c["input_pos"]);
-        let out = method
-            .execute(&[
-                HostTensor::from_i64(&[1, toks.len()], &toks),
-                HostTensor::from_i64(&[pos.len()], &pos),
-            ])
-            .map_err(|e| format!("call {i}: {e}"))?;
-        match &out[0] {
-            Output::Tensor(t) => outs.push(t.to_f32().map_err(|e| e.to_string())?),
-            o => return Err(format!("call {i}: unexpected output {o:?}")),
-        }
-    }
-    Ok(outs)
-}
 
 /// Runs one program with the IR backends; returns the rel-L2 of every call against its golden.
 fn rel_l2_per_call(
@@ -62,30 +19,12 @@ fn rel_l2_per_call(
     let file = entry["file"].as_str().expect("file");
     let program = Program::open(&common::fixtures().join(file), &[]).map_err(|e| e.to_string())?;
     let mut method = Method::load(&program, "forward", backends).map_err(|e| e.to_string())?;
-    let got = run_calls(&mut method, m)?;
-    let golden = entry["golden"].as_str().expect("golden");
-    let (shape, golden) = common::read_npy(&common::fixtures().join(golden));
-    let vocab = shape[1];
-    if shape[0] != got.len() {
-        return Err(format!(
-            "{} calls but the golden has {} rows",
-            got.len(),
-            shape[0]
-        ));
-    }
-    Ok(got
-        .iter()
-        .enumerate()
-        .map(|(i, g)| common::rel_l2(g, &golden[i * vocab..(i + 1) * vocab]))
-        .collect())
+    common::golden_rel_l2_per_call(&mut method, entry, m)
 }
 
 fn check_all(device: &str, make: ExecutorFactory) {
-    let m = manifest();
-    let entries: Vec<Value> = programs(&m)
-        .into_iter()
-        .filter(|e| e["backend"] == "xnnpack")
-        .collect();
+    let m = common::manifest();
+    let entries = common::manifest_programs(&m, "xnnpack");
     assert!(
         !entries.is_empty(),
         "the manifest lists no xnnpack programs"

@@ -9,6 +9,49 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// Every `.pte` directly in tests/fixtures, sorted by name.
+pub fn fixture_programs() -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(fixtures())
+        .expect("fixtures dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "pte"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// One delegate's blob with where it sits: (method, delegate index, blob).
+pub type DelegateBlob = (String, usize, pteria::pte::Blob);
+
+/// Every fixture program with at least one delegate of `backend_id`, sorted by file name, with
+/// those delegates' blobs in method and delegate order.
+pub fn delegate_fixtures(
+    backend_id: &str,
+) -> Vec<(PathBuf, pteria::pte::Program, Vec<DelegateBlob>)> {
+    let mut out = Vec::new();
+    for path in fixture_programs() {
+        let program = pteria::pte::Program::open(&path, &[])
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut blobs = Vec::new();
+        for plan in &program.plans {
+            for (i, d) in plan.delegates.iter().enumerate() {
+                if d.id == backend_id {
+                    blobs.push((plan.name.clone(), i, d.data.clone()));
+                }
+            }
+        }
+        if !blobs.is_empty() {
+            out.push((path, program, blobs));
+        }
+    }
+    assert!(
+        !out.is_empty(),
+        "no {backend_id} fixture in {}",
+        fixtures().display()
+    );
+    out
+}
+
 /// A float32 or int64 little-endian C-order `.npy` array: (shape, values as f64).
 pub fn read_npy(path: &Path) -> (Vec<usize>, Vec<f64>) {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -74,4 +117,72 @@ pub fn gpu_context() -> Option<std::sync::Arc<pteria::gpu::Context>> {
              mesa-vulkan-drivers) or set PTERIA_NO_GPU_TESTS=1 to skip them"
         ),
     }
+}
+
+/// tests/fixtures/manifest.json: the fixture programs, their goldens, and the calls (tokens and
+/// input positions) the goldens were made from.
+pub fn manifest() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixtures().join("manifest.json")).expect("manifest.json");
+    serde_json::from_str(&text).expect("manifest is JSON")
+}
+
+/// Every program entry of the manifest.
+pub fn manifest_entries(m: &serde_json::Value) -> Vec<serde_json::Value> {
+    match &m["programs"] {
+        serde_json::Value::Array(a) => a.clone(),
+        serde_json::Value::Object(o) => o.values().cloned().collect(),
+        _ => panic!("manifest has no programs"),
+    }
+}
+
+/// The manifest's program entries exported for `backend` (`portable`, `xnnpack`, `vulkan`, `mlx`).
+pub fn manifest_programs(m: &serde_json::Value, backend: &str) -> Vec<serde_json::Value> {
+    let mut v = manifest_entries(m);
+    v.retain(|e| e["backend"] == backend);
+    v
+}
+
+pub fn ints(v: &serde_json::Value) -> Vec<i64> {
+    v.as_array()
+        .expect("an array of integers")
+        .iter()
+        .map(|x| x.as_i64().expect("an integer"))
+        .collect()
+}
+
+/// Runs the manifest's calls on `method` in order (the KV cache carries from one to the next) and
+/// returns the rel-L2 of each call's logits against its row of `entry`'s golden.
+pub fn golden_rel_l2_per_call(
+    method: &mut pteria::runtime::Method,
+    entry: &serde_json::Value,
+    m: &serde_json::Value,
+) -> Result<Vec<f64>, String> {
+    use pteria::runtime::{HostTensor, Output};
+    let golden = entry["golden"].as_str().expect("golden");
+    let (shape, golden) = read_npy(&fixtures().join(golden));
+    let vocab = shape[1];
+    let calls = m["inputs"]["calls"].as_array().expect("calls");
+    if shape[0] != calls.len() {
+        return Err(format!(
+            "{} calls but the golden has {} rows",
+            calls.len(),
+            shape[0]
+        ));
+    }
+    let mut errs = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        let (toks, pos) = (ints(&c["tokens"][0]), ints(&c["input_pos"]));
+        let out = method
+            .execute(&[
+                HostTensor::from_i64(&[1, toks.len()], &toks),
+                HostTensor::from_i64(&[pos.len()], &pos),
+            ])
+            .map_err(|e| format!("call {i}: {e}"))?;
+        let Output::Tensor(t) = &out[0] else {
+            return Err(format!("call {i}: output {:?} is not a tensor", out[0]));
+        };
+        let got = t.to_f32().map_err(|e| format!("call {i}: {e}"))?;
+        errs.push(rel_l2(&got, &golden[i * vocab..(i + 1) * vocab]));
+    }
+    Ok(errs)
 }
