@@ -593,10 +593,21 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
             if rows == 0 {
                 return Ok(Vec::new());
             }
+            // About one element (or 16-byte word) per invocation: a row's latency is the cost.
+            let vec4 = d % 4 == 0;
+            let units = if vec4 { d / 4 } else { d };
+            let wg = units
+                .next_power_of_two()
+                .clamp(32, (env.max_invocations as usize).clamp(32, 1024));
+            let lanes = env.subgroup.map_or(1, |s| wg.min(s as usize));
             vec![step(
                 "rms_norm",
-                "main",
-                vec![("HAS_W", b(has_w))],
+                if vec4 { "main4" } else { "main" },
+                vec![
+                    ("HAS_W", b(has_w)),
+                    ("WG", wg as f64),
+                    ("SG_LANES", lanes as f64),
+                ],
                 P::default().u(rows).u(d).f(*eps),
                 Res::Tensor(out),
                 vec![Res::Tensor(x), w],
