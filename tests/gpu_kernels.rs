@@ -1214,6 +1214,52 @@ fn layout_ops_match_cpu() {
 
 /// One attention layer's decode path: k/v written into State caches at `start`, then attention
 /// over the first `start + S` rows. Returns the graph and its caches.
+/// Per-layer copies of one RoPE table chain (cast, reshape, mul by equal frequency constants,
+/// concat, cos) and a cache read after each layer's write: deduplicating the constants and
+/// merging the common ops leaves one chain, and the GPU gives the same bytes as without.
+#[test]
+fn merged_common_ops_give_the_same_results_on_the_gpu() {
+    let Some(ctx) = ctx() else { return };
+    let (s, h) = (3usize, 5usize);
+    let mut t = T::default();
+    let pos = t.input_i(&[s], &[9, 10, 11]);
+    let mut rng = Rng::new(21);
+    let x = t.input_f(&[s, 2 * h], &rng.floats(s * 2 * h, 1.0));
+    let cache =
+        t.g.add_tensor("cache", DType::F32, vec![s, 2 * h], Role::State(None));
+    let freq: Vec<f32> = (0..h).map(|k| 0.7f32.powi(k as i32)).collect();
+    let mut run = x;
+    for _ in 0..3 {
+        let f = t.const_f(&[h], &freq);
+        let c = t.op(OpKind::Cast, vec![pos], DType::F32, &[s]);
+        let shape = vec![Int::Lit(s as i64), Int::Lit(1)];
+        let r = t.op(OpKind::Reshape { shape }, vec![c], DType::F32, &[s, 1]);
+        let m = t.op(OpKind::Binary(BinaryOp::Mul), vec![r, f], DType::F32, &[s, h]);
+        let cat = t.op(OpKind::Concat { dim: 1 }, vec![m, m], DType::F32, &[s, 2 * h]);
+        let cos = t.op(OpKind::Unary(UnaryOp::Cos), vec![cat], DType::F32, &[s, 2 * h]);
+        run = t.op(OpKind::Binary(BinaryOp::Mul), vec![run, cos], DType::F32, &[s, 2 * h]);
+        let update = OpKind::CacheUpdate {
+            axis: 0,
+            start: Int::Lit(0),
+        };
+        t.op(update, vec![cache, run], DType::F32, &[s, 2 * h]);
+        let back = t.op(OpKind::Unary(UnaryOp::Neg), vec![cache], DType::F32, &[s, 2 * h]);
+        t.out(back);
+    }
+    t.out(run);
+    let mut merged = t.g.clone();
+    assert_eq!(pteria::ir::passes::dedupe_constants(&mut merged), 2);
+    assert_eq!(pteria::ir::passes::merge_common_ops(&mut merged), 10);
+    let vals = values(&t.inputs);
+    let want = check_on(ctx.clone(), "common ops, unmerged", &t, TOL, 1e-3).run(&vals);
+    let mut gpu = GpuExecutor::new(ctx, merged).unwrap();
+    let got = gpu.run(&vals).unwrap();
+    let want = want.unwrap();
+    for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(a.data, b.data, "output {k}");
+    }
+}
+
 fn decode_graph(layout: AttnLayout, cache: usize, h: usize, d: usize, s_max: usize) -> T {
     let mut t = T::default();
     let xs = attn_shape(layout, 1, s_max, h, d);

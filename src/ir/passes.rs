@@ -461,12 +461,148 @@ pub fn unexpand_matmul_operands(g: &mut Graph) -> usize {
     n
 }
 
+/// Constants larger than this are not compared by `dedupe_constants` (an attention mask table
+/// of 1024 x 1024 f32 is 4 MiB).
+const DEDUPE_MAX_BYTES: usize = 4 << 20;
+
+/// Constants of one dtype, shape and content become one tensor, so that ops computing the same
+/// thing from them can merge (`merge_common_ops`): exports repeat small tables per layer (RoPE
+/// frequencies, attention masks). Weights that linears and embeddings read are left alone: they
+/// are distinct in any real model and large to compare.
+pub fn dedupe_constants(g: &mut Graph) -> usize {
+    let mut weights = vec![false; g.tensors.len()];
+    for o in g.ops() {
+        let w: &[TensorId] = match &o.kind {
+            OpKind::Linear { .. } => o.inputs.get(1..).unwrap_or(&[]),
+            OpKind::Embedding { weight } => &o.inputs[..weight.tensor_count().min(o.inputs.len())],
+            _ => &[],
+        };
+        for &t in w {
+            weights[t] = true;
+        }
+    }
+    // (dtype, shape) -> representatives; a candidate is compared byte for byte with each.
+    let mut reps: std::collections::HashMap<(DType, Vec<usize>), Vec<TensorId>> =
+        Default::default();
+    let mut renames = Vec::new();
+    for (t, def) in g.tensors.iter().enumerate() {
+        let Role::Constant(blob) = &def.role else {
+            continue;
+        };
+        let n = def.max_bytes();
+        if weights[t] || n > DEDUPE_MAX_BYTES || blob.len() < n {
+            continue;
+        }
+        let list = reps.entry((def.dtype, def.max_shape.clone())).or_default();
+        let same = list.iter().copied().find(|&r| match &g.tensors[r].role {
+            Role::Constant(b) => b[..n] == blob[..n],
+            _ => false,
+        });
+        match same {
+            Some(r) => renames.push((t, r)),
+            None => list.push(t),
+        }
+    }
+    for &(from, to) in &renames {
+        rename(g, from, to);
+        for o in g.outputs.iter_mut().filter(|o| **o == from) {
+            *o = to;
+        }
+    }
+    renames.len()
+}
+
+/// An op that computes what an earlier op computed — the same kind on the same inputs, none of
+/// which may change in between — is dropped and its readers read the earlier result. Exports
+/// recompute per layer what only depends on the positions (RoPE cos/sin, the attention mask):
+/// once deduplicated constants make those chains identical, each runs once per call.
+pub fn merge_common_ops(g: &mut Graph) -> usize {
+    // Storage a later op may overwrite: states, what cache updates write in place, and views
+    // (reshapes) of those. Ops reading them are not merged.
+    let mut mutable: Vec<bool> = g
+        .tensors
+        .iter()
+        .map(|t| matches!(t.role, Role::State(_)))
+        .collect();
+    // A symbol written more than once would make equal attributes differ in value.
+    let mut sym_writes = vec![0usize; g.sym_names.len()];
+    for n in &g.nodes {
+        match n {
+            Node::Op(o) => match o.kind {
+                OpKind::CacheUpdate { .. } => {
+                    for &t in o.inputs.iter().take(1).chain(&o.outputs) {
+                        mutable[t] = true;
+                    }
+                }
+                OpKind::Reshape { .. } if mutable[o.inputs[0]] => mutable[o.outputs[0]] = true,
+                _ => {}
+            },
+            Node::Sym(
+                SymOp::Size { out, .. } | SymOp::ReadInput { out, .. } | SymOp::Arith { out, .. },
+            ) => sym_writes[*out] += 1,
+        }
+    }
+    let mut repl: Vec<TensorId> = (0..g.tensors.len()).collect();
+    let mut seen: std::collections::HashMap<(String, Vec<TensorId>), Vec<TensorId>> =
+        Default::default();
+    let mut dropped = vec![false; g.nodes.len()];
+    for i in 0..g.nodes.len() {
+        match &mut g.nodes[i] {
+            Node::Op(o) => o.inputs.iter_mut().for_each(|t| *t = repl[*t]),
+            Node::Sym(SymOp::Size { tensor, .. }) => *tensor = repl[*tensor],
+            Node::Sym(_) => {}
+        }
+        let Node::Op(o) = &g.nodes[i] else { continue };
+        let syms = std::cell::RefCell::new(Vec::new());
+        o.kind.clone().map_syms(|s| {
+            syms.borrow_mut().push(s);
+            s
+        });
+        let syms = syms.into_inner();
+        let eligible = !matches!(o.kind, OpKind::CacheUpdate { .. })
+            && !o.inputs.iter().any(|&t| mutable[t])
+            && syms.iter().all(|&s| sym_writes[s] <= 1)
+            && o.outputs.iter().all(|&t| {
+                matches!(g.tensors[t].role, Role::Activation)
+                    && !mutable[t]
+                    && !g.outputs.contains(&t)
+            });
+        if !eligible {
+            continue;
+        }
+        let key = (format!("{:?}", o.kind), o.inputs.clone());
+        match seen.get(&key) {
+            Some(prev)
+                if prev.len() == o.outputs.len()
+                    && prev.iter().zip(&o.outputs).all(|(&a, &b)| {
+                        let (a, b) = (&g.tensors[a], &g.tensors[b]);
+                        a.dtype == b.dtype && a.max_shape == b.max_shape
+                    }) =>
+            {
+                for (&a, &b) in prev.iter().zip(&o.outputs) {
+                    repl[b] = a;
+                }
+                dropped[i] = true;
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(key, o.outputs.clone());
+            }
+        }
+    }
+    let mut k = dropped.iter();
+    g.nodes.retain(|_| !k.next().copied().unwrap_or(false));
+    dropped.iter().filter(|&&d| d).count()
+}
+
 /// The default pipeline run at load; returns (pass name, rewrites) pairs for `inspect`.
 pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![
         ("fold_permutes", fold_permutes(g)),
         ("drop_noop_copies", drop_noop_copies(g)),
         ("fuse_rms_norm", fuse_rms_norm(g)),
+        ("dedupe_constants", dedupe_constants(g)),
+        ("merge_common_ops", merge_common_ops(g)),
         ("unexpand_matmul_operands", unexpand_matmul_operands(g)),
         ("eliminate_dead", eliminate_dead(g)),
     ]
@@ -689,6 +825,113 @@ mod tests {
         let want = run(g.clone(), &xs, &[4, 2]);
         assert_eq!(drop_noop_copies(&mut g), 0);
         assert_eq!(run(g, &xs, &[4, 2]), want);
+    }
+
+    /// Three "layers", each computing cos(concat(pos * freq, pos * freq)) from its own copy of
+    /// the frequencies (layers 0 and 1 equal, layer 2 different), scaling a running product by
+    /// it, writing that into a cache and reading the cache back: the tables of layers 0 and 1
+    /// are one computation, the cache reads are not (the cache changes in between).
+    fn repeated_tables() -> Graph {
+        let (s, h) = (3usize, 4usize);
+        let (f, i) = (DType::F32, DType::I64);
+        let mut g = Graph::default();
+        let pos = g.add_tensor("pos", i, vec![s], Role::Input(0));
+        let x = g.add_tensor("x", f, vec![s, 2 * h], Role::Input(1));
+        g.inputs = vec![Io::Tensor(pos), Io::Tensor(x)];
+        let cache = g.add_tensor("cache", f, vec![s, 2 * h], Role::State(None));
+        let t = |g: &mut Graph, dtype, shape: &[usize]| {
+            let n = g.tensors.len();
+            g.add_tensor(format!("t{n}"), dtype, shape.to_vec(), Role::Activation)
+        };
+        let mut run = x;
+        for (l, base) in [0.5f32, 0.5, 0.25].into_iter().enumerate() {
+            let freq: Vec<f32> = (0..h).map(|k| base.powi(k as i32)).collect();
+            let freq = g.add_tensor(format!("freq{l}"), f, vec![h], constant(&freq));
+            let c = t(&mut g, f, &[s]);
+            g.op(OpKind::Cast, vec![pos], vec![c]);
+            let r = t(&mut g, f, &[s, 1]);
+            let shape = vec![Int::Lit(s as i64), Int::Lit(1)];
+            g.op(OpKind::Reshape { shape }, vec![c], vec![r]);
+            let m = t(&mut g, f, &[s, h]);
+            g.op(OpKind::Binary(BinaryOp::Mul), vec![r, freq], vec![m]);
+            let cat = t(&mut g, f, &[s, 2 * h]);
+            g.op(OpKind::Concat { dim: 1 }, vec![m, m], vec![cat]);
+            let cos = t(&mut g, f, &[s, 2 * h]);
+            g.op(OpKind::Unary(UnaryOp::Cos), vec![cat], vec![cos]);
+            let next = t(&mut g, f, &[s, 2 * h]);
+            g.op(OpKind::Binary(BinaryOp::Mul), vec![run, cos], vec![next]);
+            run = next;
+            let u = t(&mut g, f, &[s, 2 * h]);
+            let kind = OpKind::CacheUpdate {
+                axis: 0,
+                start: Int::Lit(0),
+            };
+            g.op(kind, vec![cache, run], vec![u]);
+            let back = t(&mut g, f, &[s, 2 * h]);
+            g.op(OpKind::Unary(UnaryOp::Neg), vec![cache], vec![back]);
+            g.outputs.push(back);
+        }
+        g.outputs.push(run);
+        g
+    }
+
+    fn repeated_tables_inputs() -> (Vec<u8>, Vec<u8>) {
+        let pos: Vec<u8> = [5i64, 6, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let x: Vec<u8> = (0..24)
+            .flat_map(|k| (k as f32 * 0.3 - 2.0).to_le_bytes())
+            .collect();
+        (pos, x)
+    }
+
+    #[test]
+    fn repeated_table_chains_run_once_with_the_same_results() {
+        let g = repeated_tables();
+        let mut merged = g.clone();
+        assert_eq!(dedupe_constants(&mut merged), 1, "freq1 is freq0");
+        // Layer 1's cast, reshape, mul, concat and cos, layer 2's cast and reshape; not the
+        // cache reads, nor layer 2's mul by its own frequencies.
+        assert_eq!(merge_common_ops(&mut merged), 7);
+        let count = |g: &Graph, label: &str| g.ops().filter(|o| o.kind.label() == label).count();
+        assert_eq!(count(&merged, "elementwise[cos]"), 2);
+        assert_eq!(count(&merged, "elementwise[neg]"), 3);
+        let (pos, x) = repeated_tables_inputs();
+        let outs = |g: Graph| {
+            let mut e = CpuExecutor::new(g).unwrap();
+            let ins = [
+                InputValue::Tensor {
+                    shape: vec![3],
+                    data: &pos,
+                },
+                InputValue::Tensor {
+                    shape: vec![3, 8],
+                    data: &x,
+                },
+            ];
+            e.run(&ins)
+                .unwrap()
+                .into_iter()
+                .map(|t| t.data)
+                .collect::<Vec<_>>()
+        };
+        let want = outs(g);
+        assert_ne!(want[0], want[1], "the cache reads differ");
+        assert_eq!(outs(merged), want);
+    }
+
+    #[test]
+    fn ops_reading_a_cache_or_a_graph_output_are_not_merged() {
+        let mut g = repeated_tables();
+        // Make layer 1's cos a graph output: it keeps its own tensor.
+        let cos1 = g
+            .ops()
+            .filter(|o| o.kind == OpKind::Unary(UnaryOp::Cos))
+            .nth(1)
+            .unwrap()
+            .outputs[0];
+        g.outputs.push(cos1);
+        dedupe_constants(&mut g);
+        assert_eq!(merge_common_ops(&mut g), 6);
+        assert!(g.ops().any(|o| o.outputs == [cos1]));
     }
 
     /// Decode attention over one KV head repeated for 4 query heads, as the Vulkan export
