@@ -9,8 +9,8 @@
 use pteria::gpu::{Context, ContextOptions, GpuError, GpuExecutor};
 use pteria::ir::cpu::CpuExecutor;
 use pteria::ir::{
-    AttnLayout, BinaryOp, DType, Graph, InputValue, Int, Io, OpKind, Role, RopeStyle, TensorId,
-    UnaryOp, Weight,
+    AttnLayout, BinaryOp, DType, Graph, InputValue, Int, Io, Node, OpKind, Role, RopeStyle, SymOp,
+    TensorId, UnaryOp, Weight,
 };
 use pteria::pte::{Blob, Bytes};
 use pteria::runtime::HostTensor;
@@ -1257,6 +1257,67 @@ fn merged_common_ops_give_the_same_results_on_the_gpu() {
     let want = want.unwrap();
     for (k, (a, b)) in got.iter().zip(&want).enumerate() {
         assert_eq!(a.data, b.data, "output {k}");
+    }
+}
+
+/// RoPE as the Vulkan export decomposes it (cos/sin of concat(pos * freq, pos * freq), then
+/// `x * cos + concat(-x[.., h:], x[.., :h]) * sin`), at a dynamic sequence length below its
+/// bound: fused into one `Rope` it matches the CPU as the unfused chain does.
+#[test]
+fn fused_rotate_half_matches_the_unfused_chain_on_the_gpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(22);
+    for (heads, d) in [(8usize, 256usize), (1, 512), (3, 6)] {
+        let (s_max, s) = (5usize, 3usize);
+        let h = d / 2;
+        let mut t = T::default();
+        let pos = t.input(DType::I64, &[s_max], &[s], i64_bytes(&[7, 8, 300]));
+        let xv = rng.floats(heads * s * d, 2.0);
+        let x = t.input(DType::F32, &[1, heads, s_max, d], &[1, heads, s, d], f32_bytes(&xv));
+        let len = t.g.add_sym("S");
+        t.g.nodes.push(Node::Sym(SymOp::Size {
+            out: len,
+            tensor: pos,
+            dim: 0,
+        }));
+        let (sl, l) = (Int::Sym(len), Int::Lit(1));
+        let freq: Vec<f32> = (0..h).map(|k| 0.9f32.powi(k as i32)).collect();
+        let freq = t.const_f(&[h], &freq);
+        let c = t.op(OpKind::Cast, vec![pos], DType::F32, &[s_max]);
+        let shape = vec![sl, l];
+        let r = t.op(OpKind::Reshape { shape }, vec![c], DType::F32, &[s_max, 1]);
+        let m = t.op(OpKind::Binary(BinaryOp::Mul), vec![r, freq], DType::F32, &[s_max, h]);
+        let cat = t.op(OpKind::Concat { dim: 1 }, vec![m, m], DType::F32, &[s_max, d]);
+        let mut tables = Vec::new();
+        for u in [UnaryOp::Cos, UnaryOp::Sin] {
+            let v = t.op(OpKind::Unary(u), vec![cat], DType::F32, &[s_max, d]);
+            let shape = vec![l, l, sl, Int::Lit(d as i64)];
+            tables.push(t.op(OpKind::Reshape { shape }, vec![v], DType::F32, &[1, 1, s_max, d]));
+        }
+        let (xs, hs) = ([1, heads, s_max, d], [1, heads, s_max, h]);
+        let xc = t.op(OpKind::Binary(BinaryOp::Mul), vec![tables[0], x], DType::F32, &xs);
+        let slice = |t: &mut T, a: usize, b: i64| {
+            let kind = OpKind::Slice {
+                dim: 3,
+                start: Int::Lit(a as i64),
+                end: Int::Lit(b),
+                step: 1,
+            };
+            t.op(kind, vec![x], DType::F32, &hs)
+        };
+        let lo = slice(&mut t, 0, h as i64);
+        let hi = slice(&mut t, h, i64::MAX);
+        let neg = t.op(OpKind::Unary(UnaryOp::Neg), vec![hi], DType::F32, &hs);
+        let rot = t.op(OpKind::Concat { dim: 3 }, vec![neg, lo], DType::F32, &xs);
+        let rs = t.op(OpKind::Binary(BinaryOp::Mul), vec![rot, tables[1]], DType::F32, &xs);
+        let out = t.op(OpKind::Binary(BinaryOp::Add), vec![xc, rs], DType::F32, &xs);
+        t.out(out);
+        let what = format!("rotate-half rope {heads}x{d}");
+        check(&format!("{what}, unfused"), &t, TOL, 1e-3);
+        assert_eq!(pteria::ir::passes::fuse_rotate_half(&mut t.g), 1, "{what}");
+        pteria::ir::passes::eliminate_dead(&mut t.g);
+        assert_eq!(t.g.ops().filter(|o| o.kind.name() == "layout").count(), 0);
+        check(&format!("{what}, fused"), &t, TOL, 1e-3);
     }
 }
 

@@ -179,6 +179,173 @@ fn absorb_norm_weight(g: &mut Graph) -> usize {
     n
 }
 
+/// Follows reshapes back from `t` to the tensor they view.
+fn through_reshapes(g: &Graph, prod: &[Option<usize>], mut t: TensorId) -> TensorId {
+    while let Some(p) = prod[t] {
+        let o = op_at(g, p);
+        if !matches!(o.kind, OpKind::Reshape { .. }) {
+            break;
+        }
+        t = o.inputs[0];
+    }
+    t
+}
+
+/// If `t` is `f(concat(m, m))` over the last dim with `f` = `unary` (through reshapes), `m`.
+fn doubled_table(g: &Graph, prod: &[Option<usize>], t: TensorId, unary: UnaryOp) -> Option<TensorId> {
+    let f = op_at(g, prod[through_reshapes(g, prod, t)]?);
+    if f.kind != OpKind::Unary(unary) {
+        return None;
+    }
+    let cat = op_at(g, prod[f.inputs[0]]?);
+    let rank = g.tensors[cat.outputs[0]].max_shape.len();
+    match (&cat.kind, cat.inputs.as_slice()) {
+        (OpKind::Concat { dim }, &[a, b]) if a == b && *dim + 1 == rank => Some(a),
+        _ => None,
+    }
+}
+
+/// The rotate-half RoPE as exports decompose it, `x * cos + concat(-x[.., h:], x[.., :h]) * sin`
+/// with `cos`/`sin` = `cos`/`sin` of `concat(m, m)` for a table `m` of `[S, h]` (one row per
+/// position of this call) broadcast over the heads, becomes one `Rope` over the tables `cos(m)`,
+/// `sin(m)` from position 0: eight dispatches per rotated tensor become one.
+pub fn fuse_rotate_half(g: &mut Graph) -> usize {
+    let mut n = 0;
+    loop {
+        let uses = use_counts(g);
+        let prod = producers(g);
+        let once = |t: TensorId| uses[t] == 1 && matches!(g.tensors[t].role, Role::Activation);
+        let mut found = None;
+        'search: for (i, node) in g.nodes.iter().enumerate() {
+            let Node::Op(add) = node else { continue };
+            if add.kind != OpKind::Binary(BinaryOp::Add) {
+                continue;
+            }
+            for (ci, si) in [(0, 1), (1, 0)] {
+                let (Some(pc), Some(ps)) = (prod[add.inputs[ci]], prod[add.inputs[si]]) else {
+                    continue;
+                };
+                let (mc, ms) = (op_at(g, pc), op_at(g, ps));
+                if mc.kind != OpKind::Binary(BinaryOp::Mul)
+                    || ms.kind != OpKind::Binary(BinaryOp::Mul)
+                    || !once(mc.outputs[0])
+                    || !once(ms.outputs[0])
+                {
+                    continue;
+                }
+                for (xa, ca) in [(0, 1), (1, 0)] {
+                    let (x, cos) = (mc.inputs[xa], mc.inputs[ca]);
+                    let xs = &g.tensors[x].max_shape;
+                    let r = xs.len();
+                    if r < 2 || xs[r - 1] % 2 != 0 || g.tensors[x].dtype != DType::F32 {
+                        continue;
+                    }
+                    let (d, h) = (xs[r - 1], xs[r - 1] / 2);
+                    // cos and sin: [1, .., 1, S, D] views of tables of [S, h].
+                    let table_view = |t: TensorId| {
+                        let s = &g.tensors[t].max_shape;
+                        s.len() >= 2
+                            && s.len() <= r
+                            && s[..s.len() - 2].iter().all(|&v| v == 1)
+                            && s[s.len() - 2..] == xs[r - 2..]
+                    };
+                    let Some(m) = doubled_table(g, &prod, cos, UnaryOp::Cos) else {
+                        continue;
+                    };
+                    if !table_view(cos) || g.tensors[m].max_shape != [xs[r - 2], h] {
+                        continue;
+                    }
+                    for (ra, sa) in [(0, 1), (1, 0)] {
+                        let (rot, sin) = (ms.inputs[ra], ms.inputs[sa]);
+                        if !table_view(sin)
+                            || doubled_table(g, &prod, sin, UnaryOp::Sin) != Some(m)
+                            || !once(rot)
+                        {
+                            continue;
+                        }
+                        let Some(pcat) = prod[rot] else { continue };
+                        let cat = op_at(g, pcat);
+                        let [neg_t, lo_t] = cat.inputs[..] else {
+                            continue;
+                        };
+                        if cat.kind != (OpKind::Concat { dim: r - 1 }) || !once(neg_t) || !once(lo_t)
+                        {
+                            continue;
+                        }
+                        let (Some(pneg), Some(plo)) = (prod[neg_t], prod[lo_t]) else {
+                            continue;
+                        };
+                        let neg = op_at(g, pneg);
+                        let Some(phi) = prod[neg.inputs[0]] else {
+                            continue;
+                        };
+                        let (lo, hi) = (op_at(g, plo), op_at(g, phi));
+                        let is_slice = |o: &Op, a: i64, b: &dyn Fn(i64) -> bool| match o.kind {
+                            OpKind::Slice {
+                                dim,
+                                start: Int::Lit(s0),
+                                end: Int::Lit(e0),
+                                step: 1,
+                            } => dim == r - 1 && s0 == a && b(e0) && o.inputs[0] == x,
+                            _ => false,
+                        };
+                        if neg.kind != OpKind::Unary(UnaryOp::Neg)
+                            || !once(neg.inputs[0])
+                            || !is_slice(lo, 0, &|e| e == h as i64)
+                            || !is_slice(hi, h as i64, &|e| e >= d as i64)
+                        {
+                            continue;
+                        }
+                        found = Some((i, x, m, r - 2, vec![pc, ps, pcat, pneg, plo, phi]));
+                        break 'search;
+                    }
+                }
+            }
+        }
+        let Some((i, x, m, seq_dim, dead)) = found else {
+            break;
+        };
+        let out = op_at(g, i).outputs[0];
+        let d = g.tensors[x].max_shape[seq_dim + 1];
+        let (ms, name) = (g.tensors[m].max_shape.clone(), g.tensors[m].name.clone());
+        let mut tables = Vec::new();
+        for (u, what) in [(UnaryOp::Cos, "cos"), (UnaryOp::Sin, "sin")] {
+            let t = g.add_tensor(format!("{what} {name}"), DType::F32, ms.clone(), Role::Activation);
+            tables.push((u, t));
+        }
+        let rope = Node::Op(Op {
+            kind: OpKind::Rope {
+                style: RopeStyle::Half,
+                rotary: d,
+                seq_dim,
+                start: Int::Lit(0),
+            },
+            inputs: vec![x, tables[0].1, tables[1].1],
+            outputs: vec![out],
+        });
+        let mut new_nodes: Vec<Node> = tables
+            .iter()
+            .map(|&(u, t)| {
+                Node::Op(Op {
+                    kind: OpKind::Unary(u),
+                    inputs: vec![m],
+                    outputs: vec![t],
+                })
+            })
+            .collect();
+        new_nodes.push(rope);
+        g.nodes.splice(i..=i, new_nodes);
+        let mut dead = dead;
+        dead.sort_unstable_by(|a, b| b.cmp(a));
+        dead.dedup();
+        for k in dead {
+            g.nodes.remove(k);
+        }
+        n += 1;
+    }
+    n
+}
+
 /// Replaces `Copy` ops of activations by their input (a copy the graph never mutates is a no-op).
 pub fn drop_noop_copies(g: &mut Graph) -> usize {
     let mut n = 0;
@@ -601,6 +768,7 @@ pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
         ("fold_permutes", fold_permutes(g)),
         ("drop_noop_copies", drop_noop_copies(g)),
         ("fuse_rms_norm", fuse_rms_norm(g)),
+        ("fuse_rotate_half", fuse_rotate_half(g)),
         ("dedupe_constants", dedupe_constants(g)),
         ("merge_common_ops", merge_common_ops(g)),
         ("unexpand_matmul_operands", unexpand_matmul_operands(g)),
@@ -932,6 +1100,120 @@ mod tests {
         dedupe_constants(&mut g);
         assert_eq!(merge_common_ops(&mut g), 6);
         assert!(g.ops().any(|o| o.outputs == [cos1]));
+    }
+
+    /// RoPE as the Vulkan export leaves it: cos/sin of concat(pos * freq, pos * freq) viewed
+    /// as [1, 1, S, D], then `x * cos + concat(-x[.., h:], x[.., :h]) * sin` for x [1, H, S, D];
+    /// `swap` flips the operands of the commutative ops, `hi` is where the high slice starts.
+    fn rotate_half_graph(heads: usize, swap: bool, hi: i64) -> Graph {
+        let (s, d) = (3usize, 8usize);
+        let h = d / 2;
+        let f = DType::F32;
+        let mut g = Graph::default();
+        let pos = g.add_tensor("pos", DType::I64, vec![s], Role::Input(0));
+        let x = g.add_tensor("x", f, vec![1, heads, s, d], Role::Input(1));
+        g.inputs = vec![Io::Tensor(pos), Io::Tensor(x)];
+        let t = |g: &mut Graph, shape: &[usize]| {
+            let n = g.tensors.len();
+            g.add_tensor(format!("t{n}"), f, shape.to_vec(), Role::Activation)
+        };
+        let lits = |v: &[usize]| v.iter().map(|&k| Int::Lit(k as i64)).collect::<Vec<_>>();
+        let freq: Vec<f32> = (0..h).map(|k| 0.6f32.powi(k as i32)).collect();
+        let freq = g.add_tensor("freq", f, vec![h], constant(&freq));
+        let c = t(&mut g, &[s]);
+        g.op(OpKind::Cast, vec![pos], vec![c]);
+        let r = t(&mut g, &[s, 1]);
+        g.op(OpKind::Reshape { shape: lits(&[s, 1]) }, vec![c], vec![r]);
+        let m = t(&mut g, &[s, h]);
+        g.op(OpKind::Binary(BinaryOp::Mul), vec![r, freq], vec![m]);
+        let cat = t(&mut g, &[s, d]);
+        g.op(OpKind::Concat { dim: 1 }, vec![m, m], vec![cat]);
+        let mut tables = Vec::new();
+        for u in [UnaryOp::Cos, UnaryOp::Sin] {
+            let v = t(&mut g, &[s, d]);
+            g.op(OpKind::Unary(u), vec![cat], vec![v]);
+            let v4 = t(&mut g, &[1, 1, s, d]);
+            let shape = lits(&[1, 1, s, d]);
+            g.op(OpKind::Reshape { shape }, vec![v], vec![v4]);
+            tables.push(v4);
+        }
+        let ord = |a: TensorId, b: TensorId| if swap { vec![b, a] } else { vec![a, b] };
+        let xs = [1, heads, s, d];
+        let hs = [1, heads, s, h];
+        let xc = t(&mut g, &xs);
+        g.op(OpKind::Binary(BinaryOp::Mul), ord(x, tables[0]), vec![xc]);
+        let slice = |g: &mut Graph, a: i64, b: i64| {
+            let o = t(g, &hs);
+            let kind = OpKind::Slice {
+                dim: 3,
+                start: Int::Lit(a),
+                end: Int::Lit(b),
+                step: 1,
+            };
+            g.op(kind, vec![x], vec![o]);
+            o
+        };
+        let lo = slice(&mut g, 0, h as i64);
+        let hi_t = slice(&mut g, hi, i64::MAX);
+        let neg = t(&mut g, &hs);
+        g.op(OpKind::Unary(UnaryOp::Neg), vec![hi_t], vec![neg]);
+        let rot = t(&mut g, &xs);
+        g.op(OpKind::Concat { dim: 3 }, vec![neg, lo], vec![rot]);
+        let rs = t(&mut g, &xs);
+        g.op(OpKind::Binary(BinaryOp::Mul), ord(rot, tables[1]), vec![rs]);
+        let out = t(&mut g, &xs);
+        g.op(OpKind::Binary(BinaryOp::Add), ord(xc, rs), vec![out]);
+        g.outputs = vec![out];
+        g
+    }
+
+    fn run2(g: Graph, heads: usize) -> Vec<u8> {
+        let pos: Vec<u8> = [4i64, 9, 30].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let x: Vec<u8> = (0..heads * 24)
+            .flat_map(|k| ((k as f32 * 0.37).sin() * 2.0).to_le_bytes())
+            .collect();
+        let mut e = CpuExecutor::new(g).unwrap();
+        let ins = [
+            InputValue::Tensor {
+                shape: vec![3],
+                data: &pos,
+            },
+            InputValue::Tensor {
+                shape: vec![1, heads, 3, 8],
+                data: &x,
+            },
+        ];
+        e.run(&ins).unwrap().remove(0).data
+    }
+
+    #[test]
+    fn rotate_half_chains_become_one_rope_with_the_same_result() {
+        for (heads, swap) in [(1, false), (2, true), (3, false)] {
+            let g = rotate_half_graph(heads, swap, 4);
+            let mut fused = g.clone();
+            assert_eq!(fuse_rotate_half(&mut fused), 1, "{heads} heads");
+            eliminate_dead(&mut fused);
+            let kinds: Vec<String> = fused.ops().map(|o| o.kind.label()).collect();
+            assert_eq!(
+                kinds,
+                [
+                    "elementwise[cast]",
+                    "reshape",
+                    "elementwise[mul]",
+                    "elementwise[cos]",
+                    "elementwise[sin]",
+                    "rope"
+                ]
+            );
+            assert_eq!(run2(g, heads), run2(fused, heads), "{heads} heads");
+        }
+    }
+
+    #[test]
+    fn a_rotation_by_other_than_half_is_left_alone() {
+        let mut g = rotate_half_graph(2, false, 3);
+        // The high slice starts at 3 (its declared shape is wrong, but no op runs here).
+        assert_eq!(fuse_rotate_half(&mut g), 0);
     }
 
     /// Decode attention over one KV head repeated for 4 query heads, as the Vulkan export
