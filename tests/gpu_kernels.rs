@@ -1234,16 +1234,41 @@ fn merged_common_ops_give_the_same_results_on_the_gpu() {
         let c = t.op(OpKind::Cast, vec![pos], DType::F32, &[s]);
         let shape = vec![Int::Lit(s as i64), Int::Lit(1)];
         let r = t.op(OpKind::Reshape { shape }, vec![c], DType::F32, &[s, 1]);
-        let m = t.op(OpKind::Binary(BinaryOp::Mul), vec![r, f], DType::F32, &[s, h]);
-        let cat = t.op(OpKind::Concat { dim: 1 }, vec![m, m], DType::F32, &[s, 2 * h]);
-        let cos = t.op(OpKind::Unary(UnaryOp::Cos), vec![cat], DType::F32, &[s, 2 * h]);
-        run = t.op(OpKind::Binary(BinaryOp::Mul), vec![run, cos], DType::F32, &[s, 2 * h]);
+        let m = t.op(
+            OpKind::Binary(BinaryOp::Mul),
+            vec![r, f],
+            DType::F32,
+            &[s, h],
+        );
+        let cat = t.op(
+            OpKind::Concat { dim: 1 },
+            vec![m, m],
+            DType::F32,
+            &[s, 2 * h],
+        );
+        let cos = t.op(
+            OpKind::Unary(UnaryOp::Cos),
+            vec![cat],
+            DType::F32,
+            &[s, 2 * h],
+        );
+        run = t.op(
+            OpKind::Binary(BinaryOp::Mul),
+            vec![run, cos],
+            DType::F32,
+            &[s, 2 * h],
+        );
         let update = OpKind::CacheUpdate {
             axis: 0,
             start: Int::Lit(0),
         };
         t.op(update, vec![cache, run], DType::F32, &[s, 2 * h]);
-        let back = t.op(OpKind::Unary(UnaryOp::Neg), vec![cache], DType::F32, &[s, 2 * h]);
+        let back = t.op(
+            OpKind::Unary(UnaryOp::Neg),
+            vec![cache],
+            DType::F32,
+            &[s, 2 * h],
+        );
         t.out(back);
     }
     t.out(run);
@@ -1273,7 +1298,12 @@ fn fused_rotate_half_matches_the_unfused_chain_on_the_gpu() {
         let mut t = T::default();
         let pos = t.input(DType::I64, &[s_max], &[s], i64_bytes(&[7, 8, 300]));
         let xv = rng.floats(heads * s * d, 2.0);
-        let x = t.input(DType::F32, &[1, heads, s_max, d], &[1, heads, s, d], f32_bytes(&xv));
+        let x = t.input(
+            DType::F32,
+            &[1, heads, s_max, d],
+            &[1, heads, s, d],
+            f32_bytes(&xv),
+        );
         let len = t.g.add_sym("S");
         t.g.nodes.push(Node::Sym(SymOp::Size {
             out: len,
@@ -1286,16 +1316,36 @@ fn fused_rotate_half_matches_the_unfused_chain_on_the_gpu() {
         let c = t.op(OpKind::Cast, vec![pos], DType::F32, &[s_max]);
         let shape = vec![sl, l];
         let r = t.op(OpKind::Reshape { shape }, vec![c], DType::F32, &[s_max, 1]);
-        let m = t.op(OpKind::Binary(BinaryOp::Mul), vec![r, freq], DType::F32, &[s_max, h]);
-        let cat = t.op(OpKind::Concat { dim: 1 }, vec![m, m], DType::F32, &[s_max, d]);
+        let m = t.op(
+            OpKind::Binary(BinaryOp::Mul),
+            vec![r, freq],
+            DType::F32,
+            &[s_max, h],
+        );
+        let cat = t.op(
+            OpKind::Concat { dim: 1 },
+            vec![m, m],
+            DType::F32,
+            &[s_max, d],
+        );
         let mut tables = Vec::new();
         for u in [UnaryOp::Cos, UnaryOp::Sin] {
             let v = t.op(OpKind::Unary(u), vec![cat], DType::F32, &[s_max, d]);
             let shape = vec![l, l, sl, Int::Lit(d as i64)];
-            tables.push(t.op(OpKind::Reshape { shape }, vec![v], DType::F32, &[1, 1, s_max, d]));
+            tables.push(t.op(
+                OpKind::Reshape { shape },
+                vec![v],
+                DType::F32,
+                &[1, 1, s_max, d],
+            ));
         }
         let (xs, hs) = ([1, heads, s_max, d], [1, heads, s_max, h]);
-        let xc = t.op(OpKind::Binary(BinaryOp::Mul), vec![tables[0], x], DType::F32, &xs);
+        let xc = t.op(
+            OpKind::Binary(BinaryOp::Mul),
+            vec![tables[0], x],
+            DType::F32,
+            &xs,
+        );
         let slice = |t: &mut T, a: usize, b: i64| {
             let kind = OpKind::Slice {
                 dim: 3,
@@ -1309,7 +1359,12 @@ fn fused_rotate_half_matches_the_unfused_chain_on_the_gpu() {
         let hi = slice(&mut t, h, i64::MAX);
         let neg = t.op(OpKind::Unary(UnaryOp::Neg), vec![hi], DType::F32, &hs);
         let rot = t.op(OpKind::Concat { dim: 3 }, vec![neg, lo], DType::F32, &xs);
-        let rs = t.op(OpKind::Binary(BinaryOp::Mul), vec![rot, tables[1]], DType::F32, &xs);
+        let rs = t.op(
+            OpKind::Binary(BinaryOp::Mul),
+            vec![rot, tables[1]],
+            DType::F32,
+            &xs,
+        );
         let out = t.op(OpKind::Binary(BinaryOp::Add), vec![xc, rs], DType::F32, &xs);
         t.out(out);
         let what = format!("rotate-half rope {heads}x{d}");

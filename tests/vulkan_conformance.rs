@@ -166,7 +166,11 @@ fn whole_method_keeps_the_kv_cache_on_the_gpu() {
             (pieces, left, piece) = (pieces + 1, left.saturating_sub(piece), piece * 4);
         }
         assert!(pieces <= 3, "{st:?}");
-        assert_eq!(st.submits - submits, pieces, "a few submits per call: {st:?}");
+        assert_eq!(
+            st.submits - submits,
+            pieces,
+            "a few submits per call: {st:?}"
+        );
         submits = st.submits;
         assert_eq!(st.last_upload_bytes, 8, "token and position only: {st:?}");
         assert_eq!(st.last_readback_bytes, 256 * 4, "the logits only: {st:?}");

@@ -192,7 +192,12 @@ fn through_reshapes(g: &Graph, prod: &[Option<usize>], mut t: TensorId) -> Tenso
 }
 
 /// If `t` is `f(concat(m, m))` over the last dim with `f` = `unary` (through reshapes), `m`.
-fn doubled_table(g: &Graph, prod: &[Option<usize>], t: TensorId, unary: UnaryOp) -> Option<TensorId> {
+fn doubled_table(
+    g: &Graph,
+    prod: &[Option<usize>],
+    t: TensorId,
+    unary: UnaryOp,
+) -> Option<TensorId> {
     let f = op_at(g, prod[through_reshapes(g, prod, t)]?);
     if f.kind != OpKind::Unary(unary) {
         return None;
@@ -268,7 +273,9 @@ pub fn fuse_rotate_half(g: &mut Graph) -> usize {
                         let [neg_t, lo_t] = cat.inputs[..] else {
                             continue;
                         };
-                        if cat.kind != (OpKind::Concat { dim: r - 1 }) || !once(neg_t) || !once(lo_t)
+                        if cat.kind != (OpKind::Concat { dim: r - 1 })
+                            || !once(neg_t)
+                            || !once(lo_t)
                         {
                             continue;
                         }
@@ -310,7 +317,12 @@ pub fn fuse_rotate_half(g: &mut Graph) -> usize {
         let (ms, name) = (g.tensors[m].max_shape.clone(), g.tensors[m].name.clone());
         let mut tables = Vec::new();
         for (u, what) in [(UnaryOp::Cos, "cos"), (UnaryOp::Sin, "sin")] {
-            let t = g.add_tensor(format!("{what} {name}"), DType::F32, ms.clone(), Role::Activation);
+            let t = g.add_tensor(
+                format!("{what} {name}"),
+                DType::F32,
+                ms.clone(),
+                Role::Activation,
+            );
             tables.push((u, t));
         }
         let rope = Node::Op(Op {
@@ -1123,7 +1135,13 @@ mod tests {
         let c = t(&mut g, &[s]);
         g.op(OpKind::Cast, vec![pos], vec![c]);
         let r = t(&mut g, &[s, 1]);
-        g.op(OpKind::Reshape { shape: lits(&[s, 1]) }, vec![c], vec![r]);
+        g.op(
+            OpKind::Reshape {
+                shape: lits(&[s, 1]),
+            },
+            vec![c],
+            vec![r],
+        );
         let m = t(&mut g, &[s, h]);
         g.op(OpKind::Binary(BinaryOp::Mul), vec![r, freq], vec![m]);
         let cat = t(&mut g, &[s, d]);
