@@ -725,13 +725,14 @@ pub fn merge_common_ops(g: &mut Graph) -> usize {
     let mut seen: std::collections::HashMap<(String, Vec<TensorId>), Vec<TensorId>> =
         Default::default();
     let mut dropped = vec![false; g.nodes.len()];
-    for i in 0..g.nodes.len() {
-        match &mut g.nodes[i] {
+    let (tensors, outputs) = (&g.tensors, &g.outputs);
+    for (node, drop) in g.nodes.iter_mut().zip(dropped.iter_mut()) {
+        match node {
             Node::Op(o) => o.inputs.iter_mut().for_each(|t| *t = repl[*t]),
             Node::Sym(SymOp::Size { tensor, .. }) => *tensor = repl[*tensor],
             Node::Sym(_) => {}
         }
-        let Node::Op(o) = &g.nodes[i] else { continue };
+        let Node::Op(o) = &*node else { continue };
         let syms = std::cell::RefCell::new(Vec::new());
         o.kind.clone().map_syms(|s| {
             syms.borrow_mut().push(s);
@@ -742,9 +743,7 @@ pub fn merge_common_ops(g: &mut Graph) -> usize {
             && !o.inputs.iter().any(|&t| mutable[t])
             && syms.iter().all(|&s| sym_writes[s] <= 1)
             && o.outputs.iter().all(|&t| {
-                matches!(g.tensors[t].role, Role::Activation)
-                    && !mutable[t]
-                    && !g.outputs.contains(&t)
+                matches!(tensors[t].role, Role::Activation) && !mutable[t] && !outputs.contains(&t)
             });
         if !eligible {
             continue;
@@ -754,14 +753,14 @@ pub fn merge_common_ops(g: &mut Graph) -> usize {
             Some(prev)
                 if prev.len() == o.outputs.len()
                     && prev.iter().zip(&o.outputs).all(|(&a, &b)| {
-                        let (a, b) = (&g.tensors[a], &g.tensors[b]);
+                        let (a, b) = (&tensors[a], &tensors[b]);
                         a.dtype == b.dtype && a.max_shape == b.max_shape
                     }) =>
             {
                 for (&a, &b) in prev.iter().zip(&o.outputs) {
                     repl[b] = a;
                 }
-                dropped[i] = true;
+                *drop = true;
             }
             Some(_) => {}
             None => {
