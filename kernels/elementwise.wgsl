@@ -111,7 +111,11 @@ fn tanh_safe(x: f32) -> f32 {
 }
 
 fn unary_f(x: f32) -> f32 {
-    switch OP {
+    return unary_op(OP, x);
+}
+
+fn unary_op(op: u32, x: f32) -> f32 {
+    switch op {
         case 0u: { return -x; }
         case 1u: { return abs(x); }
         case 2u: { return exp(x); }
@@ -186,7 +190,11 @@ fn pow_i(x: i32, e: i32) -> i32 {
 }
 
 fn binary_f(x: f32, z: f32) -> f32 {
-    switch OP {
+    return binary_op(OP, x, z);
+}
+
+fn binary_op(op: u32, x: f32, z: f32) -> f32 {
+    switch op {
         case 0u: { return x + z; }
         case 1u: { return x - z; }
         case 2u: { return x * z; }
@@ -320,4 +328,72 @@ fn convert(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     } else {
         y[i] = bitcast<u32>(as_f(a[i], A_INT));
     }
+}
+
+// ElementwiseChain: f32 ops in sequence on one value per element, no intermediate tensors.
+// Steps are (kind, op code, a, b): kind 0 unary; 1 binary with input a (b != 0: operand first);
+// 2 binary with the f32 scalar of bits a (b != 0: scalar first); 3 clamp to [f32 a, f32 b].
+struct ChainParams {
+    n: u32,
+    rank: u32,
+    steps: u32,
+    _pad: u32,
+    shape: array<vec4<u32>, 2>,
+    // Element strides over `shape` of inputs 0, 1, 2; 0 on broadcast dims.
+    strides: array<array<vec4<u32>, 2>, 3>,
+    step: array<vec4<u32>, 6>,
+}
+
+@group(0) @binding(0) var<uniform> pc: ChainParams;
+
+fn chain_offsets(i: u32) -> vec3<u32> {
+    if !BCAST {
+        return vec3<u32>(i);
+    }
+    var rem = i;
+    var o = vec3<u32>(0u);
+    for (var d = i32(pc.rank) - 1; d >= 0; d--) {
+        let k = u32(d);
+        let size = at(pc.shape, k);
+        let idx = rem % size;
+        rem = rem / size;
+        o += idx * vec3<u32>(at(pc.strides[0], k), at(pc.strides[1], k), at(pc.strides[2], k));
+    }
+    return o;
+}
+
+@compute @workgroup_size(WG)
+fn chain(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let i = index(wg, nwg, lid);
+    if i >= pc.n {
+        return;
+    }
+    let o = chain_offsets(i);
+    var v = bitcast<f32>(a[o.x]);
+    for (var s = 0u; s < pc.steps; s++) {
+        let st = pc.step[s];
+        switch st.x {
+            case 0u: {
+                v = unary_op(st.y, v);
+            }
+            case 1u: {
+                var w = bitcast<f32>(a[o.x]);
+                if st.z == 1u {
+                    w = bitcast<f32>(b[o.y]);
+                } else if st.z == 2u {
+                    w = bitcast<f32>(c[o.z]);
+                }
+                v = select(binary_op(st.y, v, w), binary_op(st.y, w, v), st.w != 0u);
+            }
+            case 2u: {
+                let w = bitcast<f32>(st.z);
+                v = select(binary_op(st.y, v, w), binary_op(st.y, w, v), st.w != 0u);
+            }
+            default: {
+                v = min(max(v, bitcast<f32>(st.z)), bitcast<f32>(st.w));
+            }
+        }
+    }
+    y[i] = bitcast<u32>(v);
 }

@@ -1375,6 +1375,56 @@ fn fused_rotate_half_matches_the_unfused_chain_on_the_gpu() {
     }
 }
 
+/// Element-wise pairs of a decode layer (residual add + clamp, gelu · up, scores · scale +
+/// mask broadcast over heads, a chain on the right of a subtraction, a chain at the step limit)
+/// fused into chains: the GPU matches the CPU on sizes that are not multiples of the workgroup.
+#[test]
+fn elementwise_chains_match_cpu() {
+    let mut rng = Rng::new(23);
+    for (h, s) in [(7usize, 300usize), (1, 5)] {
+        let mut t = T::default();
+        let x = t.input_f(&[h, s], &rng.floats(h * s, 3.0));
+        let r = t.input_f(&[h, s], &rng.floats(h * s, 2.0));
+        let mask = t.input_f(&[s], &rng.floats(s, 4.0));
+        let scale = t.const_f(&[], &[0.625]);
+        let f = DType::F32;
+        let sh = [h, s];
+        let clamp = OpKind::Clamp {
+            min: Some(-1.5),
+            max: Some(2.0),
+        };
+        let add = t.op(OpKind::Binary(BinaryOp::Add), vec![x, r], f, &sh);
+        let res = t.op(clamp, vec![add], f, &sh);
+        let sub = t.op(OpKind::Binary(BinaryOp::Sub), vec![x, res], f, &sh);
+        let gl = t.op(OpKind::Unary(UnaryOp::GeluTanh), vec![x], f, &sh);
+        let gm = t.op(OpKind::Binary(BinaryOp::Mul), vec![gl, r], f, &sh);
+        let sc = t.op(OpKind::Binary(BinaryOp::Mul), vec![x, scale], f, &sh);
+        let masked = t.op(OpKind::Binary(BinaryOp::Add), vec![mask, sc], f, &sh);
+        let mut v = t.op(OpKind::Binary(BinaryOp::Max), vec![gm, masked], f, &sh);
+        for k in 0..6 {
+            let kind = OpKind::BinaryScalar {
+                op: if k % 3 == 0 {
+                    BinaryOp::Div
+                } else {
+                    BinaryOp::Sub
+                },
+                scalar: 0.5 + k as f64,
+                scalar_first: k % 2 == 1,
+            };
+            v = t.op(kind, vec![v], f, &sh);
+        }
+        t.out(sub);
+        t.out(v);
+        let what = format!("elementwise chains {h}x{s}");
+        check(&format!("{what}, unfused"), &t, TOL, 1e-3);
+        let ops = t.g.ops().count();
+        let fused = pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
+        let labels: Vec<String> = t.g.ops().map(|o| o.kind.label()).collect();
+        assert_eq!(ops - fused, 4, "{what}: {labels:?}");
+        check_both(&format!("{what}, fused"), &t, TOL, 1e-3);
+    }
+}
+
 fn decode_graph(layout: AttnLayout, cache: usize, h: usize, d: usize, s_max: usize) -> T {
     let mut t = T::default();
     let xs = attn_shape(layout, 1, s_max, h, d);

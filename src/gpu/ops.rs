@@ -11,7 +11,8 @@
 
 use super::memory::{aliases, MemoryPlan, Repr};
 use crate::ir::{
-    AttnLayout, BinaryOp, DType, Graph, Int, Op, OpKind, Plan, RopeStyle, TensorId, UnaryOp, Weight,
+    AttnLayout, BinaryOp, ChainStep, DType, Graph, Int, Op, OpKind, Plan, RopeStyle, TensorId,
+    UnaryOp, Weight,
 };
 
 /// Tensors of rank up to this many dims are supported (uniform arrays of two vec4).
@@ -152,6 +153,11 @@ fn b(v: bool) -> f64 {
 
 const WG: usize = 256;
 
+/// Inputs and steps an `ElementwiseChain` may have on the GPU (its parameters fill one 256-byte
+/// uniform slot); `fuse_elementwise_chains` stays within them.
+pub const CHAIN_INPUTS: usize = crate::ir::passes::CHAIN_INPUTS;
+pub const CHAIN_STEPS: usize = crate::ir::passes::CHAIN_STEPS;
+
 /// The output of an op that shares its input's storage instead of being computed.
 pub(crate) fn alias(g: &Graph, op: &Op) -> Option<(TensorId, TensorId)> {
     let (out, input) = (*op.outputs.first()?, *op.inputs.first()?);
@@ -255,6 +261,14 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
         | OpKind::BinaryScalar { .. } => n_in(1),
         OpKind::Binary(_) => n_in(2),
         OpKind::Where => n_in(3),
+        OpKind::ElementwiseChain { steps } => n_in(1)
+            .or_else(|| {
+                (op.inputs.len() > CHAIN_INPUTS || steps.len() > CHAIN_STEPS).then(|| {
+                    format!("a chain of more than {CHAIN_STEPS} steps or {CHAIN_INPUTS} inputs")
+                })
+            })
+            .or_else(|| float_in(&(0..op.inputs.len()).collect::<Vec<_>>()))
+            .or_else(float_out),
         OpKind::RmsNorm { .. } => n_in(1).or_else(|| float_in(&[0, 1])).or_else(float_out),
         OpKind::Softmax | OpKind::Mean { .. } | OpKind::Sum { .. } => {
             n_in(1).or_else(|| float_in(&[0])).or_else(float_out)
@@ -544,6 +558,48 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
                 p,
                 vec![Res::Tensor(c), Res::Tensor(a), Res::Tensor(bb)],
             )
+        }
+        OpKind::ElementwiseChain { steps } => {
+            let shapes: Vec<&[usize]> = op.inputs.iter().map(|&t| env.shape(t)).collect();
+            let bcast = shapes.iter().any(|s| *s != oshape.as_slice());
+            let mut p = P::default()
+                .u(n)
+                .u(oshape.len())
+                .u(steps.len())
+                .u(0)
+                .arr(&oshape, 8);
+            for k in 0..CHAIN_INPUTS {
+                p = match shapes.get(k) {
+                    Some(s) => p.arr(&broadcast_strides(s, &oshape), 8),
+                    None => p.arr(&[], 8),
+                };
+            }
+            let f = |v: f64| (v as f32).to_bits() as usize;
+            for st in steps {
+                let (kind, code, a, b) = match *st {
+                    ChainStep::Unary(u) => (0, u as usize, 0, 0),
+                    ChainStep::Binary {
+                        op,
+                        input,
+                        operand_first,
+                    } => (1, op as usize, input, operand_first as usize),
+                    ChainStep::Scalar {
+                        op,
+                        scalar,
+                        scalar_first,
+                    } => (2, op as usize, f(scalar), scalar_first as usize),
+                    ChainStep::Clamp { min, max } => (
+                        3,
+                        0,
+                        f(min.unwrap_or(f64::NEG_INFINITY)),
+                        f(max.unwrap_or(f64::INFINITY)),
+                    ),
+                };
+                p = p.u(kind).u(code).u(a).u(b);
+            }
+            let mut inputs: Vec<Res> = op.inputs.iter().map(|&t| Res::Tensor(t)).collect();
+            inputs.resize(CHAIN_INPUTS, Res::Dummy);
+            ew("chain", vec![("BCAST", b(bcast))], p, inputs)
         }
         OpKind::Clamp { min, max } => {
             let (lo, hi) = (

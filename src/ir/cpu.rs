@@ -250,6 +250,57 @@ impl CpuExecutor {
                     )
                 }
             }
+            OpKind::ElementwiseChain { steps } => {
+                let n: usize = out_shape.iter().product();
+                let mut ins = Vec::with_capacity(op.inputs.len());
+                for &t in &op.inputs {
+                    let v = self.get(t, vals)?.f();
+                    let ix = broadcast_indices(&sh(t), &out_shape);
+                    ins.push((0..n).map(|k| v[ix[k]]).collect::<Vec<f32>>());
+                }
+                let mut v = Val::F(ins.first().ok_or("a chain without inputs")?.clone());
+                // Each step as its own op computes it, so fusing changes no bit.
+                for st in steps {
+                    v = match *st {
+                        ChainStep::Unary(u) => {
+                            Val::F(v.f().into_iter().map(|e| unary_f(u, e)).collect())
+                        }
+                        ChainStep::Binary {
+                            op: b,
+                            input,
+                            operand_first,
+                        } => {
+                            let w =
+                                Val::F(ins.get(input).ok_or("chain operand out of range")?.clone());
+                            if operand_first {
+                                binary(b, &w, &v, Ix::Id, Ix::Id, n, true)
+                            } else {
+                                binary(b, &v, &w, Ix::Id, Ix::Id, n, true)
+                            }
+                        }
+                        ChainStep::Scalar {
+                            op: b,
+                            scalar,
+                            scalar_first,
+                        } => {
+                            let sv = Val::F(vec![scalar as f32]);
+                            if scalar_first {
+                                binary(b, &sv, &v, Ix::Zero, Ix::Id, n, true)
+                            } else {
+                                binary(b, &v, &sv, Ix::Id, Ix::Zero, n, true)
+                            }
+                        }
+                        ChainStep::Clamp { min, max } => {
+                            let (lo, hi) = (
+                                min.unwrap_or(f64::NEG_INFINITY) as f32,
+                                max.unwrap_or(f64::INFINITY) as f32,
+                            );
+                            Val::F(v.f().into_iter().map(|e| e.max(lo).min(hi)).collect())
+                        }
+                    };
+                }
+                v
+            }
             OpKind::Clamp { min, max } => {
                 let x = self.get(op.inputs[0], vals)?;
                 let (lo, hi) = (

@@ -58,6 +58,13 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
         OpKind::BinaryScalar { .. } => arg(0)?.to_vec(),
         OpKind::Binary(_) => broadcast(arg(0)?, arg(1)?)?,
         OpKind::Where => broadcast(&broadcast(arg(0)?, arg(1)?)?, arg(2)?)?,
+        OpKind::ElementwiseChain { .. } => {
+            let mut s = arg(0)?.to_vec();
+            for k in 1..ins.len() {
+                s = broadcast(&s, arg(k)?)?;
+            }
+            s
+        }
         OpKind::Linear { weight, .. } => {
             let x = arg(0)?;
             let (n, k) = weight_cols(*weight, arg(1)?)?;

@@ -173,6 +173,28 @@ pub enum AttnLayout {
     Bhsd,
 }
 
+/// One step of an `ElementwiseChain`, applied to the running value `v` of each element.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ChainStep {
+    Unary(UnaryOp),
+    /// `v ⊕ inputs[input]`, or `inputs[input] ⊕ v` when `operand_first`.
+    Binary {
+        op: BinaryOp,
+        input: usize,
+        operand_first: bool,
+    },
+    /// `v ⊕ scalar`, or `scalar ⊕ v` when `scalar_first`.
+    Scalar {
+        op: BinaryOp,
+        scalar: f64,
+        scalar_first: bool,
+    },
+    Clamp {
+        min: Option<f64>,
+        max: Option<f64>,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum OpKind {
     Unary(UnaryOp),
@@ -186,6 +208,12 @@ pub enum OpKind {
     },
     /// `where(cond, a, b)` with broadcasting.
     Where,
+    /// f32 element-wise ops in sequence without intermediate tensors: `v = inputs[0]`, then each
+    /// step in turn; every input broadcasts to the output (what `fuse_elementwise_chains` makes
+    /// of a chain whose intermediates nothing else reads).
+    ElementwiseChain {
+        steps: Vec<ChainStep>,
+    },
     Clamp {
         min: Option<f64>,
         max: Option<f64>,
@@ -298,6 +326,7 @@ impl OpKind {
         match self {
             OpKind::Unary(_) | OpKind::Binary(_) | OpKind::BinaryScalar { .. } => "elementwise",
             OpKind::Where | OpKind::Clamp { .. } | OpKind::Cast => "elementwise",
+            OpKind::ElementwiseChain { .. } => "elementwise",
             OpKind::RmsNorm { .. } => "rms_norm",
             OpKind::Linear { .. } => "linear",
             OpKind::MatMul => "matmul",
@@ -593,6 +622,18 @@ impl OpKind {
             }
             OpKind::Where => "elementwise[where]".into(),
             OpKind::Clamp { .. } => "elementwise[clamp]".into(),
+            OpKind::ElementwiseChain { steps } => {
+                let names: Vec<String> = steps
+                    .iter()
+                    .map(|st| match st {
+                        ChainStep::Unary(u) => format!("{u:?}").to_lowercase(),
+                        ChainStep::Binary { op, .. } => format!("{op:?}").to_lowercase(),
+                        ChainStep::Scalar { op, .. } => format!("{op:?}_scalar").to_lowercase(),
+                        ChainStep::Clamp { .. } => "clamp".into(),
+                    })
+                    .collect();
+                format!("elementwise[{}]", names.join("+"))
+            }
             OpKind::Cast => "elementwise[cast]".into(),
             OpKind::Linear {
                 weight, act_quant, ..

@@ -640,6 +640,139 @@ pub fn unexpand_matmul_operands(g: &mut Graph) -> usize {
     n
 }
 
+/// Most inputs and steps `fuse_elementwise_chains` puts in one chain (a GPU chain's parameters
+/// fill one 256-byte uniform slot).
+pub const CHAIN_INPUTS: usize = 3;
+pub const CHAIN_STEPS: usize = 6;
+
+/// An f32 element-wise op as chain steps over its inputs, if it is one.
+fn as_chain(g: &Graph, o: &Op) -> Option<(Vec<ChainStep>, Vec<TensorId>)> {
+    let f32s = o
+        .inputs
+        .iter()
+        .chain(&o.outputs)
+        .all(|&t| g.tensors[t].dtype == DType::F32);
+    if !f32s {
+        return None;
+    }
+    let step = match &o.kind {
+        OpKind::ElementwiseChain { steps } => return Some((steps.clone(), o.inputs.clone())),
+        OpKind::Unary(u) => ChainStep::Unary(*u),
+        OpKind::Binary(b) if !b.is_comparison() => ChainStep::Binary {
+            op: *b,
+            input: 1,
+            operand_first: false,
+        },
+        OpKind::BinaryScalar {
+            op,
+            scalar,
+            scalar_first,
+        } if !op.is_comparison() => ChainStep::Scalar {
+            op: *op,
+            scalar: *scalar,
+            scalar_first: *scalar_first,
+        },
+        OpKind::Clamp { min, max } => ChainStep::Clamp {
+            min: *min,
+            max: *max,
+        },
+        _ => return None,
+    };
+    Some((vec![step], o.inputs.clone()))
+}
+
+/// An f32 element-wise op whose input is the result of another (or of a chain) that nothing else
+/// reads joins it in one `ElementwiseChain`: one dispatch, no intermediate tensor. Decode steps
+/// are dozens of such pairs per layer (residual add + clamp, gelu · up, scores · scale + mask).
+pub fn fuse_elementwise_chains(g: &mut Graph) -> usize {
+    let mut n = 0;
+    loop {
+        let uses = use_counts(g);
+        let prod = producers(g);
+        // Tensors that may share storage (views, cache updates in place): a chain must not write
+        // what it reads, which its parts did not when the shared tensor was written in between.
+        let mut storage: Vec<TensorId> = (0..g.tensors.len()).collect();
+        fn find(s: &mut [TensorId], mut t: TensorId) -> TensorId {
+            while s[t] != t {
+                s[t] = s[s[t]];
+                t = s[t];
+            }
+            t
+        }
+        for o in g.ops() {
+            if matches!(o.kind, OpKind::Reshape { .. } | OpKind::CacheUpdate { .. }) {
+                let (a, b) = (
+                    find(&mut storage, o.inputs[0]),
+                    find(&mut storage, o.outputs[0]),
+                );
+                storage[a] = b;
+            }
+        }
+        let mut found = None;
+        for (i, node) in g.nodes.iter().enumerate() {
+            let Node::Op(e) = node else { continue };
+            let Some((e_steps, e_ins)) = as_chain(g, e) else {
+                continue;
+            };
+            if e_steps.len() != 1 {
+                continue;
+            }
+            // The operand that a fusable producer computes: v itself, or the binary's right side.
+            for (pos, &t) in e_ins.iter().enumerate() {
+                let Some(p) = prod[t] else { continue };
+                let po = op_at(g, p);
+                if uses[t] != 1
+                    || !matches!(g.tensors[t].role, Role::Activation)
+                    || po.outputs.len() != 1
+                {
+                    continue;
+                }
+                let Some((mut steps, mut ins)) = as_chain(g, po) else {
+                    continue;
+                };
+                let step = match e_steps[0] {
+                    ChainStep::Binary { op, .. } => {
+                        let other = e_ins[1 - pos];
+                        let k = match ins.iter().position(|&x| x == other) {
+                            Some(k) => k,
+                            None => {
+                                ins.push(other);
+                                ins.len() - 1
+                            }
+                        };
+                        ChainStep::Binary {
+                            op,
+                            input: k,
+                            operand_first: pos == 1,
+                        }
+                    }
+                    st => st,
+                };
+                steps.push(step);
+                let out = find(&mut storage, e.outputs[0]);
+                let overlaps = ins.iter().any(|&t| find(&mut storage, t) == out);
+                if ins.len() <= CHAIN_INPUTS && steps.len() <= CHAIN_STEPS && !overlaps {
+                    found = Some((i, p, steps, ins));
+                    break;
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+        }
+        let Some((i, p, steps, ins)) = found else {
+            break;
+        };
+        if let Node::Op(e) = &mut g.nodes[i] {
+            e.kind = OpKind::ElementwiseChain { steps };
+            e.inputs = ins;
+        }
+        g.nodes.remove(p);
+        n += 1;
+    }
+    n
+}
+
 /// Constants larger than this are not compared by `dedupe_constants` (an attention mask table
 /// of 1024 x 1024 f32 is 4 MiB).
 const DEDUPE_MAX_BYTES: usize = 4 << 20;
@@ -771,6 +904,13 @@ pub fn merge_common_ops(g: &mut Graph) -> usize {
     let mut k = dropped.iter();
     g.nodes.retain(|_| !k.next().copied().unwrap_or(false));
     dropped.iter().filter(|&&d| d).count()
+}
+
+/// Rewrites for a graph about to run, after `optimize`: fused ops no longer match the patterns
+/// `optimize` looks for, so a graph that will still be joined with others (a delegate inlined
+/// into its whole method) is only optimized, and finished once joined.
+pub fn finish(g: &mut Graph) -> Vec<(&'static str, usize)> {
+    vec![("fuse_elementwise_chains", fuse_elementwise_chains(g))]
 }
 
 /// The default pipeline run at load; returns (pass name, rewrites) pairs for `inspect`.
@@ -1231,6 +1371,120 @@ mod tests {
         let mut g = rotate_half_graph(2, false, 3);
         // The high slice starts at 3 (its declared shape is wrong, but no op runs here).
         assert_eq!(fuse_rotate_half(&mut g), 0);
+    }
+
+    /// Element-wise pairs as decode layers have them, plus a non-commutative op whose fused
+    /// operand is on the right, a producer read twice, and a chain past the step limit.
+    fn elementwise_pairs() -> Graph {
+        let f = DType::F32;
+        let (h, s) = (3usize, 5usize);
+        let mut g = Graph::default();
+        let x = g.add_tensor("x", f, vec![h, s], Role::Input(0));
+        let r = g.add_tensor("r", f, vec![h, s], Role::Input(1));
+        let mask = g.add_tensor("mask", f, vec![s], Role::Input(2));
+        g.inputs = vec![Io::Tensor(x), Io::Tensor(r), Io::Tensor(mask)];
+        let scale = g.add_tensor("scale", f, vec![], constant(&[0.75]));
+        let t = |g: &mut Graph| {
+            let n = g.tensors.len();
+            g.add_tensor(format!("t{n}"), f, vec![h, s], Role::Activation)
+        };
+        let op = |g: &mut Graph, kind: OpKind, ins: Vec<TensorId>| {
+            let o = t(g);
+            g.op(kind, ins, vec![o]);
+            o
+        };
+        let add = op(&mut g, OpKind::Binary(BinaryOp::Add), vec![x, r]);
+        let clamp = OpKind::Clamp {
+            min: Some(-1.5),
+            max: Some(2.0),
+        };
+        let res = op(&mut g, clamp, vec![add]);
+        let gl = op(&mut g, OpKind::Unary(UnaryOp::GeluTanh), vec![x]);
+        let gm = op(&mut g, OpKind::Binary(BinaryOp::Mul), vec![gl, r]);
+        let sc = op(&mut g, OpKind::Binary(BinaryOp::Mul), vec![x, scale]);
+        let masked = op(&mut g, OpKind::Binary(BinaryOp::Add), vec![sc, mask]);
+        // The chain on the right, its left operand one of its inputs: v = x - v.
+        let sub = op(&mut g, OpKind::Binary(BinaryOp::Sub), vec![x, res]);
+        let twice = op(&mut g, OpKind::Unary(UnaryOp::Exp), vec![gm]);
+        let a = op(&mut g, OpKind::Unary(UnaryOp::Sin), vec![twice]);
+        let b = op(&mut g, OpKind::Binary(BinaryOp::Div), vec![twice, masked]);
+        let mut v = op(&mut g, OpKind::Binary(BinaryOp::Max), vec![a, b]);
+        for k in 0..7 {
+            let kind = OpKind::BinaryScalar {
+                op: BinaryOp::Sub,
+                scalar: k as f64 * 0.25,
+                scalar_first: k % 2 == 1,
+            };
+            v = op(&mut g, kind, vec![v]);
+        }
+        g.outputs = vec![sub, v];
+        g
+    }
+
+    #[test]
+    fn elementwise_pairs_fuse_into_chains_with_the_same_results() {
+        // The div's operands are a tensor read twice and a chain that has 3 inputs already;
+        // the seven subtractions pass the step limit.
+        const EXPECTED_LABELS: [&str; 6] = [
+            "elementwise[mul+add]",
+            "elementwise[add+clamp+sub]",
+            "elementwise[gelutanh+mul+exp]",
+            "elementwise[div]",
+            "elementwise[sin+max+sub_scalar+sub_scalar+sub_scalar+sub_scalar]",
+            "elementwise[sub_scalar+sub_scalar+sub_scalar]",
+        ];
+        let g = elementwise_pairs();
+        let mut fused = g.clone();
+        let n = fuse_elementwise_chains(&mut fused);
+        let labels: Vec<String> = fused.ops().map(|o| o.kind.label()).collect();
+        assert_eq!(labels, EXPECTED_LABELS, "{labels:?}");
+        assert_eq!(n, 12, "18 ops in, 6 out");
+        let x: Vec<u8> = (0..15)
+            .flat_map(|k| ((k as f32 * 0.7).sin() * 3.0).to_le_bytes())
+            .collect();
+        let r: Vec<u8> = (0..15)
+            .flat_map(|k| ((k as f32 * 1.3).cos() * 2.0).to_le_bytes())
+            .collect();
+        let m: Vec<u8> = (0..5)
+            .flat_map(|k| (k as f32 - 2.0).to_le_bytes())
+            .collect();
+        let outs = |g: Graph| {
+            let mut e = CpuExecutor::new(g).unwrap();
+            let t = |shape: Vec<usize>, data| InputValue::Tensor { shape, data };
+            e.run(&[t(vec![3, 5], &x), t(vec![3, 5], &r), t(vec![5], &m)])
+                .unwrap()
+                .into_iter()
+                .map(|t| t.data)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(outs(fused), outs(g));
+    }
+
+    /// A tensor written again after a view of it was taken (per-delegate graphs reuse storage
+    /// so): a chain reading the view and writing the tensor would read what it writes.
+    #[test]
+    fn a_chain_that_would_write_storage_it_reads_is_not_fused() {
+        let f = DType::F32;
+        let mut g = Graph::default();
+        let x = g.add_tensor("x", f, vec![4], Role::Input(0));
+        g.inputs = vec![Io::Tensor(x)];
+        let t = |g: &mut Graph, name: &str| g.add_tensor(name, f, vec![4], Role::Activation);
+        let (a, view, m) = (t(&mut g, "a"), t(&mut g, "view"), t(&mut g, "m"));
+        g.op(OpKind::Unary(UnaryOp::Exp), vec![x], vec![a]);
+        let shape = vec![Int::Lit(4)];
+        g.op(OpKind::Reshape { shape }, vec![a], vec![view]);
+        g.op(OpKind::Unary(UnaryOp::Neg), vec![view], vec![m]);
+        g.op(OpKind::Unary(UnaryOp::Sin), vec![m], vec![a]);
+        g.outputs = vec![a];
+        let mut renamed = g.clone();
+        // The same chain into a tensor of its own fuses.
+        let b = t(&mut renamed, "b");
+        if let Some(Node::Op(o)) = renamed.nodes.last_mut() {
+            o.outputs = vec![b];
+        }
+        renamed.outputs = vec![b];
+        assert_eq!(fuse_elementwise_chains(&mut renamed), 1);
+        assert_eq!(fuse_elementwise_chains(&mut g), 0);
     }
 
     /// Decode attention over one KV head repeated for 4 query heads, as the Vulkan export

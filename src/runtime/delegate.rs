@@ -81,7 +81,8 @@ impl Backend for IrBackend {
         delegate: &BackendDelegate,
         named: &NamedData,
     ) -> Result<Box<dyn DelegateExecutor>, String> {
-        let graph = self.front.lower(delegate, named)?;
+        let mut graph = self.front.lower(delegate, named)?;
+        ir::passes::finish(&mut graph);
         graph.validate().map_err(|e| e.to_string())?;
         let inputs = graph.inputs.clone();
         let outputs: Vec<(ir::DType, usize)> = graph

@@ -194,6 +194,7 @@ pub fn lower_method(
     // Delegate boundaries split clusters (an RMSNorm's `+ eps` is a CPU op between two
     // delegates in the stock export): the joined graph fuses them.
     ir::passes::optimize(&mut lw.g);
+    ir::passes::finish(&mut lw.g);
     lw.g.validate().map_err(|e| e.to_string())?;
     Ok(lw.g)
 }
