@@ -56,6 +56,29 @@ pub struct CpuExecutor {
     shared: Vec<Option<F32s>>,
 }
 
+/// A group-quantized weight checked against its linear's shape: 4-bit rows pack two values a
+/// byte; `groups` scales and biases per row.
+struct QuantWeight<'a> {
+    raw: &'a [u8],
+    scales: F32s,
+    biases: F32s,
+    four: bool,
+    row_bytes: usize,
+    groups: usize,
+}
+
+impl QuantWeight<'_> {
+    /// Output channel `j`'s packed values and its groups' scales and biases.
+    fn row(&self, j: usize) -> (&[u8], &[f32], &[f32]) {
+        let (r, g) = (self.row_bytes, self.groups);
+        (
+            &self.raw[j * r..(j + 1) * r],
+            &self.scales[j * g..],
+            &self.biases[j * g..],
+        )
+    }
+}
+
 /// f32 values shared across calls: a view of an aligned f32 constant (no copy of a large
 /// table's scales) or a decoded copy.
 #[derive(Clone)]
@@ -675,26 +698,13 @@ impl CpuExecutor {
                     .collect::<std::result::Result<_, String>>()?;
                 let outer: usize = out_shape[..*dim].iter().product();
                 let inner: usize = out_shape[dim + 1..].iter().product();
+                let slabs: Vec<usize> = parts.iter().map(|(_, s)| s[*dim] * inner).collect();
                 if out_float {
-                    let mut y = Vec::new();
                     let fs: Vec<Vec<f32>> = parts.iter().map(|(v, _)| v.f()).collect();
-                    for o in 0..outer {
-                        for ((_, s), f) in parts.iter().zip(&fs) {
-                            let c = s[*dim] * inner;
-                            y.extend_from_slice(&f[o * c..(o + 1) * c]);
-                        }
-                    }
-                    Val::F(y)
+                    Val::F(interleave(&fs, &slabs, outer))
                 } else {
-                    let mut y = Vec::new();
                     let is: Vec<Vec<i64>> = parts.iter().map(|(v, _)| v.i()).collect();
-                    for o in 0..outer {
-                        for ((_, s), f) in parts.iter().zip(&is) {
-                            let c = s[*dim] * inner;
-                            y.extend_from_slice(&f[o * c..(o + 1) * c]);
-                        }
-                    }
-                    Val::I(y)
+                    Val::I(interleave(&is, &slabs, outer))
                 }
             }
             OpKind::Expand { .. } => {
@@ -784,6 +794,44 @@ impl CpuExecutor {
         Ok(v)
     }
 
+    /// A group-quantized weight's operands `ts` = [packed weight, scales, biases], checked to
+    /// cover `[n, k]` in whole groups of `group`.
+    fn quant_weight(
+        &mut self,
+        w: Weight,
+        group: usize,
+        ts: &[TensorId],
+        [k, n]: [usize; 2],
+        vals: &[Option<Val>],
+    ) -> std::result::Result<QuantWeight<'_>, String> {
+        let (scales, biases) = (self.shared_f32(ts[1], vals)?, self.shared_f32(ts[2], vals)?);
+        let raw = self.raw_const(ts[0])?;
+        let four = matches!(w, Weight::Q4 { .. });
+        let row_bytes = if four { k / 2 } else { k };
+        if group == 0 || k % group != 0 || (four && k % 2 != 0) {
+            return Err(format!(
+                "K = {k} is not a whole number of groups of {group}"
+            ));
+        }
+        let groups = k / group;
+        if raw.len() < n * row_bytes {
+            return Err(format!("packed weight is smaller than [{n}, {k}]"));
+        }
+        if scales.len() < n * groups || biases.len() < n * groups {
+            return Err(format!(
+                "scales or biases hold fewer than [{n}, {groups}] values"
+            ));
+        }
+        Ok(QuantWeight {
+            raw,
+            scales,
+            biases,
+            four,
+            row_bytes,
+            groups,
+        })
+    }
+
     /// `x [m, k] · Wᵀ` for a weight of `n` rows. Quantized weights are dequantized one row at a
     /// time (exactly `scale * q + bias`, as `dequant_row`), never as a whole matrix, and the
     /// rows are split across threads.
@@ -819,29 +867,10 @@ impl CpuExecutor {
                 }))
             }
             Weight::Q4 { group } | Weight::Q8 { group } => {
-                let (scales, biases) =
-                    (self.shared_f32(ts[1], vals)?, self.shared_f32(ts[2], vals)?);
-                let raw = self.raw_const(ts[0])?;
-                let four = matches!(w, Weight::Q4 { .. });
-                let row_bytes = if four { k / 2 } else { k };
-                if group == 0 || k % group != 0 || (four && k % 2 != 0) {
-                    return Err(format!(
-                        "K = {k} is not a whole number of groups of {group}"
-                    ));
-                }
-                let groups = k / group;
-                if raw.len() < n * row_bytes {
-                    return Err(short("packed weight"));
-                }
-                if scales.len() < n * groups || biases.len() < n * groups {
-                    return Err(format!(
-                        "scales or biases hold fewer than [{n}, {groups}] values"
-                    ));
-                }
+                let qw = self.quant_weight(w, group, ts, [k, n], vals)?;
                 Ok(by_weight_rows([m, k, n], |j, out, buf| {
-                    let q = &raw[j * row_bytes..(j + 1) * row_bytes];
-                    let (s, b) = (&scales[j * groups..], &biases[j * groups..]);
-                    if four {
+                    let (q, s, b) = qw.row(j);
+                    if qw.four {
                         dequant_q4(q, s, b, group, buf);
                     } else {
                         for (c, (v, &byte)) in buf.iter_mut().zip(q).enumerate() {
@@ -875,29 +904,13 @@ impl CpuExecutor {
         let (Weight::Q4 { group } | Weight::Q8 { group }) = w else {
             return Err("an integer linear needs a quantized weight".into());
         };
-        let (scales, biases) = (self.shared_f32(ts[1], vals)?, self.shared_f32(ts[2], vals)?);
-        let raw = self.raw_const(ts[0])?;
-        let four = matches!(w, Weight::Q4 { .. });
-        let row_bytes = if four { k / 2 } else { k };
-        if group == 0 || k % group != 0 || (four && k % 2 != 0) {
-            return Err(format!(
-                "K = {k} is not a whole number of groups of {group}"
-            ));
-        }
-        let groups = k / group;
-        if raw.len() < n * row_bytes {
-            return Err(format!("packed weight is smaller than [{n}, {k}]"));
-        }
-        if scales.len() < n * groups || biases.len() < n * groups {
-            return Err(format!(
-                "scales or biases hold fewer than [{n}, {groups}] values"
-            ));
-        }
+        let qw = self.quant_weight(w, group, ts, [k, n], vals)?;
+        let four = qw.four;
         // Symmetric weights (`bias = -zero * scale`, zero = 8 for 4 bits) take the zero out
         // in integers; any remaining bias multiplies the row's dequantized sum.
         let zero = if four { 8 } else { 0 };
         Ok(by_weight_rows([m, k, n], |j, out, _| {
-            let q = &raw[j * row_bytes..(j + 1) * row_bytes];
+            let (q, s, b) = qw.row(j);
             let mut wq = [0i32; 2048];
             let wq = if k <= 2048 {
                 &mut wq[..k]
@@ -912,7 +925,6 @@ impl CpuExecutor {
                     q[c] as i8 as i32
                 } - zero;
             }
-            let (s, b) = (&scales[j * groups..], &biases[j * groups..]);
             let mut ksum = 0f32;
             for (g, wg) in wq.chunks_exact(group).enumerate() {
                 ksum -= wg.iter().sum::<i32>() as f32 * s[g];
@@ -1287,6 +1299,18 @@ fn binary(b: BinaryOp, x: &Val, y: &Val, xi: Ix, yi: Ix, n: usize, out_float: bo
     )
 }
 
+/// Concatenation's layout: each of the `outer` blocks takes each part's slab (`slabs[i]` values
+/// of part `i`) in turn.
+fn interleave<T: Copy>(parts: &[Vec<T>], slabs: &[usize], outer: usize) -> Vec<T> {
+    let mut y = Vec::new();
+    for o in 0..outer {
+        for (x, &c) in parts.iter().zip(slabs) {
+            y.extend_from_slice(&x[o * c..(o + 1) * c]);
+        }
+    }
+    y
+}
+
 fn gather(x: &Val, idx: &[usize]) -> Val {
     match x {
         Val::F(v) => Val::F(idx.iter().map(|&i| v[i]).collect()),
@@ -1431,6 +1455,41 @@ mod tests {
             .collect()
     }
 
+    /// Runs one bias-free `Linear` of `x` `[m, k]` on the CPU executor; `operands` are its
+    /// weight constants after `x` as (dtype, shape, bytes): `w`, or `w`, scales, biases.
+    fn run_linear(
+        weight: Weight,
+        act_quant: ActQuant,
+        x: &[f32],
+        [m, k, n]: [usize; 3],
+        operands: Vec<(DType, Vec<usize>, Vec<u8>)>,
+    ) -> Vec<f32> {
+        let mut g = Graph::default();
+        let xt = g.add_tensor("x", DType::F32, vec![m, k], Role::Input(0));
+        let mut ins = vec![xt];
+        for ((dt, shape, bytes), name) in operands.into_iter().zip(["w", "s", "b"]) {
+            ins.push(g.add_tensor(name, dt, shape, blob(bytes)));
+        }
+        let y = g.add_tensor("y", DType::F32, vec![m, n], Role::Activation);
+        let kind = OpKind::Linear {
+            weight,
+            act_quant,
+            has_bias: false,
+        };
+        g.op(kind, ins, vec![y]);
+        g.inputs.push(Io::Tensor(xt));
+        g.outputs.push(y);
+        let xb = f32s(x);
+        let got = CpuExecutor::new(g)
+            .unwrap()
+            .run(&[InputValue::Tensor {
+                shape: vec![m, k],
+                data: &xb,
+            }])
+            .unwrap();
+        to_f32(DType::F32, &got[0].data).into_owned()
+    }
+
     /// The row-at-a-time, multi-threaded linear agrees with dequantizing the whole matrix and
     /// multiplying it (the reference it replaced) on awkward sizes, both sides of the threading
     /// threshold, with and without activation quantization.
@@ -1465,42 +1524,21 @@ mod tests {
                 let biases = rand(&mut seed, n * groups);
                 let wf = rand(&mut seed, n * k);
                 let x = rand(&mut seed, m * k);
-                let mut g = Graph::default();
-                let xt = g.add_tensor("x", DType::F32, vec![m, k], Role::Input(0));
-                let mut ins = vec![xt];
-                if w == Weight::F32 {
-                    ins.push(g.add_tensor("w", DType::F32, vec![n, k], blob(f32s(&wf))));
+                let operands = if w == Weight::F32 {
+                    vec![(DType::F32, vec![n, k], f32s(&wf))]
                 } else {
                     let dt = if matches!(w, Weight::Q4 { .. }) {
                         DType::U8
                     } else {
                         DType::I8
                     };
-                    ins.push(g.add_tensor("w", dt, vec![n, cols], blob(raw.clone())));
-                    ins.push(g.add_tensor("s", DType::F32, vec![n, groups], blob(f32s(&scales))));
-                    ins.push(g.add_tensor("b", DType::F32, vec![n, groups], blob(f32s(&biases))));
-                }
-                let y = g.add_tensor("y", DType::F32, vec![m, n], Role::Activation);
-                g.op(
-                    OpKind::Linear {
-                        weight: w,
-                        act_quant: aq,
-                        has_bias: false,
-                    },
-                    ins,
-                    vec![y],
-                );
-                g.inputs.push(Io::Tensor(xt));
-                g.outputs.push(y);
-                let xb = f32s(&x);
-                let got = CpuExecutor::new(g)
-                    .unwrap()
-                    .run(&[InputValue::Tensor {
-                        shape: vec![m, k],
-                        data: &xb,
-                    }])
-                    .unwrap();
-                let got = to_f32(DType::F32, &got[0].data).into_owned();
+                    vec![
+                        (dt, vec![n, cols], raw.clone()),
+                        (DType::F32, vec![n, groups], f32s(&scales)),
+                        (DType::F32, vec![n, groups], f32s(&biases)),
+                    ]
+                };
+                let got = run_linear(w, aq, &x, [m, k, n], operands);
 
                 let mut xq = x.clone();
                 for row in xq.chunks_mut(k) {
@@ -1562,35 +1600,18 @@ mod tests {
         let biases: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
         let mut x = rand(&mut seed, m * k);
         x[7] = 40.0; // a massive activation, as real residual streams have
-        let mut g = Graph::default();
-        let xt = g.add_tensor("x", DType::F32, vec![m, k], Role::Input(0));
-        let ins = vec![
-            xt,
-            g.add_tensor("w", DType::U8, vec![n, k / 2], blob(raw.clone())),
-            g.add_tensor("s", DType::F32, vec![n, groups], blob(f32s(&scales))),
-            g.add_tensor("b", DType::F32, vec![n, groups], blob(f32s(&biases))),
+        let operands = vec![
+            (DType::U8, vec![n, k / 2], raw.clone()),
+            (DType::F32, vec![n, groups], f32s(&scales)),
+            (DType::F32, vec![n, groups], f32s(&biases)),
         ];
-        let y = g.add_tensor("y", DType::F32, vec![m, n], Role::Activation);
-        g.op(
-            OpKind::Linear {
-                weight: Weight::Q4 { group },
-                act_quant: ActQuant::Xnnpack,
-                has_bias: false,
-            },
-            ins,
-            vec![y],
+        let got = run_linear(
+            Weight::Q4 { group },
+            ActQuant::Xnnpack,
+            &x,
+            [m, k, n],
+            operands,
         );
-        g.inputs.push(Io::Tensor(xt));
-        g.outputs.push(y);
-        let xb = f32s(&x);
-        let got = CpuExecutor::new(g)
-            .unwrap()
-            .run(&[InputValue::Tensor {
-                shape: vec![m, k],
-                data: &xb,
-            }])
-            .unwrap();
-        let got = to_f32(DType::F32, &got[0].data).into_owned();
         let mut worst = 0f64;
         for i in 0..m {
             let mut r = vec![0i32; k];
