@@ -6,17 +6,17 @@ use super::{broadcast_indices, broadcast_shape, KernelCtx, KernelFn, KernelResul
 use crate::runtime::tensor::{DType, TensorIn};
 
 pub const KERNELS: &[(&str, KernelFn)] = &[
-    ("aten::add.out", add),
-    ("aten::add.Scalar_out", add_scalar),
-    ("aten::sub.out", sub),
-    ("aten::sub.Scalar_out", sub_scalar),
-    ("aten::mul.out", mul),
-    ("aten::mul.Scalar_out", mul_scalar),
-    ("aten::div.out", div),
-    ("aten::div.Scalar_out", div_scalar),
+    ("aten::add.out", add::<TENSOR>),
+    ("aten::add.Scalar_out", add::<SCALAR>),
+    ("aten::sub.out", sub::<TENSOR>),
+    ("aten::sub.Scalar_out", sub::<SCALAR>),
+    ("aten::mul.out", mul::<TENSOR>),
+    ("aten::mul.Scalar_out", mul::<SCALAR>),
+    ("aten::div.out", div::<TENSOR>),
+    ("aten::div.Scalar_out", div::<SCALAR>),
     ("aten::div.out_mode", div_mode),
-    ("aten::pow.Tensor_Scalar_out", pow_scalar),
-    ("aten::pow.Tensor_Tensor_out", pow_tensor),
+    ("aten::pow.Tensor_Scalar_out", pow::<SCALAR>),
+    ("aten::pow.Tensor_Tensor_out", pow::<TENSOR>),
     ("aten::maximum.out", maximum),
     ("aten::minimum.out", minimum),
     ("aten::eq.Scalar_out", eq_s),
@@ -166,9 +166,22 @@ fn s(k: &KernelCtx, i: usize) -> Result<Operand, String> {
     Ok(Operand::S(k.scalar(i)?))
 }
 
-fn add(k: &mut KernelCtx) -> KernelResult {
+/// Which operand a binary kernel's second argument is: a tensor (`.out`, `.Tensor_out`) or, for
+/// the `.Scalar_out` overloads, a scalar. The arithmetic is the same either way.
+const TENSOR: bool = false;
+const SCALAR: bool = true;
+
+fn rhs<const B: bool>(k: &KernelCtx) -> Result<Operand, String> {
+    if B == SCALAR {
+        s(k, 1)
+    } else {
+        t(k, 1)
+    }
+}
+
+fn add<const B: bool>(k: &mut KernelCtx) -> KernelResult {
     let alpha = k.scalar(2)?.f64();
-    let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
+    let (a, b, o) = (t(k, 0)?, rhs::<B>(k)?, k.last());
     binary(
         k,
         a,
@@ -178,21 +191,9 @@ fn add(k: &mut KernelCtx) -> KernelResult {
         |x, y| x.wrapping_add((alpha as i64).wrapping_mul(y)),
     )
 }
-fn add_scalar(k: &mut KernelCtx) -> KernelResult {
+fn sub<const B: bool>(k: &mut KernelCtx) -> KernelResult {
     let alpha = k.scalar(2)?.f64();
-    let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
-    binary(
-        k,
-        a,
-        b,
-        o,
-        |x, y| x + alpha * y,
-        |x, y| x.wrapping_add((alpha as i64).wrapping_mul(y)),
-    )
-}
-fn sub(k: &mut KernelCtx) -> KernelResult {
-    let alpha = k.scalar(2)?.f64();
-    let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
+    let (a, b, o) = (t(k, 0)?, rhs::<B>(k)?, k.last());
     binary(
         k,
         a,
@@ -202,39 +203,12 @@ fn sub(k: &mut KernelCtx) -> KernelResult {
         |x, y| x.wrapping_sub((alpha as i64).wrapping_mul(y)),
     )
 }
-fn sub_scalar(k: &mut KernelCtx) -> KernelResult {
-    let alpha = k.scalar(2)?.f64();
-    let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
-    binary(
-        k,
-        a,
-        b,
-        o,
-        |x, y| x - alpha * y,
-        |x, y| x.wrapping_sub((alpha as i64).wrapping_mul(y)),
-    )
-}
-fn mul(k: &mut KernelCtx) -> KernelResult {
-    let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
+fn mul<const B: bool>(k: &mut KernelCtx) -> KernelResult {
+    let (a, b, o) = (t(k, 0)?, rhs::<B>(k)?, k.last());
     binary(k, a, b, o, |x, y| x * y, i64::wrapping_mul)
 }
-fn mul_scalar(k: &mut KernelCtx) -> KernelResult {
-    let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
-    binary(k, a, b, o, |x, y| x * y, i64::wrapping_mul)
-}
-fn div(k: &mut KernelCtx) -> KernelResult {
-    let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(
-        k,
-        a,
-        b,
-        o,
-        |x, y| x / y,
-        |x, y| if y == 0 { 0 } else { x / y },
-    )
-}
-fn div_scalar(k: &mut KernelCtx) -> KernelResult {
-    let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
+fn div<const B: bool>(k: &mut KernelCtx) -> KernelResult {
+    let (a, b, o) = (t(k, 0)?, rhs::<B>(k)?, k.last());
     binary(
         k,
         a,
@@ -290,51 +264,27 @@ fn div_mode(k: &mut KernelCtx) -> KernelResult {
         m => Err(format!("unknown rounding mode `{m}`")),
     }
 }
-fn pow_scalar(k: &mut KernelCtx) -> KernelResult {
-    let (a, b, o) = (t(k, 0)?, s(k, 1)?, k.last());
+fn pow<const B: bool>(k: &mut KernelCtx) -> KernelResult {
+    let (a, b, o) = (t(k, 0)?, rhs::<B>(k)?, k.last());
     binary(k, a, b, o, f64::powf, |x, y| {
         x.wrapping_pow(y.max(0) as u32)
     })
 }
-fn pow_tensor(k: &mut KernelCtx) -> KernelResult {
-    let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(k, a, b, o, f64::powf, |x, y| {
-        x.wrapping_pow(y.max(0) as u32)
-    })
+/// ATen's maximum and minimum propagate NaN; `f64::max`/`min` would drop it.
+fn nan_or(x: f64, y: f64, f: fn(f64, f64) -> f64) -> f64 {
+    if x.is_nan() || y.is_nan() {
+        f64::NAN
+    } else {
+        f(x, y)
+    }
 }
 fn maximum(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(
-        k,
-        a,
-        b,
-        o,
-        |x, y| {
-            if x.is_nan() || y.is_nan() {
-                f64::NAN
-            } else {
-                x.max(y)
-            }
-        },
-        i64::max,
-    )
+    binary(k, a, b, o, |x, y| nan_or(x, y, f64::max), i64::max)
 }
 fn minimum(k: &mut KernelCtx) -> KernelResult {
     let (a, b, o) = (t(k, 0)?, t(k, 1)?, k.last());
-    binary(
-        k,
-        a,
-        b,
-        o,
-        |x, y| {
-            if x.is_nan() || y.is_nan() {
-                f64::NAN
-            } else {
-                x.min(y)
-            }
-        },
-        i64::min,
-    )
+    binary(k, a, b, o, |x, y| nan_or(x, y, f64::min), i64::min)
 }
 
 macro_rules! cmp_kernels {
