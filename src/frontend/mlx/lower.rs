@@ -368,6 +368,10 @@ impl<'a> Lower<'a> {
         Int::Sym(s)
     }
 
+    fn ints(&self, vs: &[IntOrVid]) -> Result<Vec<Int>, String> {
+        vs.iter().map(|&v| self.int(v)).collect()
+    }
+
     fn int(&self, v: IntOrVid) -> Result<Int, String> {
         match v {
             IntOrVid::Int(i) => Ok(Int::Lit(i)),
@@ -797,10 +801,7 @@ impl<'a> Lower<'a> {
             }
             Node::Reshape { x, out, shape } => {
                 let src = self.read(*x)?;
-                let req: Vec<Int> = shape
-                    .iter()
-                    .map(|&v| self.int(v))
-                    .collect::<Result<_, _>>()?;
+                let req = self.ints(shape)?;
                 self.reshape(src, req, *out)?;
             }
             Node::ExpandDims { x, out, axis: a } => {
@@ -1042,10 +1043,7 @@ impl<'a> Lower<'a> {
                 value,
                 dtype: d,
             } => {
-                let req: Vec<Int> = shape
-                    .iter()
-                    .map(|&v| self.int(v))
-                    .collect::<Result<_, _>>()?;
+                let req = self.ints(shape)?;
                 let max = req
                     .iter()
                     .map(|&v| match self.upper(v) {

@@ -980,6 +980,24 @@ mod tests {
         value(id, Datatype::Fp32, dims, None, None)
     }
 
+    /// A per-token dynamically quantized int8 value, as the 8da4w recipe makes a linear's input.
+    fn dynamic_int8(id: u32, dims: &[u32]) -> XValue {
+        let mut v = value(id, Datatype::Qdint8, dims, None, None);
+        v.quant = Some(QuantParams::PerTokenDynamic(PerTokenDynamicQuant {
+            num_nonbatch_dims: 1,
+        }));
+        v
+    }
+
+    /// The `Convert` that quantizes value `input` into `output`.
+    fn quantize(input: u32, output: u32) -> XNode {
+        node(NodeKind::Convert(Unary {
+            input_id: input,
+            output_id: output,
+            flags: 0,
+        }))
+    }
+
     fn node(kind: NodeKind) -> XNode {
         XNode {
             kind,
@@ -1066,10 +1084,7 @@ mod tests {
             num_scales: scales.len() as u32,
             scale_data: Some(owned(scales.iter().flat_map(|&s| bf16(s)).collect())),
         }));
-        let mut qd = value(2, Datatype::Qdint8, &[2, k as u32], None, None);
-        qd.quant = Some(QuantParams::PerTokenDynamic(PerTokenDynamicQuant {
-            num_nonbatch_dims: 1,
-        }));
+        let qd = dynamic_int8(2, &[2, k as u32]);
         let x = graph(
             vec![
                 input(1, 0, &[2, k as u32]),
@@ -1078,11 +1093,7 @@ mod tests {
                 output(4, 1, &[2, n as u32]),
             ],
             vec![
-                node(NodeKind::Convert(Unary {
-                    input_id: 1,
-                    output_id: 2,
-                    flags: 0,
-                })),
+                quantize(1, 2),
                 node(NodeKind::FullyConnected(FullyConnected {
                     input1_id: 2,
                     filter_id: 3,
@@ -1283,18 +1294,11 @@ mod tests {
 
     #[test]
     fn dynamically_quantized_values_feeding_other_nodes_are_rejected() {
-        let mut qd = value(2, Datatype::Qdint8, &[1, 4], None, None);
-        qd.quant = Some(QuantParams::PerTokenDynamic(PerTokenDynamicQuant {
-            num_nonbatch_dims: 1,
-        }));
+        let qd = dynamic_int8(2, &[1, 4]);
         let x = graph(
             vec![input(1, 0, &[1, 4]), qd, output(3, 1, &[4, 1])],
             vec![
-                node(NodeKind::Convert(Unary {
-                    input_id: 1,
-                    output_id: 2,
-                    flags: 0,
-                })),
+                quantize(1, 2),
                 node(NodeKind::StaticTranspose(StaticTranspose {
                     perm: vec![1, 0],
                     input_id: 2,
