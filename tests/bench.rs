@@ -3,27 +3,11 @@
 
 mod common;
 
+use common::{fixture, pteria};
 use serde_json::Value;
-use std::process::Command;
-
-fn pteria(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pteria"))
-        .args(args)
-        .output()
-        .expect("run pteria");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn no_gpu() -> bool {
     std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1")
-}
-
-fn fixture(name: &str) -> String {
-    common::fixtures().join(name).to_string_lossy().into_owned()
 }
 
 fn json(out: &str) -> Value {

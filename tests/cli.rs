@@ -2,23 +2,7 @@
 
 mod common;
 
-use std::process::Command;
-
-fn pteria(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pteria"))
-        .args(args)
-        .output()
-        .expect("run pteria");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn fixture(name: &str) -> String {
-    common::fixtures().join(name).to_string_lossy().into_owned()
-}
+use common::{fixture, pteria};
 
 #[test]
 fn inspect_describes_methods_metadata_and_weights() {

@@ -9,19 +9,11 @@ use pteria::runtime::delegate::{cpu_executor, gpu_executor, ExecutorFactory};
 use pteria::runtime::{HostTensor, Method, Output};
 use serde_json::Value;
 
-/// Rel-L2 of every call of one program against its golden.
+/// Rel-L2 of every call of one program against its golden. The MLX programs' mutable KV buffers
+/// and glue lower with their delegates: one graph.
 fn rel_l2_per_call(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<Vec<f64>, String> {
     let file = entry["file"].as_str().unwrap();
-    let program = Program::open(&common::fixtures().join(file), &[]).map_err(|e| e.to_string())?;
-    let backends = pteria::frontend::backends(make);
-    let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
-    // The MLX programs' mutable KV buffers and glue lower with their delegates: one graph.
-    if !method.runs_whole() {
-        return Err(format!(
-            "not one graph: {}",
-            method.whole_note().unwrap_or("?")
-        ));
-    }
+    let mut method = common::load_whole(file, make)?;
     common::golden_rel_l2_per_call(&mut method, entry, m).map_err(|e| format!("{file} {e}"))
 }
 

@@ -11,16 +11,8 @@ use serde_json::Value;
 /// Worst per-call rel-L2 of one program against its golden.
 fn worst_rel_l2(entry: &Value, m: &Value, make: ExecutorFactory) -> Result<f64, String> {
     let file = entry["file"].as_str().unwrap();
-    let program = Program::open(&common::fixtures().join(file), &[]).map_err(|e| e.to_string())?;
-    let backends = pteria::frontend::backends(make);
-    let mut method = Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
     // Every Vulkan fixture, the stock export's CPU glue ops included, runs as one IR graph.
-    if !method.runs_whole() {
-        return Err(format!(
-            "{file} does not run as one graph: {}",
-            method.whole_note().unwrap_or("?")
-        ));
-    }
+    let mut method = common::load_whole(file, make)?;
     let errs =
         common::golden_rel_l2_per_call(&mut method, entry, m).map_err(|e| format!("{file} {e}"))?;
     // `f64::max` skips NaN; a NaN call must fail.

@@ -9,6 +9,24 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// A fixture's path as a command-line argument.
+pub fn fixture(name: &str) -> String {
+    fixtures().join(name).to_string_lossy().into_owned()
+}
+
+/// Runs the `pteria` binary with `args`: (success, stdout, stderr).
+pub fn pteria(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pteria"))
+        .args(args)
+        .output()
+        .expect("run pteria");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Every `.pte` directly in tests/fixtures, sorted by name.
 pub fn fixture_programs() -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(fixtures())
@@ -148,6 +166,26 @@ pub fn ints(v: &serde_json::Value) -> Vec<i64> {
         .iter()
         .map(|x| x.as_i64().expect("an integer"))
         .collect()
+}
+
+/// Fixture `file`'s `forward` loaded with the IR front ends on `make`'s executor, required to run
+/// as one IR graph (delegates, mutable buffers and CPU glue together).
+pub fn load_whole(
+    file: &str,
+    make: pteria::runtime::delegate::ExecutorFactory,
+) -> Result<pteria::runtime::Method, String> {
+    let program =
+        pteria::pte::Program::open(&fixtures().join(file), &[]).map_err(|e| e.to_string())?;
+    let backends = pteria::frontend::backends(make);
+    let method =
+        pteria::runtime::Method::load(&program, "forward", &backends).map_err(|e| e.to_string())?;
+    if !method.runs_whole() {
+        return Err(format!(
+            "{file} does not run as one graph: {}",
+            method.whole_note().unwrap_or("?")
+        ));
+    }
+    Ok(method)
 }
 
 /// Runs the manifest's calls on `method` in order (the KV cache carries from one to the next) and
