@@ -1,9 +1,10 @@
 // Batched a[.., M, K] @ b[.., K, N] with broadcast batch dims (up to 4); one workgroup z-slice
 // per batch entry.
 //   main  64x64 output tiles, 16-deep K slices in shared memory.
-//   rows  few rows of a (decode attention: q·Kᵀ, p·V): 16 columns × 16 K-slices per workgroup
-//         and row; a tile of 64 rows would be almost all padding there, and 4 K-slices left a
-//         K = 1024 p·V a long chain of dependent loads (64 us on an H100).
+//   rows  few rows of a (decode attention: q·Kᵀ, p·V): 16 columns × KS K-slices per workgroup
+//         and row; a tile of 64 rows would be almost all padding there, and 16 K-slices of one
+//         load per step left a K = 1024 p·V a chain of 64 dependent loads (about 20 us per
+//         decode matmul on an H100).
 
 struct Params {
     m: u32,
@@ -26,7 +27,6 @@ const BK = 16u;
 @group(0) @binding(4) var<storage, read> b: array<f32>;
 
 var<workgroup> as_: array<f32, 1024>; // [BK][BM]
-var<workgroup> part: array<f32, 256>; // [16][16]
 
 // Element offsets of batch entry z in a and b.
 fn batch_offsets(z: u32) -> vec2<u32> {
@@ -40,27 +40,43 @@ fn batch_offsets(z: u32) -> vec2<u32> {
     return o;
 }
 
-@compute @workgroup_size(16, 16)
+// K-slices per workgroup of `rows` (a power of two, 16 * KS invocations): enough that each
+// invocation walks at most a few unrolled steps of 4 independent loads.
+override KS: u32 = 16u;
+var<workgroup> part_k: array<f32, 1024>; // [KS][16]
+
+@compute @workgroup_size(16, KS)
 fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let n = wg.x * 16u + lid.x;
     let m = wg.y;
     let o = batch_offsets(wg.z);
-    var acc = 0.0;
+    var acc = vec4<f32>();
     if n < p.n {
         let arow = o.x + m * p.k;
-        // 16 consecutive n of one row of b per K-slice: 64-byte reads, and 16 slices in flight.
-        for (var k = lid.y; k < p.k; k += 16u) {
-            acc += a[arow + k] * b[o.y + k * p.n + n];
+        let bcol = o.y + n;
+        // 16 consecutive n of one row of b per K-slice: 64-byte reads; 4 slices per step so that
+        // 4 loads are in flight per invocation, not one dependent chain.
+        var k = lid.y;
+        for (; k + 3u * KS < p.k; k += 4u * KS) {
+            acc += vec4<f32>(a[arow + k], a[arow + k + KS], a[arow + k + 2u * KS],
+                             a[arow + k + 3u * KS])
+                 * vec4<f32>(b[bcol + k * p.n], b[bcol + (k + KS) * p.n],
+                             b[bcol + (k + 2u * KS) * p.n], b[bcol + (k + 3u * KS) * p.n]);
+        }
+        for (; k < p.k; k += KS) {
+            acc.x += a[arow + k] * b[bcol + k * p.n];
         }
     }
-    part[lid.y * 16u + lid.x] = acc;
+    part_k[lid.y * 16u + lid.x] = (acc.x + acc.y) + (acc.z + acc.w);
     workgroupBarrier();
-    if lid.y == 0u && n < p.n {
-        var v = 0.0;
-        for (var j = 0u; j < 16u; j++) {
-            v += part[j * 16u + lid.x];
+    for (var s = KS / 2u; s > 0u; s = s / 2u) {
+        if lid.y < s {
+            part_k[lid.y * 16u + lid.x] += part_k[(lid.y + s) * 16u + lid.x];
         }
-        y[(wg.z * p.m + m) * p.n + n] = v;
+        workgroupBarrier();
+    }
+    if lid.y == 0u && n < p.n {
+        y[(wg.z * p.m + m) * p.n + n] = part_k[lid.x];
     }
 }
 var<workgroup> bs: array<f32, 1024>; // [BK][BN]

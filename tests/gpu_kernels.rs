@@ -874,6 +874,9 @@ fn matmul_with_broadcast_batches_matches_cpu() {
         (vec![1, 65], vec![65, 130], vec![1, 130]),
         // Decode attention: one query row per head against a shared cache (few-rows kernel).
         (vec![1, 8, 1, 256], vec![1, 1, 256, 203], vec![1, 8, 1, 203]),
+        // E2B's decode p·V (K = the 1024-row cache) and a K that no step count divides.
+        (vec![8, 1, 1024], vec![1, 1024, 512], vec![8, 1, 512]),
+        (vec![3, 2, 1001], vec![1, 1001, 17], vec![3, 2, 17]),
         (vec![1, 3, 4, 70], vec![2, 1, 70, 66], vec![2, 3, 4, 66]),
         (vec![2, 1, 33], vec![2, 33, 130], vec![2, 1, 130]),
     ] {

@@ -1217,10 +1217,15 @@ fn matmul(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
     if groups.iter().any(|&g| g > env.max_groups) {
         return Err(format!("matmul {as_:?} x {bs:?} needs too many workgroups"));
     }
+    // K-slices of `rows`: each invocation walks about 4 unrolled steps of 4 loads.
+    let ks = (k / 16)
+        .next_power_of_two()
+        .clamp(4, 64)
+        .min((env.max_invocations as usize / 16).max(1));
     Ok(vec![step(
         "matmul",
         if few { "rows" } else { "main" },
-        vec![],
+        if few { vec![("KS", ks as f64)] } else { vec![] },
         p,
         Res::Tensor(out),
         vec![Res::Tensor(a), Res::Tensor(bt)],
