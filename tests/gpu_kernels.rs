@@ -1428,6 +1428,31 @@ fn elementwise_chains_match_cpu() {
     }
 }
 
+/// A permute of a K/V projection that moves only its unit head dim ([1, S, 1, D] -> [1, 1, S, D],
+/// S below its bound) becomes a reshape sharing its input's buffer: same results on the GPU.
+#[test]
+fn unit_permutes_as_reshapes_match_cpu() {
+    let mut rng = Rng::new(24);
+    let (s_max, s, d) = (6usize, 4usize, 12usize);
+    let mut t = T::default();
+    let x = t.input(
+        DType::F32,
+        &[1, s_max, 1, d],
+        &[1, s, 1, d],
+        f32_bytes(&rng.floats(s * d, 2.0)),
+    );
+    let e = t.op(OpKind::Unary(UnaryOp::Exp), vec![x], DType::F32, &[1, s_max, 1, d]);
+    let perm = OpKind::Permute {
+        perm: vec![0, 2, 1, 3],
+    };
+    let y = t.op(perm, vec![e], DType::F32, &[1, 1, s_max, d]);
+    let z = t.op(OpKind::Unary(UnaryOp::Neg), vec![y], DType::F32, &[1, 1, s_max, d]);
+    t.out(z);
+    check("unit permute", &t, TOL, 1e-3);
+    assert_eq!(pteria::ir::passes::unit_permutes_to_reshapes(&mut t.g), 1);
+    check("unit permute as a reshape", &t, TOL, 1e-3);
+}
+
 fn decode_graph(layout: AttnLayout, cache: usize, h: usize, d: usize, s_max: usize) -> T {
     let mut t = T::default();
     let xs = attn_shape(layout, 1, s_max, h, d);

@@ -443,6 +443,71 @@ pub fn fold_permutes(g: &mut Graph) -> usize {
     n
 }
 
+/// A permute that moves only dims of size 1 keeps every element in place: it becomes a reshape,
+/// which shares its input's storage instead of copying it (the per-head K/V projections of the
+/// Vulkan export, [1, S, 1, D] -> [1, 1, S, D]).
+pub fn unit_permutes_to_reshapes(g: &mut Graph) -> usize {
+    let written_in_place: std::collections::HashSet<TensorId> = g
+        .ops()
+        .filter(|o| matches!(o.kind, OpKind::CacheUpdate { .. }))
+        .filter_map(|o| o.inputs.first().copied())
+        .collect();
+    let mut n = 0;
+    let mut i = 0;
+    while i < g.nodes.len() {
+        let Node::Op(o) = &g.nodes[i] else {
+            i += 1;
+            continue;
+        };
+        let OpKind::Permute { perm } = &o.kind else {
+            i += 1;
+            continue;
+        };
+        let (x, out) = (o.inputs[0], o.outputs[0]);
+        let xs = g.tensors[x].max_shape.clone();
+        let moved: Vec<usize> = perm.iter().copied().filter(|&d| xs[d] != 1).collect();
+        let in_place = moved.windows(2).all(|w| w[0] < w[1]);
+        let plain = |t: TensorId| matches!(g.tensors[t].role, Role::Activation);
+        let x_ok = matches!(g.tensors[x].role, Role::Activation | Role::Input(_));
+        if !in_place
+            || !x_ok
+            || !plain(out)
+            || g.outputs.contains(&out)
+            || written_in_place.contains(&x)
+            || perm.len() != xs.len()
+        {
+            i += 1;
+            continue;
+        }
+        let perm = perm.clone();
+        let mut nodes = Vec::new();
+        let mut shape = Vec::with_capacity(perm.len());
+        for &d in &perm {
+            if xs[d] == 1 {
+                shape.push(Int::Lit(1));
+            } else {
+                let s = g.add_sym(format!("{} dim {d}", g.tensors[x].name));
+                nodes.push(Node::Sym(SymOp::Size {
+                    out: s,
+                    tensor: x,
+                    dim: d,
+                }));
+                shape.push(Int::Sym(s));
+            }
+        }
+        nodes.push(Node::Op(Op {
+            kind: OpKind::Reshape { shape },
+            inputs: vec![x],
+            outputs: vec![out],
+        }));
+        let k = nodes.len();
+        g.nodes.splice(i..=i, nodes);
+        i += k;
+        n += 1;
+    }
+    n
+}
+
 fn rename(g: &mut Graph, from: TensorId, to: TensorId) {
     for node in &mut g.nodes {
         match node {
@@ -917,6 +982,7 @@ pub fn finish(g: &mut Graph) -> Vec<(&'static str, usize)> {
 pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![
         ("fold_permutes", fold_permutes(g)),
+        ("unit_permutes_to_reshapes", unit_permutes_to_reshapes(g)),
         ("drop_noop_copies", drop_noop_copies(g)),
         ("fuse_rms_norm", fuse_rms_norm(g)),
         ("fuse_rotate_half", fuse_rotate_half(g)),
@@ -1071,6 +1137,31 @@ mod tests {
                 run(folded, &x, &[2, 3, 4, 5]),
                 "{perms:?}"
             );
+        }
+    }
+
+    #[test]
+    fn permutes_of_unit_dims_become_reshapes_with_the_same_result() {
+        let x: Vec<f32> = (0..40).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let f = DType::F32;
+        // [1, 5, 1, 8] -> [1, 1, 5, 8] keeps every element in place; -> [8, 1, 5, 1] does not.
+        for (perm, reshaped) in [([0, 2, 1, 3], 1), ([3, 2, 1, 0], 0)] {
+            let mut g = Graph::default();
+            let xt = g.add_tensor("x", f, vec![1, 5, 1, 8], Role::Input(0));
+            let shape: Vec<usize> = perm.iter().map(|&d| [1, 5, 1, 8][d]).collect();
+            let y = g.add_tensor("y", f, shape, Role::Activation);
+            let z = g.add_tensor("z", f, g.tensors[y].max_shape.clone(), Role::Activation);
+            g.op(OpKind::Permute { perm: perm.to_vec() }, vec![xt], vec![y]);
+            g.op(OpKind::Unary(UnaryOp::Neg), vec![y], vec![z]);
+            g.inputs = vec![Io::Tensor(xt)];
+            g.outputs = vec![z];
+            let mut r = g.clone();
+            assert_eq!(unit_permutes_to_reshapes(&mut r), reshaped, "{perm:?}");
+            assert_eq!(
+                r.ops().filter(|o| o.kind.name() == "layout").count(),
+                1 - reshaped
+            );
+            assert_eq!(run(g, &x, &[1, 5, 1, 8]), run(r, &x, &[1, 5, 1, 8]), "{perm:?}");
         }
     }
 
