@@ -631,6 +631,49 @@ fn linear_variants_match_cpu() {
     }
 }
 
+/// Linears reading one input with one activation quantization (q/k/v, gate/up) quantize it
+/// once; a different weight format or rounding rule quantizes again. Decode rows (packed int8
+/// path) and prefill rows (tiled path), against the CPU.
+#[test]
+fn linears_of_one_input_share_its_quantization() {
+    use pteria::ir::ActQuant;
+    let mut rng = Rng::new(25);
+    for m in [1usize, 3, 20] {
+        let k = 256;
+        let mut t = T::default();
+        let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+        let q4 = Weight::Q4 { group: 128 };
+        let cases = [
+            (q4, ActQuant::Torchao, 70),
+            (q4, ActQuant::Torchao, 33),
+            (Weight::Q8 { group: 128 }, ActQuant::Torchao, 40),
+            (q4, ActQuant::Xnnpack, 19),
+            (q4, ActQuant::Torchao, 129),
+        ];
+        for (w, act_quant, n) in cases {
+            let mut ins = vec![x];
+            ins.extend(quant_weight(&mut t, &mut rng, w, n, k));
+            let kind = OpKind::Linear {
+                weight: w,
+                act_quant,
+                has_bias: false,
+            };
+            let y = t.op(kind, ins, DType::F32, &[m, n]);
+            t.out(y);
+        }
+        let Some(ctx) = ctx() else { return };
+        let gpu = check_on(
+            ctx,
+            &format!("shared quantization, {m} rows"),
+            &t,
+            TOL,
+            0.05,
+        );
+        // 5 mat-vecs, 3 quantizations (q4/torchao once for three linears, q8, xnnpack).
+        assert_eq!(gpu.stats().last_dispatches, 8, "{m} rows");
+    }
+}
+
 /// Identity weights make the linear return its quantize-dequantized activations, so a single
 /// tie rounded the other way shows as a whole quantization step.
 #[test]
@@ -1441,12 +1484,22 @@ fn unit_permutes_as_reshapes_match_cpu() {
         &[1, s, 1, d],
         f32_bytes(&rng.floats(s * d, 2.0)),
     );
-    let e = t.op(OpKind::Unary(UnaryOp::Exp), vec![x], DType::F32, &[1, s_max, 1, d]);
+    let e = t.op(
+        OpKind::Unary(UnaryOp::Exp),
+        vec![x],
+        DType::F32,
+        &[1, s_max, 1, d],
+    );
     let perm = OpKind::Permute {
         perm: vec![0, 2, 1, 3],
     };
     let y = t.op(perm, vec![e], DType::F32, &[1, 1, s_max, d]);
-    let z = t.op(OpKind::Unary(UnaryOp::Neg), vec![y], DType::F32, &[1, 1, s_max, d]);
+    let z = t.op(
+        OpKind::Unary(UnaryOp::Neg),
+        vec![y],
+        DType::F32,
+        &[1, 1, s_max, d],
+    );
     t.out(z);
     check("unit permute", &t, TOL, 1e-3);
     assert_eq!(pteria::ir::passes::unit_permutes_to_reshapes(&mut t.g), 1);

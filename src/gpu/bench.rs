@@ -226,8 +226,6 @@ fn matvec_case(
     let sdata = shared(floats(groups, 4, 0.001, 0.01));
     let bdata = shared(floats(groups, 5, -0.05, 0.1));
     let mut g = Graph::default();
-    let x = g.add_tensor("x", DType::F32, vec![1, k], Role::Input(0));
-    g.inputs.push(Io::Tensor(x));
     let act_quant = if case.dynamic_int8 {
         ActQuant::Torchao
     } else {
@@ -235,6 +233,10 @@ fn matvec_case(
     };
     let mut outs = Vec::new();
     for l in 0..layers {
+        // An input per layer: linears of one input would quantize it once (memory.rs), and each
+        // 8da4w decode linear of the benchmark is to pay for its own quantization.
+        let x = g.add_tensor(format!("x{l}"), DType::F32, vec![1, k], Role::Input(l));
+        g.inputs.push(Io::Tensor(x));
         let mut ins = vec![x];
         match w {
             Weight::F32 => ins.push(g.add_tensor(
@@ -282,12 +284,17 @@ fn matvec_case(
         outs.push(y);
     }
     // Only the last output is read back; every layer still runs (the executor runs every node).
-    g.outputs.push(*outs.last().unwrap_or(&x));
+    let Some(&last) = outs.last() else {
+        return Err(GpuError::Device("a benchmark case without layers".into()));
+    };
+    g.outputs.push(last);
     let data = floats(k, 6, -1.0, 2.0);
-    let inputs = [InputValue::Tensor {
-        shape: vec![1, k],
-        data: &data,
-    }];
+    let inputs: Vec<InputValue> = (0..layers)
+        .map(|_| InputValue::Tensor {
+            shape: vec![1, k],
+            data: &data,
+        })
+        .collect();
     let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
     let (s, _) = measure(&mut gpu, &inputs, seconds)?;
     Ok((layers, layer_bytes, s / layers as f64))

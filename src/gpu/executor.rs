@@ -628,7 +628,7 @@ impl GpuExecutor {
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {
                 let Node::Op(op) = node else { continue };
-                let built = ops::build(&env, op).map_err(|msg| IrError::Node {
+                let built = ops::build(&env, n, op).map_err(|msg| IrError::Node {
                     node: n,
                     op: op.kind.label(),
                     msg,

@@ -55,6 +55,9 @@ pub(crate) struct MemoryPlan {
     pub place: Vec<Vec<usize>>,
     /// Per node: op-private scratch buffers.
     pub scratch: Vec<Vec<usize>>,
+    /// Per node: for a linear whose input an earlier linear quantizes the same way (q/k/v,
+    /// gate/up), that node; it shares the earlier one's scratch, kept alive until then.
+    pub quant_from: Vec<Option<usize>>,
     pub buffers: Vec<BufferSpec>,
 }
 
@@ -316,6 +319,37 @@ impl MemoryPlan {
             }
         }
 
+        // Linears reading one input with one activation quantization quantize it once: the
+        // first one's scratch serves the others until the input is written again.
+        let mut quant_from: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut last_sharer: Vec<usize> = (0..g.nodes.len()).collect();
+        {
+            let mut owners: Vec<((TensorId, String), usize)> = Vec::new();
+            for (n, node) in g.nodes.iter().enumerate() {
+                let Node::Op(op) = node else { continue };
+                if let OpKind::Linear {
+                    weight, act_quant, ..
+                } = &op.kind
+                {
+                    // (An owner without outputs would quantize nothing for the others.)
+                    let n_out = g.tensors[op.outputs[0]].max_shape.last().copied();
+                    if *act_quant != crate::ir::ActQuant::None && n_out != Some(0) {
+                        let key = (root[op.inputs[0]], format!("{weight:?}/{act_quant:?}"));
+                        match owners.iter().find(|(k, _)| *k == key) {
+                            Some(&(_, m)) => {
+                                quant_from[n] = Some(m);
+                                last_sharer[m] = n;
+                            }
+                            None => owners.push((key, n)),
+                        }
+                    }
+                }
+                for &o in &op.outputs {
+                    owners.retain(|((r, _), _)| *r != root[o]);
+                }
+            }
+        }
+
         // Liveness-ordered pool: at each node, allocate what it writes (and its scratch), then
         // release what it read last.
         let mut scratch: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
@@ -352,10 +386,22 @@ impl MemoryPlan {
                     place[t].push(take(bytes[t], &mut buffers, &mut free));
                 }
             }
-            for s in ops::scratch_bytes(g, op) {
-                scratch[n].push(take(s, &mut buffers, &mut free));
+            match quant_from[n] {
+                Some(m) => {
+                    scratch[n] = scratch[m].clone();
+                    if last_sharer[m] == n {
+                        free.extend(scratch[m].iter().copied());
+                    }
+                }
+                None => {
+                    for s in ops::scratch_bytes(g, op) {
+                        scratch[n].push(take(s, &mut buffers, &mut free));
+                    }
+                    if last_sharer[n] == n {
+                        free.extend(scratch[n].iter().copied());
+                    }
+                }
             }
-            free.extend(scratch[n].iter().copied());
             for &t in &pooled {
                 if first_write[t] != never && last_read[t].max(first_write[t]) == n {
                     free.extend(place[t].iter().copied());
@@ -368,6 +414,7 @@ impl MemoryPlan {
             split,
             place,
             scratch,
+            quant_from,
             buffers,
         };
         (plan, errors)

@@ -445,7 +445,7 @@ fn is_cmp(op: BinaryOp) -> bool {
 }
 
 /// The dispatches of one op for this call's shapes.
-pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
+pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String> {
     let out = op.outputs[0];
     let oshape = env.shape(out).to_vec();
     let n = env.numel(out);
@@ -720,7 +720,7 @@ pub(crate) fn build(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
             weight,
             act_quant,
             has_bias,
-        } => linear(env, op, *weight, *act_quant, *has_bias)?,
+        } => linear(env, node, op, *weight, *act_quant, *has_bias)?,
         OpKind::MatMul => matmul(env, op)?,
         OpKind::Embedding { weight } => embedding(env, op, *weight)?,
         OpKind::Rope {
@@ -1018,6 +1018,7 @@ const MATVEC_MAX_M: usize = 8;
 
 fn linear(
     env: &Env,
+    node: usize,
     op: &Op,
     weight: Weight,
     act_quant: crate::ir::ActQuant,
@@ -1050,7 +1051,11 @@ fn linear(
         && kind != 0
         && matvec
         && quad_matvec(weight, k, nn).is_some();
-    if act_quant != crate::ir::ActQuant::None {
+    // An earlier linear of the same input left its quantized rows in the scratch we share.
+    let shared = env.mem.quant_from.get(node).copied().flatten().is_some();
+    if act_quant != crate::ir::ActQuant::None && shared {
+        xsrc = Res::Scratch(0);
+    } else if act_quant != crate::ir::ActQuant::None {
         let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
         // One workgroup per row: wide enough for about 4 16-byte words each (a long loop of
         // dependent loads in few invocations cost an H100 17 us at K = 12288).

@@ -1151,7 +1151,13 @@ mod tests {
             let shape: Vec<usize> = perm.iter().map(|&d| [1, 5, 1, 8][d]).collect();
             let y = g.add_tensor("y", f, shape, Role::Activation);
             let z = g.add_tensor("z", f, g.tensors[y].max_shape.clone(), Role::Activation);
-            g.op(OpKind::Permute { perm: perm.to_vec() }, vec![xt], vec![y]);
+            g.op(
+                OpKind::Permute {
+                    perm: perm.to_vec(),
+                },
+                vec![xt],
+                vec![y],
+            );
             g.op(OpKind::Unary(UnaryOp::Neg), vec![y], vec![z]);
             g.inputs = vec![Io::Tensor(xt)];
             g.outputs = vec![z];
@@ -1161,7 +1167,11 @@ mod tests {
                 r.ops().filter(|o| o.kind.name() == "layout").count(),
                 1 - reshaped
             );
-            assert_eq!(run(g, &x, &[1, 5, 1, 8]), run(r, &x, &[1, 5, 1, 8]), "{perm:?}");
+            assert_eq!(
+                run(g, &x, &[1, 5, 1, 8]),
+                run(r, &x, &[1, 5, 1, 8]),
+                "{perm:?}"
+            );
         }
     }
 
