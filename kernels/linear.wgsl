@@ -128,10 +128,23 @@ fn row_quant(row: u32, t: u32) -> RowQuant {
             hi4.x = max(hi4.x, x_at(base + j));
         }
     }
-    red_lo[t] = min(min(lo4.x, lo4.y), min(lo4.z, lo4.w));
-    red_hi[t] = max(max(hi4.x, hi4.y), max(hi4.z, hi4.w));
+    var lo = min(min(lo4.x, lo4.y), min(lo4.z, lo4.w));
+    var hi = max(max(hi4.x, hi4.y), max(hi4.z, hi4.w));
+    // Runs of SG_LANES lanes by subgroup shuffles, then their first lanes through shared memory
+    // (min and max are exact: any order gives the same range).
+    // #if subgroups
+    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
+        lo = min(lo, subgroupShuffleXor(lo, d));
+        hi = max(hi, subgroupShuffleXor(hi, d));
+    }
+    // #endif
+    let lanes = max(SG_LANES, 1u);
+    if t % lanes == 0u {
+        red_lo[t / lanes] = lo;
+        red_hi[t / lanes] = hi;
+    }
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+    for (var s = WG / lanes / 2u; s > 0u; s = s / 2u) {
         if t < s {
             red_lo[t] = min(red_lo[t], red_lo[t + s]);
             red_hi[t] = max(red_hi[t], red_hi[t + s]);

@@ -1057,11 +1057,13 @@ fn linear(
         xsrc = Res::Scratch(0);
     } else if act_quant != crate::ir::ActQuant::None {
         let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
-        // One workgroup per row: wide enough for about 4 16-byte words each (a long loop of
-        // dependent loads in few invocations cost an H100 17 us at K = 12288).
-        let aq_wg = (k / 16)
+        // One workgroup per row, about one 16-byte word per invocation (up to 1024): a decode
+        // row's latency is the cost (a long loop of dependent loads in few invocations cost an
+        // H100 17 us at K = 12288; 4 words each still left ~6 us per quantization at K = 1536).
+        let aq_wg = (k / 4)
             .next_power_of_two()
             .clamp(64, env.max_invocations.clamp(64, 1024) as usize);
+        let aq_lanes = env.subgroup.map_or(1, |s| aq_wg.min(s as usize));
         steps.push(step(
             "linear",
             if int_x {
@@ -1073,6 +1075,7 @@ fn linear(
                 ("WG", aq_wg as f64),
                 ("XNN_ROUNDING", b(xnn)),
                 ("KIND", kind as f64),
+                ("SG_LANES", aq_lanes as f64),
             ],
             P::default().u(m).u(0).u(k).u(0).u(0).u(0),
             Res::Scratch(0),
