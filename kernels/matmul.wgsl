@@ -17,6 +17,9 @@ struct Params {
     b_strides: vec4<u32>,
 }
 
+// b is stored transposed ([.., N, K]): b(k, n) at n·K + k.
+override TRANS_B: bool = false;
+
 const BM = 64u;
 const BN = 64u;
 const BK = 16u;
@@ -27,6 +30,14 @@ const BK = 16u;
 @group(0) @binding(4) var<storage, read> b: array<f32>;
 
 var<workgroup> as_: array<f32, 1024>; // [BK][BM]
+
+// Element (k, n) of the b matrix at offset `o`.
+fn b_at(o: u32, k: u32, n: u32) -> f32 {
+    if TRANS_B {
+        return b[o + n * p.k + k];
+    }
+    return b[o + k * p.n + n];
+}
 
 // Element offsets of batch entry z in a and b.
 fn batch_offsets(z: u32) -> vec2<u32> {
@@ -53,18 +64,17 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var acc = vec4<f32>();
     if n < p.n {
         let arow = o.x + m * p.k;
-        let bcol = o.y + n;
         // 16 consecutive n of one row of b per K-slice: 64-byte reads; 4 slices per step so that
         // 4 loads are in flight per invocation, not one dependent chain.
         var k = lid.y;
         for (; k + 3u * KS < p.k; k += 4u * KS) {
             acc += vec4<f32>(a[arow + k], a[arow + k + KS], a[arow + k + 2u * KS],
                              a[arow + k + 3u * KS])
-                 * vec4<f32>(b[bcol + k * p.n], b[bcol + (k + KS) * p.n],
-                             b[bcol + (k + 2u * KS) * p.n], b[bcol + (k + 3u * KS) * p.n]);
+                 * vec4<f32>(b_at(o.y, k, n), b_at(o.y, k + KS, n), b_at(o.y, k + 2u * KS, n),
+                             b_at(o.y, k + 3u * KS, n));
         }
         for (; k < p.k; k += KS) {
-            acc.x += a[arow + k] * b[bcol + k * p.n];
+            acc.x += a[arow + k] * b_at(o.y, k, n);
         }
     }
     part_k[lid.y * 16u + lid.x] = (acc.x + acc.y) + (acc.z + acc.w);
@@ -111,7 +121,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let c = e % BN;
             var bv = 0.0;
             if k0 + kb < p.k && n0 + c < p.n {
-                bv = b[bo + (k0 + kb) * p.n + n0 + c];
+                bv = b_at(bo, k0 + kb, n0 + c);
             }
             bs[kb * BN + c] = bv;
         }

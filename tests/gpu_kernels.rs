@@ -923,14 +923,27 @@ fn matmul_with_broadcast_batches_matches_cpu() {
         (vec![1, 3, 4, 70], vec![2, 1, 70, 66], vec![2, 3, 4, 66]),
         (vec![2, 1, 33], vec![2, 33, 130], vec![2, 1, 130]),
     ] {
-        let mut t = T::default();
-        let an: usize = a.iter().product();
-        let bn: usize = b.iter().product();
-        let x = t.input_f(&a, &rng.floats(an, 1.0));
-        let y = t.input_f(&b, &rng.floats(bn, 1.0));
-        let z = t.op(OpKind::MatMul, vec![x, y], DType::F32, &o);
-        t.out(z);
-        check(&format!("matmul {a:?} x {b:?}"), &t, TOL, 0.05);
+        // b as given, and stored transposed ([.., N, K]) for `transpose_b`.
+        for transpose_b in [false, true] {
+            let mut b = b.clone();
+            let r = b.len();
+            if transpose_b {
+                b.swap(r - 2, r - 1);
+            }
+            let mut t = T::default();
+            let an: usize = a.iter().product();
+            let bn: usize = b.iter().product();
+            let x = t.input_f(&a, &rng.floats(an, 1.0));
+            let y = t.input_f(&b, &rng.floats(bn, 1.0));
+            let z = t.op(OpKind::MatMul { transpose_b }, vec![x, y], DType::F32, &o);
+            t.out(z);
+            check(
+                &format!("matmul {a:?} x {b:?} (bt {transpose_b})"),
+                &t,
+                TOL,
+                0.05,
+            );
+        }
     }
 }
 

@@ -306,7 +306,7 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
                 .or_else(|| float_in(&idx))
                 .or_else(float_out)
         }
-        OpKind::MatMul => n_in(2)
+        OpKind::MatMul { .. } => n_in(2)
             .or_else(|| float_in(&[0, 1]))
             .or_else(float_out)
             .or_else(|| {
@@ -721,7 +721,7 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             act_quant,
             has_bias,
         } => linear(env, node, op, *weight, *act_quant, *has_bias)?,
-        OpKind::MatMul => matmul(env, op)?,
+        OpKind::MatMul { transpose_b } => matmul(env, op, *transpose_b)?,
         OpKind::Embedding { weight } => embedding(env, op, *weight)?,
         OpKind::Rope {
             style,
@@ -1185,14 +1185,15 @@ fn linear(
     Ok(steps)
 }
 
-fn matmul(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
+fn matmul(env: &Env, op: &Op, transpose_b: bool) -> Result<Vec<Step>, String> {
     let (a, bt, out) = (op.inputs[0], op.inputs[1], op.outputs[0]);
     let (as_, bs, os) = (
         env.shape(a).to_vec(),
         env.shape(bt).to_vec(),
         env.shape(out).to_vec(),
     );
-    let (m, k, n) = (as_[as_.len() - 2], as_[as_.len() - 1], bs[bs.len() - 1]);
+    let n = bs[bs.len() - if transpose_b { 2 } else { 1 }];
+    let (m, k) = (as_[as_.len() - 2], as_[as_.len() - 1]);
     let batch = &os[..os.len() - 2];
     if batch.len() > 4 {
         return Err("more than 4 batch dims".into());
@@ -1233,7 +1234,11 @@ fn matmul(env: &Env, op: &Op) -> Result<Vec<Step>, String> {
     Ok(vec![step(
         "matmul",
         if few { "rows" } else { "main" },
-        if few { vec![("KS", ks as f64)] } else { vec![] },
+        if few {
+            vec![("KS", ks as f64), ("TRANS_B", b(transpose_b))]
+        } else {
+            vec![("TRANS_B", b(transpose_b))]
+        },
         p,
         Res::Tensor(out),
         vec![Res::Tensor(a), Res::Tensor(bt)],

@@ -423,12 +423,20 @@ impl CpuExecutor {
                 }
                 Val::F(y)
             }
-            OpKind::MatMul => {
-                let (as_, bs) = (sh(op.inputs[0]), sh(op.inputs[1]));
-                let (a, b) = (
+            OpKind::MatMul { transpose_b } => {
+                let (as_, mut bs) = (sh(op.inputs[0]), sh(op.inputs[1]));
+                let (a, mut b) = (
                     self.get(op.inputs[0], vals)?.f(),
                     self.get(op.inputs[1], vals)?.f(),
                 );
+                if *transpose_b {
+                    // Transposed first, so the sums run as for a transposed copy of b.
+                    let r = bs.len();
+                    let mut st = strides(&bs);
+                    st.swap(r - 2, r - 1);
+                    bs.swap(r - 2, r - 1);
+                    b = strided_copy(&b, &bs, &st);
+                }
                 let (m, k, n) = (as_[as_.len() - 2], as_[as_.len() - 1], bs[bs.len() - 1]);
                 let batch_shape = &out_shape[..out_shape.len() - 2];
                 let ab: Vec<usize> = as_[..as_.len() - 2].to_vec();

@@ -75,14 +75,20 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
             *s.last_mut().unwrap() = n;
             s
         }
-        OpKind::MatMul => {
+        OpKind::MatMul { transpose_b } => {
             let (a, b) = (arg(0)?, arg(1)?);
-            if a.len() < 2 || b.len() < 2 || a[a.len() - 1] != b[b.len() - 2] {
-                return Err(format!("matmul {a:?} x {b:?}"));
+            let (bk, bn) = match transpose_b {
+                false => (b.len().wrapping_sub(2), b.len().wrapping_sub(1)),
+                true => (b.len().wrapping_sub(1), b.len().wrapping_sub(2)),
+            };
+            if a.len() < 2 || b.len() < 2 || a[a.len() - 1] != b[bk] {
+                return Err(format!(
+                    "matmul {a:?} x {b:?} (b transposed: {transpose_b})"
+                ));
             }
             let mut s = broadcast(&a[..a.len() - 2], &b[..b.len() - 2])?;
             s.push(a[a.len() - 2]);
-            s.push(b[b.len() - 1]);
+            s.push(b[bn]);
             s
         }
         OpKind::Embedding { weight } => {

@@ -232,8 +232,11 @@ pub enum OpKind {
         act_quant: ActQuant,
         has_bias: bool,
     },
-    /// Batched `a @ b` with broadcast batch dims.
-    MatMul,
+    /// Batched `a @ b` with broadcast batch dims; `a @ bᵀ` (b's last two dims swapped) when
+    /// `transpose_b`, so a transposed operand needs no copy.
+    MatMul {
+        transpose_b: bool,
+    },
     /// Row gather: inputs: weight tensors (per `weight`), then indices; output `[..idx, cols]`.
     Embedding {
         weight: Weight,
@@ -329,7 +332,7 @@ impl OpKind {
             OpKind::ElementwiseChain { .. } => "elementwise",
             OpKind::RmsNorm { .. } => "rms_norm",
             OpKind::Linear { .. } => "linear",
-            OpKind::MatMul => "matmul",
+            OpKind::MatMul { .. } => "matmul",
             OpKind::Embedding { .. } => "embedding",
             OpKind::Softmax => "softmax",
             OpKind::Mean { .. } | OpKind::Sum { .. } => "reduce",
@@ -649,6 +652,7 @@ impl OpKind {
                 )
             }
             OpKind::Embedding { weight } => format!("embedding[{}]", w(weight)),
+            OpKind::MatMul { transpose_b: true } => "matmul[bt]".into(),
             OpKind::Sum { .. } => "reduce[sum]".into(),
             OpKind::Arange { .. } => "full[arange]".into(),
             OpKind::Permute { .. } => "layout[permute]".into(),

@@ -604,7 +604,7 @@ pub fn unexpand_matmul_operands(g: &mut Graph) -> usize {
     let mut edits = Vec::new();
     for (i, n) in g.nodes.iter().enumerate() {
         let Node::Op(mm) = n else { continue };
-        if mm.kind != OpKind::MatMul || mm.inputs.len() != 2 {
+        if mm.kind != (OpKind::MatMul { transpose_b: false }) || mm.inputs.len() != 2 {
             continue;
         }
         let (mut t, mut transposed) = (mm.inputs[1], false);
@@ -978,6 +978,43 @@ pub fn finish(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![("fuse_elementwise_chains", fuse_elementwise_chains(g))]
 }
 
+/// `matmul(a, permute(b))` with a permute that swaps only the last two dims reads b transposed
+/// instead (`transpose_b`): the export's K cache transposes (a whole-cache copy per layer and
+/// call) go.
+pub fn fold_transpose_into_matmul(g: &mut Graph) -> usize {
+    let uses = use_counts(g);
+    let prod = producers(g);
+    let mut edits = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        let Node::Op(mm) = n else { continue };
+        if mm.kind != (OpKind::MatMul { transpose_b: false }) || mm.inputs.len() != 2 {
+            continue;
+        }
+        let t = mm.inputs[1];
+        let Some(p) = prod[t] else { continue };
+        let OpKind::Permute { perm } = &op_at(g, p).kind else {
+            continue;
+        };
+        let r = perm.len();
+        let swaps_last_two = r >= 2
+            && perm[..r - 2].iter().enumerate().all(|(d, &v)| d == v)
+            && perm[r - 2..] == [r - 1, r - 2];
+        if swaps_last_two && uses[t] == 1 && matches!(g.tensors[t].role, Role::Activation) {
+            edits.push((i, op_at(g, p).inputs[0]));
+        }
+    }
+    for &(i, b) in &edits {
+        if let Node::Op(mm) = &mut g.nodes[i] {
+            mm.kind = OpKind::MatMul { transpose_b: true };
+            mm.inputs[1] = b;
+        }
+    }
+    if !edits.is_empty() {
+        eliminate_dead(g);
+    }
+    edits.len()
+}
+
 /// The default pipeline run at load; returns (pass name, rewrites) pairs for `inspect`.
 pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![
@@ -989,6 +1026,7 @@ pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
         ("dedupe_constants", dedupe_constants(g)),
         ("merge_common_ops", merge_common_ops(g)),
         ("unexpand_matmul_operands", unexpand_matmul_operands(g)),
+        ("fold_transpose_into_matmul", fold_transpose_into_matmul(g)),
         ("eliminate_dead", eliminate_dead(g)),
     ]
 }
@@ -1588,6 +1626,45 @@ mod tests {
         assert_eq!(fuse_elementwise_chains(&mut g), 0);
     }
 
+    #[test]
+    fn a_transposed_matmul_operand_is_read_in_place_with_the_same_result() {
+        let f = DType::F32;
+        let mut g = Graph::default();
+        let a = g.add_tensor("a", f, vec![2, 3, 4], Role::Input(0));
+        let b = g.add_tensor("b", f, vec![1, 5, 4], Role::Input(1));
+        let bt = g.add_tensor("bt", f, vec![1, 4, 5], Role::Activation);
+        let y = g.add_tensor("y", f, vec![2, 3, 5], Role::Activation);
+        g.op(
+            OpKind::Permute {
+                perm: vec![0, 2, 1],
+            },
+            vec![b],
+            vec![bt],
+        );
+        g.op(OpKind::MatMul { transpose_b: false }, vec![a, bt], vec![y]);
+        g.inputs = vec![Io::Tensor(a), Io::Tensor(b)];
+        g.outputs = vec![y];
+        let mut folded = g.clone();
+        assert_eq!(fold_transpose_into_matmul(&mut folded), 1);
+        let labels: Vec<String> = folded.ops().map(|o| o.kind.label()).collect();
+        assert_eq!(labels, ["matmul[bt]"]);
+        let av: Vec<u8> = (0..24)
+            .flat_map(|k| ((k as f32 * 0.61).sin()).to_le_bytes())
+            .collect();
+        let bv: Vec<u8> = (0..20)
+            .flat_map(|k| ((k as f32 * 0.37).cos()).to_le_bytes())
+            .collect();
+        let outs = |g: Graph| {
+            let mut e = CpuExecutor::new(g).unwrap();
+            let t = |shape: Vec<usize>, data| InputValue::Tensor { shape, data };
+            e.run(&[t(vec![2, 3, 4], &av), t(vec![1, 5, 4], &bv)])
+                .unwrap()
+                .remove(0)
+                .data
+        };
+        assert_eq!(outs(folded), outs(g));
+    }
+
     /// Decode attention over one KV head repeated for 4 query heads, as the Vulkan export
     /// leaves it: scores = q · (expand → reshape → transpose → reshape)(k), out = p · expanded v.
     /// Both matmuls read the one head through batch broadcasting, with the same results.
@@ -1654,9 +1731,9 @@ mod tests {
             vec![q],
         );
         let sc = t(&mut g, "scores", &[h, 1, s]);
-        g.op(OpKind::MatMul, vec![q, kt], vec![sc]);
+        g.op(OpKind::MatMul { transpose_b: false }, vec![q, kt], vec![sc]);
         let o = t(&mut g, "out", &[h, 1, d]);
-        g.op(OpKind::MatMul, vec![sc, v], vec![o]);
+        g.op(OpKind::MatMul { transpose_b: false }, vec![sc, v], vec![o]);
         g.inputs = vec![Io::Tensor(x)];
         g.outputs = vec![o];
         let xs: Vec<f32> = (0..s * d).map(|i| (i as f32 * 0.37).sin()).collect();

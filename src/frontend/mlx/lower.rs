@@ -1453,11 +1453,11 @@ impl<'a> Lower<'a> {
         }
         if bias.is_none() && alpha == 1.0 {
             let y = self.write(out, dt, shape)?;
-            self.op(OpKind::MatMul, vec![a, b], y);
+            self.op(OpKind::MatMul { transpose_b: false }, vec![a, b], y);
             return Ok(());
         }
         let mm = self.scratch("addmm", dt, shape.clone());
-        self.op(OpKind::MatMul, vec![a, b], mm);
+        self.op(OpKind::MatMul { transpose_b: false }, vec![a, b], mm);
         let mut acc = mm;
         if alpha != 1.0 {
             let t = self.scratch("addmm_alpha", dt, shape.clone());

@@ -1031,7 +1031,8 @@ impl Lower<'_> {
             }
             "aten.mm.default" | "aten.bmm.default" | "aten.matmul.default" => {
                 let (x, w, y) = (self.tensor(a(0)?)?, self.tensor(a(1)?)?, self.out(c)?);
-                self.g.op(OpKind::MatMul, vec![x, w], vec![y]);
+                self.g
+                    .op(OpKind::MatMul { transpose_b: false }, vec![x, w], vec![y]);
             }
             // (input, weights, weight_scales, group, bias?)
             "et_vk.linear_q4gsw.default" => {

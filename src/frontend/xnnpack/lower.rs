@@ -509,7 +509,12 @@ impl Lower<'_> {
                 if b.flags & FLAG_TRANSPOSE_WEIGHTS != 0 {
                     w = self.transposed(w);
                 }
-                self.emit(n, OpKind::MatMul, vec![a, w], b.output_id)?;
+                self.emit(
+                    n,
+                    OpKind::MatMul { transpose_b: false },
+                    vec![a, w],
+                    b.output_id,
+                )?;
             }
             K::StaticTranspose(t) => {
                 let x = self.input(t.input_id)?;
@@ -608,10 +613,16 @@ impl Lower<'_> {
                 w = self.transposed(w);
             }
             let Some(b) = bias else {
-                return self.emit(n, OpKind::MatMul, vec![x, w], fc.output_id);
+                return self.emit(
+                    n,
+                    OpKind::MatMul { transpose_b: false },
+                    vec![x, w],
+                    fc.output_id,
+                );
             };
             let mm = self.temp(self.dense(fc.output_id)?, "mm");
-            self.g.op(OpKind::MatMul, vec![x, w], vec![mm]);
+            self.g
+                .op(OpKind::MatMul { transpose_b: false }, vec![x, w], vec![mm]);
             return self.emit(n, OpKind::Binary(BinaryOp::Add), vec![mm, b], fc.output_id);
         };
         let cols = match (weight, &self.g.tensors[ins[0]].max_shape[..]) {
