@@ -89,6 +89,39 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         y[(wg.z * p.m + m) * p.n + n] = part_k[lid.x];
     }
 }
+// `rows` for b stored transposed: the 16 lanes of a column walk its K contiguously (64-byte
+// reads), 4 independent loads per step; 16 columns per workgroup.
+@compute @workgroup_size(16, 16)
+fn rows_bt(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let n = wg.x * 16u + lid.y;
+    let m = wg.y;
+    let o = batch_offsets(wg.z);
+    var acc = vec4<f32>();
+    if n < p.n {
+        let arow = o.x + m * p.k;
+        let bcol = o.y + n * p.k;
+        var k = lid.x;
+        for (; k + 48u < p.k; k += 64u) {
+            acc += vec4<f32>(a[arow + k], a[arow + k + 16u], a[arow + k + 32u], a[arow + k + 48u])
+                 * vec4<f32>(b[bcol + k], b[bcol + k + 16u], b[bcol + k + 32u], b[bcol + k + 48u]);
+        }
+        for (; k < p.k; k += 16u) {
+            acc.x += a[arow + k] * b[bcol + k];
+        }
+    }
+    part_k[lid.y * 16u + lid.x] = (acc.x + acc.y) + (acc.z + acc.w);
+    workgroupBarrier();
+    for (var s = 8u; s > 0u; s = s / 2u) {
+        if lid.x < s {
+            part_k[lid.y * 16u + lid.x] += part_k[lid.y * 16u + lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if lid.x == 0u && n < p.n {
+        y[(wg.z * p.m + m) * p.n + n] = part_k[lid.y * 16u];
+    }
+}
+
 var<workgroup> bs: array<f32, 1024>; // [BK][BN]
 
 @compute @workgroup_size(16, 16)

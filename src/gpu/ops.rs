@@ -1231,14 +1231,15 @@ fn matmul(env: &Env, op: &Op, transpose_b: bool) -> Result<Vec<Step>, String> {
         .next_power_of_two()
         .clamp(4, 64)
         .min((env.max_invocations as usize / 16).max(1));
+    let (entry, consts) = match (few, transpose_b) {
+        (true, true) => ("rows_bt", vec![]),
+        (true, false) => ("rows", vec![("KS", ks as f64)]),
+        (false, t) => ("main", vec![("TRANS_B", b(t))]),
+    };
     Ok(vec![step(
         "matmul",
-        if few { "rows" } else { "main" },
-        if few {
-            vec![("KS", ks as f64), ("TRANS_B", b(transpose_b))]
-        } else {
-            vec![("TRANS_B", b(transpose_b))]
-        },
+        entry,
+        consts,
         p,
         Res::Tensor(out),
         vec![Res::Tensor(a), Res::Tensor(bt)],
