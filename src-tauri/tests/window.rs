@@ -9,11 +9,12 @@
 #[allow(dead_code)]
 #[path = "../../tests/support/tiny_chat.rs"]
 mod tiny;
+#[allow(dead_code)]
+#[path = "../../tests/support/xvfb.rs"]
+mod xvfb;
 
 use pteria::chat::{ChatCore, CoreConfig, DeviceChoice, Settings};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tauri::Manager;
@@ -22,49 +23,6 @@ const QUESTION: &str = "What is the capital of France?";
 /// The fixture's context holds 32 tokens: a short message.
 const SHORT: &str = "Hi!";
 const DEMO_DIR: &str = "models/smollm2-135m-instruct";
-
-struct Xvfb(Option<Child>);
-
-impl Drop for Xvfb {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The X display to use: the one set, else an Xvfb started here on a display number it picks
-/// itself (`-displayfd`).
-fn display() -> Xvfb {
-    if std::env::var_os("DISPLAY").is_some_and(|d| !d.is_empty()) {
-        return Xvfb(None);
-    }
-    let mut child = Command::new("Xvfb")
-        .args([
-            "-displayfd",
-            "1",
-            "-screen",
-            "0",
-            "1280x860x24",
-            "-nolisten",
-            "tcp",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("Xvfb (Debian package xvfb) must be installed for the window test");
-    // Xvfb writes the display number once it accepts connections.
-    let mut line = String::new();
-    let stdout = child.stdout.take().expect("Xvfb's stdout");
-    let read = BufReader::new(stdout).read_line(&mut line);
-    assert!(
-        read.is_ok() && !line.trim().is_empty(),
-        "Xvfb did not report a display"
-    );
-    std::env::set_var("DISPLAY", format!(":{}", line.trim()));
-    Xvfb(Some(child))
-}
 
 fn manifest() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -92,7 +50,7 @@ fn the_real_window_streams_a_reply_and_is_captured() {
         eprintln!("window test skipped (PTERIA_NO_WINDOW_TESTS)");
         return;
     }
-    let _x = display();
+    let _x = xvfb::Xvfb::display_or_start("1280x860x24");
     // No GPU under Xvfb: WebKit's software paths.
     std::env::set_var("WEBKIT_DISABLE_COMPOSITING_MODE", "1");
     std::env::set_var("WEBKIT_DISABLE_DMABUF_RENDERER", "1");

@@ -15,14 +15,16 @@ mod markdown_conversation;
 #[allow(dead_code)]
 #[path = "../../../tests/support/tiny_chat.rs"]
 mod tiny;
+#[allow(dead_code)]
+#[path = "../../../tests/support/xvfb.rs"]
+mod xvfb;
 
 use pteria::chat::{ChatCore, CoreConfig, DeviceChoice, Settings};
 use pteria_desktop::{shell, snapshot, AppWindow};
 use slint::{ComponentHandle, Model, Rgba8Pixel, SharedPixelBuffer};
 use std::cell::RefCell;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -47,51 +49,10 @@ fn main() {
         eprintln!("{NAME}: skipped (PTERIA_NO_WINDOW_TESTS is set)");
         return;
     }
-    let _x = Xvfb::start();
+    // The main thread, before any other thread exists.
+    let _x = xvfb::Xvfb::start("1280x900x24");
     run();
     println!("test {NAME} ... ok\n\ntest result: ok. 1 passed; 0 failed");
-}
-
-/// An Xvfb server on a display number it picks itself (`-displayfd`), stopped on drop.
-struct Xvfb(Child);
-
-impl Xvfb {
-    fn start() -> Xvfb {
-        let mut child = Command::new("Xvfb")
-            .args([
-                "-displayfd",
-                "1",
-                "-screen",
-                "0",
-                "1280x900x24",
-                "-nolisten",
-                "tcp",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect(
-                "starting Xvfb (Debian package xvfb; PTERIA_NO_WINDOW_TESTS=1 skips this test)",
-            );
-        // Xvfb writes the display number once it accepts connections.
-        let mut line = String::new();
-        let read = BufReader::new(child.stdout.take().expect("Xvfb's stdout")).read_line(&mut line);
-        let display = line.trim();
-        assert!(
-            read.is_ok() && !display.is_empty(),
-            "Xvfb did not report a display"
-        );
-        // The main thread, before any other thread exists.
-        std::env::set_var("DISPLAY", format!(":{display}"));
-        Xvfb(child)
-    }
-}
-
-impl Drop for Xvfb {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The demo model's assets when its program is present; else the tiny fixture as the bundled
