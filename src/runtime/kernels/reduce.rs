@@ -78,6 +78,31 @@ fn mean(k: &mut KernelCtx) -> KernelResult {
     // float32 inputs are summed in float32 that way (a more exact sum differs in the last bits,
     // and an 8da4w model's int8 activation rounding turns such bits into whole quantization steps).
     let f32_sum = a.dtype == DType::F32;
+    if f32_sum && dims.len() == 1 && k.out_dtype(k.last())? == DType::F32 {
+        // One reduced dim (attention's dot products are means over 64 or 1024 elements): sum rows
+        // in place, same order, without the generic path's float64 copy of the input.
+        let r = a.sizes.len();
+        let d = norm_dim(dims[0], r)?;
+        let (outer, n): (usize, usize) = (a.sizes[..d].iter().product(), a.sizes[d]);
+        let inner: usize = a.sizes[d + 1..].iter().product();
+        let v = a.f32();
+        let mut out = vec![0f32; outer * inner];
+        for (o, acc) in out.chunks_mut(inner.max(1)).enumerate().take(outer) {
+            for j in 0..n {
+                let row = &v[(o * n + j) * inner..][..inner];
+                acc.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
+            }
+            acc.iter_mut().for_each(|s| *s /= n as f32);
+        }
+        let mut shape = a.sizes.clone();
+        if keep {
+            shape[d] = 1;
+        } else {
+            shape.remove(d);
+        }
+        let o = k.last();
+        return k.write_f32(o, &shape, &out);
+    }
     let (shape, v) = reduce(&a, &dims, keep, |g| {
         if f32_sum {
             let s = g.iter().fold(0f32, |acc, &x| acc + x as f32);
