@@ -4,17 +4,13 @@
 //! target directory (for a person to look at) and checked: the code block is drawn as a dark box
 //! with text on it, and the streamed reply changed the transcript's pixels.
 //!
-//! Uses the bundled demo model when its program is in assets/ (a real English reply), else the
-//! tiny Llama fixture as the bundled model. Winit wants the main thread, so this file has its own
+//! The model is the bundled demo model (a real English reply). Winit wants the main thread, so this file has its own
 //! `main` (`harness = false`). Needs Debian's `xvfb` (scripts/test.sh installs it);
 //! `PTERIA_NO_WINDOW_TESTS=1` skips it where no X server can run.
 
 #[allow(dead_code)]
 #[path = "support/markdown_conversation.rs"]
 mod markdown_conversation;
-#[allow(dead_code)]
-#[path = "../../../tests/support/tiny_chat.rs"]
-mod tiny;
 #[allow(dead_code)]
 #[path = "../../../tests/support/xvfb.rs"]
 mod xvfb;
@@ -29,7 +25,6 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 const NAME: &str = "the_window_under_xvfb_draws_markdown_and_a_streamed_reply";
-const DEMO_DIR: &str = "models/smollm2-135m-instruct";
 const TIMEOUT: Duration = Duration::from_secs(300);
 
 fn main() {
@@ -55,39 +50,21 @@ fn main() {
     println!("test {NAME} ... ok\n\ntest result: ok. 1 passed; 0 failed");
 }
 
-/// The demo model's assets when its program is present; else the tiny fixture as the bundled
-/// model. Short greedy replies on the CPU either way.
-fn config(root: &Path) -> (CoreConfig, &'static str) {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let assets = manifest.join("../../assets");
-    let (config, which) = if assets.join(DEMO_DIR).join("model.pte").is_file() {
-        let mut c = CoreConfig::new(root.join("data"), assets).expect("builtin catalog");
-        c.device_facts = None;
-        (c, "demo")
-    } else {
-        let fixtures = manifest.join("../../tests/fixtures");
-        let c = tiny::config(root, &fixtures, "http://127.0.0.1:9".into());
-        (c, "fixture")
-    };
+/// The app's configuration with the bundled demo model; short greedy replies on the CPU.
+fn config(root: &Path) -> CoreConfig {
+    let assets = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets");
+    let mut config = CoreConfig::new(root.join("data"), assets).expect("builtin catalog");
+    config.device_facts = None;
     std::fs::create_dir_all(&config.data_dir).expect("data dir");
     Settings {
         temperature: 0.0,
-        max_tokens: Some(if which == "demo" { 24 } else { 12 }),
+        max_tokens: Some(24),
         device: DeviceChoice::Cpu,
         ..Settings::default()
     }
     .save(&config.data_dir.join("settings.json"))
     .expect("settings");
-    (config, which)
-}
-
-/// The fixture's 32-token context holds a short question only.
-fn question(which: &str) -> &'static str {
-    if which == "demo" {
-        markdown_conversation::QUESTION
-    } else {
-        "Hi!"
-    }
+    config
 }
 
 /// What the window showed at each step.
@@ -101,7 +78,7 @@ struct Seen {
 fn run() {
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path().to_path_buf();
-    let (config, which) = config(&root);
+    let config = config(&root);
     markdown_conversation::save(&config.data_dir);
     let core = ChatCore::open(config).expect("chat core");
 
@@ -116,7 +93,13 @@ fn run() {
     shell::attach(&ui, core.clone(), shell::event_loop_post(), true);
     let seen = Rc::new(RefCell::new(Seen::default()));
     let shots = (markdown_png.as_path(), reply_png.as_path());
-    let _driver = drive(&ui, core.clone(), seen.clone(), question(which), shots);
+    let _driver = drive(
+        &ui,
+        core.clone(),
+        seen.clone(),
+        markdown_conversation::QUESTION,
+        shots,
+    );
     ui.run().expect("running the window");
 
     let seen = seen.take();
@@ -131,7 +114,7 @@ fn run() {
     let saved = core
         .conversation(&saved[0].id)
         .expect("the new conversation");
-    assert_eq!(saved.messages[0].content, question(which));
+    assert_eq!(saved.messages[0].content, markdown_conversation::QUESTION);
     assert_eq!(
         saved.messages[1].content, reply,
         "the window shows the saved reply"
@@ -140,7 +123,7 @@ fn run() {
     let before = seen.empty_chat.expect("the empty chat's snapshot");
     check_reply_drawn(&before, &after);
     eprintln!(
-        "{NAME} ({which} model): reply {reply:?}; screenshots {} and {}",
+        "{NAME} (demo model): reply {reply:?}; screenshots {} and {}",
         markdown_png.display(),
         reply_png.display()
     );
