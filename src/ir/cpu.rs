@@ -893,13 +893,37 @@ impl CpuExecutor {
         }
     }
 
-    /// `linear` for XNNPACK-quantized activations, in the arithmetic of XNNPACK's
-    /// qd8-f32-qb4w/qc8w GEMMs: `xq` holds each row's stored int8 values (zero point included)
-    /// and `params` its (dequantization scale, zero point). Per output channel the packed
-    /// weights carry `ksum = -Σ_groups scale·Σ w`; the kernel starts from `ksum · zero point`,
-    /// adds each group's exact integer dot product times its scale, then scales the row. This
-    /// reproduces ExecuTorch's outputs bit for bit, and a deep 8da4w model needs that: a last-bit
-    /// difference flips a later activation rounding, a whole quantization step.
+    /// `linear` for XNNPACK-quantized activations, in the arithmetic of XNNPACK's blockwise
+    /// 4-bit GEMM as ExecuTorch runs it on x86 with AVX512-VNNI (`qdu8-f32-qb4w`, the
+    /// `qd8-f32-qb4w-gemm-*-avx512vnni[gfni]` microkernels with `xnn_pack_qs8_qb4w_gemm_goi_w`
+    /// packing). `xq` holds each row's stored int8 values (zero point included) and `params` its
+    /// (dequantization scale `inv`, zero point `zp`). A deep 8da4w model needs every bit: a
+    /// last-bit difference flips a later activation rounding, a whole quantization step.
+    ///
+    /// 4-bit weights, per output channel j (`w[c] = nibble - 8` in -8..=7, `s[g]` the block's
+    /// scale, already bf16-valued; all float ops f32, round to nearest even):
+    /// ```text
+    /// // packing, once per channel: K in chunks of 16 consecutive columns, in order
+    /// ksum = 0.0
+    /// for each chunk c (block g = c*16 / group):
+    ///     ksum = ksum - (f32(Σ_{i in c} w[i]) * s[g])   // product exact, one rounding (the sub)
+    /// // per row: activations unsigned, u[i] = stored[i] + 128 in 0..=255, zpu = zp + 128
+    /// y = ksum * f32(zpu)                                 // rounded multiply
+    /// for g in 0..K/group:
+    ///     acc = Σ_{i in block g} u[i] * w[i]              // exact integer
+    ///     y = fma(f32(acc), s[g], y)                      // fused: ONE rounding
+    /// y = y * inv                                         // rounded multiply
+    /// y = y + bias[j]                                     // the caller, when the linear has one
+    /// ```
+    /// The qb4w kernels take unsigned activations (`vpdpbusd`), so the zero point is `zp + 128`;
+    /// they store the 4-bit weights as `w << 4` and the scales as `s / 16`, which changes no
+    /// rounding. With bf16 scales a group-32 block's `acc · s` is exact, so fusing (and the +128)
+    /// only shows from group 64 on (tests/xnnpack_linear.rs has both). A weight bias other than
+    /// `-8 · scale` (not produced by the XNNPACK front end) adds
+    /// `(bias + 8·s[g]) · Σ (u - zpu)` per block before the final scale.
+    ///
+    /// 8-bit weights keep the older per-block arithmetic (signed activations, `ksum` per block,
+    /// unfused), which is not proven against XNNPACK's qc8w kernels.
     fn linear_qd8(
         &mut self,
         w: Weight,
@@ -917,6 +941,11 @@ impl CpuExecutor {
         // Symmetric weights (`bias = -zero * scale`, zero = 8 for 4 bits) take the zero out
         // in integers; any remaining bias multiplies the row's dequantized sum.
         let zero = if four { 8 } else { 0 };
+        // 4-bit: the kernels' unsigned activations; 8-bit: the stored signed ones.
+        let shift = if four { 128 } else { 0 };
+        let xu: Vec<i32> = xq.iter().map(|&v| v + shift).collect();
+        // The packing sums 16 columns at a time (kr = 8, two nibble planes).
+        let chunk = if four && group % 16 == 0 { 16 } else { group };
         Ok(by_weight_rows([m, k, n], |j, out, _| {
             let (q, s, b) = qw.row(j);
             let mut wq = [0i32; 2048];
@@ -934,10 +963,11 @@ impl CpuExecutor {
                 } - zero;
             }
             let mut ksum = 0f32;
-            for (g, wg) in wq.chunks_exact(group).enumerate() {
-                ksum -= wg.iter().sum::<i32>() as f32 * s[g];
+            for (c, wc) in wq.chunks_exact(chunk).enumerate() {
+                ksum -= wc.iter().sum::<i32>() as f32 * s[c * chunk / group];
             }
-            for (o, (xr, &(inv, zp))) in out.iter_mut().zip(xq.chunks_exact(k).zip(params)) {
+            for (o, (xr, &(inv, zp))) in out.iter_mut().zip(xu.chunks_exact(k).zip(params)) {
+                let zp = zp + shift;
                 let mut y = ksum * zp as f32;
                 let mut rest_sum = 0f32;
                 for (g, (xg, wg)) in xr
@@ -946,7 +976,11 @@ impl CpuExecutor {
                     .enumerate()
                 {
                     let acc: i32 = xg.iter().zip(wg).map(|(a, b)| a * b).sum();
-                    y += acc as f32 * s[g];
+                    y = if four {
+                        (acc as f32).mul_add(s[g], y)
+                    } else {
+                        y + acc as f32 * s[g]
+                    };
                     let rest = b[g] + zero as f32 * s[g];
                     if rest != 0.0 {
                         rest_sum += rest * xg.iter().map(|&v| v - zp).sum::<i32>() as f32;
@@ -1588,7 +1622,7 @@ mod tests {
         }
     }
 
-    /// The demo model's 8da4w linears (K = 576, group 32, symmetric int4): with XNNPACK's
+    /// SmolLM2's 8da4w up projection shape (K = 576, group 32, symmetric int4): with XNNPACK's
     /// activation quantization the result is XNNPACK's exact per-group integer sums, scaled,
     /// to within float rounding of those few terms, which a float dot product of the
     /// dequantized values misses (its last bits flip later roundings in a deep model).
@@ -1637,12 +1671,12 @@ mod tests {
                     }
                     let s = scales[j * groups + gi] as f64;
                     want += s * acc as f64 * inv;
-                    // The kernel's float terms: each group on the stored values (zero point
-                    // included), and the zero point's share taken back out through ksum.
-                    size += (s * (acc + zp * wsum) as f64 * inv).abs();
+                    // The kernel's float terms: each group on the unsigned stored values
+                    // (zero point + 128 included), and that share taken back out through ksum.
+                    size += (s * (acc + (zp + 128) * wsum) as f64 * inv).abs();
                     ksum += s * wsum as f64;
                 }
-                size += (ksum * zp as f64 * inv).abs();
+                size += (ksum * (zp + 128) as f64 * inv).abs();
                 worst = worst.max((got[i * n + j] as f64 - want).abs() / size);
             }
         }
