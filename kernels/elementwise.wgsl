@@ -110,6 +110,24 @@ fn tanh_safe(x: f32) -> f32 {
     return tanh(clamp(x, -15.0, 15.0));
 }
 
+// sin (shift 0) or cos (shift 1) to about an ulp of 1 for |x| up to ~1e5, as the reference's f32
+// sin/cos. WGSL only bounds the builtins' absolute error on [-pi, pi], and NVIDIA's reduce large
+// arguments (RoPE angles of a few hundred radians) in single precision: ~3e-5 off at 300 rad.
+// x = j·pi/2 + r: pi/2 in three parts (Cephes' DP1..3, doubled), the first two short enough that
+// j times them is exact, so r keeps its low bits with or without FMA contraction; then Cephes'
+// sinf/cosf polynomials on |r| <= pi/4, and the quadrant (j + shift) mod 4 picks and signs one.
+fn sin_cos(x: f32, shift: i32) -> f32 {
+    let j = round(x * 0.63661977236758134);
+    let r = ((x - j * 1.5703125) - j * 4.837512969970703125e-4) - j * 7.54978995489188216e-8;
+    let z = r * r;
+    let s = r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
+    let c = 1.0 - 0.5 * z
+        + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+    let q = (i32(j) + shift) & 3;
+    let v = select(s, c, (q & 1) == 1);
+    return select(v, -v, q >= 2);
+}
+
 fn unary_f(x: f32) -> f32 {
     return unary_op(OP, x);
 }
@@ -123,8 +141,8 @@ fn unary_op(op: u32, x: f32) -> f32 {
         case 4u: { return sqrt(x); }
         case 5u: { return 1.0 / sqrt(x); }
         case 6u: { return tanh_safe(x); }
-        case 7u: { return sin(x); }
-        case 8u: { return cos(x); }
+        case 7u: { return sin_cos(x, 0); }
+        case 8u: { return sin_cos(x, 1); }
         case 9u: { return 1.0 / (1.0 + exp(-x)); }
         case 10u: { return x / (1.0 + exp(-x)); }
         case 11u: {
