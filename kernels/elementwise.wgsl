@@ -1,4 +1,5 @@
 // Element-wise ops: unary, binary (NumPy broadcasting, or one scalar operand), where, clamp, cast.
+// The f32 op definitions are in chain.wgsl, which precedes this file in the module.
 // Tensors are bound as raw 32-bit words: float tensors hold f32, integer and bool tensors i32
 // (src/gpu/memory.rs), and the *_INT constants say which. INT_MATH picks the integer path exactly
 // where the CPU reference (src/ir/cpu.rs) computes in integers.
@@ -95,73 +96,8 @@ fn index(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return (wg.x + wg.y * nwg.x) * WG + lid;
 }
 
-// Abramowitz-Stegun style erfc (Numerical Recipes `erfcc`), fractional error below 1.2e-7, so
-// GELU stays accurate in its small negative tail too.
-fn erfc_pos(z: f32) -> f32 {
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
-        + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
-    return t * exp(-z * z + poly);
-}
-
-// tanh of a clamped argument: some drivers evaluate tanh as a ratio of exponentials that
-// overflows to NaN for large inputs; |x| = 15 already rounds to ±1 in f32.
-fn tanh_safe(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
-}
-
-// sin (shift 0) or cos (shift 1) to about an ulp of 1 for |x| up to ~1e5, as the reference's f32
-// sin/cos. WGSL only bounds the builtins' absolute error on [-pi, pi], and NVIDIA's reduce large
-// arguments (RoPE angles of a few hundred radians) in single precision: ~3e-5 off at 300 rad.
-// x = j·pi/2 + r: pi/2 in three parts (Cephes' DP1..3, doubled), the first two short enough that
-// j times them is exact, so r keeps its low bits with or without FMA contraction; then Cephes'
-// sinf/cosf polynomials on |r| <= pi/4, and the quadrant (j + shift) mod 4 picks and signs one.
-fn sin_cos(x: f32, shift: i32) -> f32 {
-    let j = round(x * 0.63661977236758134);
-    let r = ((x - j * 1.5703125) - j * 4.837512969970703125e-4) - j * 7.54978995489188216e-8;
-    let z = r * r;
-    let s = r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
-    let c = 1.0 - 0.5 * z
-        + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
-    let q = (i32(j) + shift) & 3;
-    let v = select(s, c, (q & 1) == 1);
-    return select(v, -v, q >= 2);
-}
-
 fn unary_f(x: f32) -> f32 {
     return unary_op(OP, x);
-}
-
-fn unary_op(op: u32, x: f32) -> f32 {
-    switch op {
-        case 0u: { return -x; }
-        case 1u: { return abs(x); }
-        case 2u: { return exp(x); }
-        case 3u: { return log(x); }
-        case 4u: { return sqrt(x); }
-        case 5u: { return 1.0 / sqrt(x); }
-        case 6u: { return tanh_safe(x); }
-        case 7u: { return sin_cos(x, 0); }
-        case 8u: { return sin_cos(x, 1); }
-        case 9u: { return 1.0 / (1.0 + exp(-x)); }
-        case 10u: { return x / (1.0 + exp(-x)); }
-        case 11u: {
-            // 1 + erf(z) = erfc(-z)
-            let z = x * 0.70710678118654752;
-            let e = erfc_pos(abs(z));
-            return 0.5 * x * select(2.0 - e, e, z < 0.0);
-        }
-        case 12u: {
-            let k = 0.7978845608028654;
-            return 0.5 * x * (1.0 + tanh_safe(k * (x + 0.044715 * x * x * x)));
-        }
-        case 13u: { return max(x, 0.0); }
-        case 14u: { return x * x; }
-        case 15u: { return 1.0 / x; }
-        case 16u: { return floor(x); }
-        case 17u: { return ceil(x); }
-        default: { return f32(x == 0.0); }
-    }
 }
 
 fn unary_i(x: i32) -> i32 {
@@ -171,23 +107,6 @@ fn unary_i(x: i32) -> i32 {
         case 14u: { return x * x; }
         default: { return i32(x == 0); }
     }
-}
-
-// powf with the sign rules of Rust's `powf` for negative bases and integral exponents; WGSL's pow
-// is undefined for x < 0.
-fn pow_f(x: f32, e: f32) -> f32 {
-    if e == 0.0 {
-        return 1.0;
-    }
-    if x >= 0.0 {
-        return pow(x, e);
-    }
-    if e != trunc(e) {
-        return bitcast<f32>(0x7fc00000u);
-    }
-    let r = pow(-x, e);
-    let odd = e - 2.0 * floor(e * 0.5) == 1.0;
-    return select(r, -r, odd);
 }
 
 fn pow_i(x: i32, e: i32) -> i32 {
@@ -209,26 +128,6 @@ fn pow_i(x: i32, e: i32) -> i32 {
 
 fn binary_f(x: f32, z: f32) -> f32 {
     return binary_op(OP, x, z);
-}
-
-fn binary_op(op: u32, x: f32, z: f32) -> f32 {
-    switch op {
-        case 0u: { return x + z; }
-        case 1u: { return x - z; }
-        case 2u: { return x * z; }
-        case 3u: { return x / z; }
-        case 4u: { return pow_f(x, z); }
-        case 5u: { return max(x, z); }
-        case 6u: { return min(x, z); }
-        case 7u: { return f32(x == z); }
-        case 8u: { return f32(x != z); }
-        case 9u: { return f32(x < z); }
-        case 10u: { return f32(x <= z); }
-        case 11u: { return f32(x > z); }
-        case 12u: { return f32(x >= z); }
-        case 13u: { return f32(x != 0.0 && z != 0.0); }
-        default: { return f32(x != 0.0 || z != 0.0); }
-    }
 }
 
 fn binary_i(x: i32, z: i32) -> i32 {
@@ -348,9 +247,8 @@ fn convert(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
 }
 
-// ElementwiseChain: f32 ops in sequence on one value per element, no intermediate tensors.
-// Steps are (kind, op code, a, b): kind 0 unary; 1 binary with input a (b != 0: operand first);
-// 2 binary with the f32 scalar of bits a (b != 0: scalar first); 3 clamp to [f32 a, f32 b].
+// ElementwiseChain: f32 ops in sequence on one value per element, no intermediate tensors
+// (`apply_chain` in chain.wgsl).
 struct ChainParams {
     n: u32,
     rank: u32,
@@ -359,10 +257,13 @@ struct ChainParams {
     shape: array<vec4<u32>, 2>,
     // Element strides over `shape` of inputs 0, 1, 2; 0 on broadcast dims.
     strides: array<array<vec4<u32>, 2>, 3>,
-    step: array<vec4<u32>, 6>,
+    // Per step two words: a scalar's or the clamp bounds' f32 bits (chain.wgsl).
+    words: array<vec4<u32>, 3>,
 }
 
 @group(0) @binding(0) var<uniform> pc: ChainParams;
+// The chain's inputs (1 to 3).
+override N_IN: u32 = 3u;
 
 fn chain_offsets(i: u32) -> vec3<u32> {
     if !BCAST {
@@ -388,30 +289,12 @@ fn chain(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let o = chain_offsets(i);
-    var v = bitcast<f32>(a[o.x]);
-    for (var s = 0u; s < pc.steps; s++) {
-        let st = pc.step[s];
-        switch st.x {
-            case 0u: {
-                v = unary_op(st.y, v);
-            }
-            case 1u: {
-                var w = bitcast<f32>(a[o.x]);
-                if st.z == 1u {
-                    w = bitcast<f32>(b[o.y]);
-                } else if st.z == 2u {
-                    w = bitcast<f32>(c[o.z]);
-                }
-                v = select(binary_op(st.y, v, w), binary_op(st.y, w, v), st.w != 0u);
-            }
-            case 2u: {
-                let w = bitcast<f32>(st.z);
-                v = select(binary_op(st.y, v, w), binary_op(st.y, w, v), st.w != 0u);
-            }
-            default: {
-                v = min(max(v, bitcast<f32>(st.z)), bitcast<f32>(st.w));
-            }
-        }
+    var ins = vec3<f32>(bitcast<f32>(a[o.x]), 0.0, 0.0);
+    if N_IN > 1u {
+        ins.y = bitcast<f32>(b[o.y]);
     }
-    y[i] = bitcast<u32>(v);
+    if N_IN > 2u {
+        ins.z = bitcast<f32>(c[o.z]);
+    }
+    y[i] = bitcast<u32>(apply_chain(ins.x, ins, pc.words));
 }

@@ -5,17 +5,36 @@
 // over runs of SG_LANES lanes where the device has them, then a shared-memory tree (WG must be a
 // power of two).
 
+// RmsNormChain: then an element-wise chain (`apply_chain`, chain.wgsl) whose input `norm_input` is
+// the normed value and whose other inputs (0 to 2) are bound at 5 and 6, before the store.
+
 struct Params {
     rows: u32,
     d: u32,
     eps: f32,
     _pad: u32,
+    steps: u32,
+    norm_input: u32,
+    rank: u32,
+    _pad1: u32,
+    shape: array<vec4<u32>, 2>,
+    // Element strides over `shape` of the chain's other inputs; 0 on broadcast dims.
+    strides: array<array<vec4<u32>, 2>, 2>,
+    // Per chain step two words: a scalar's or the clamp bounds' f32 bits (chain.wgsl).
+    words: array<vec4<u32>, 3>,
 }
 
 override WG: u32 = 256u;
 override HAS_W: bool = false;
 // Lanes summed by subgroup shuffles (a power of two up to the subgroup size; 1: none).
 override SG_LANES: u32 = 1u;
+override CHAIN: bool = false;
+// The chain's other inputs: how many; whether one differs in shape from x (and is not a
+// single element, which OP<k>_ONE says).
+override N_OPS: u32 = 0u;
+override BCAST: bool = false;
+override OP0_ONE: bool = false;
+override OP1_ONE: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
@@ -25,7 +44,52 @@ override SG_LANES: u32 = 1u;
 @group(0) @binding(4) var<storage, read> w: array<f32>;
 @group(0) @binding(4) var<storage, read> w4: array<vec4<f32>>;
 
+@group(0) @binding(5) var<storage, read> op0: array<f32>;
+@group(0) @binding(6) var<storage, read> op1: array<f32>;
+
 var<workgroup> red: array<f32, WG>;
+
+fn at(v: array<vec4<u32>, 2>, d: u32) -> u32 {
+    return v[d / 4u][d % 4u];
+}
+
+// The chain applied to element i, whose normed value is n.
+fn chained(n: f32, i: u32) -> f32 {
+    if !CHAIN {
+        return n;
+    }
+    var o = vec2<u32>(i);
+    if BCAST {
+        var rem = i;
+        o = vec2<u32>(0u);
+        for (var d = i32(p.rank) - 1; d >= 0; d--) {
+            let k = u32(d);
+            let size = at(p.shape, k);
+            let idx = rem % size;
+            rem = rem / size;
+            o += idx * vec2<u32>(at(p.strides[0], k), at(p.strides[1], k));
+        }
+    }
+    var ops = vec2<f32>(0.0);
+    if N_OPS > 0u {
+        ops.x = op0[select(o.x, 0u, OP0_ONE)];
+    }
+    if N_OPS > 1u {
+        ops.y = op1[select(o.y, 0u, OP1_ONE)];
+    }
+    // Chain inputs in order: the other inputs around the norm's.
+    let ni = p.norm_input;
+    let ins = vec3<f32>(select(ops.x, n, ni == 0u), select(select(ops.x, ops.y, ni > 1u), n, ni == 1u),
+                        select(ops.y, n, ni == 2u));
+    return apply_chain(ins.x, ins, p.words);
+}
+
+fn chained4(n: vec4<f32>, i: u32) -> vec4<f32> {
+    if !CHAIN {
+        return n;
+    }
+    return vec4<f32>(chained(n.x, i), chained(n.y, i + 1u), chained(n.z, i + 2u), chained(n.w, i + 3u));
+}
 
 // The sum of `v` over the workgroup, in every invocation.
 fn workgroup_sum(v: f32, t: u32) -> f32 {
@@ -72,14 +136,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if HAS_W {
             v *= w[t];
         }
-        y[base + t] = v;
+        y[base + t] = chained(v, base + t);
     }
     for (var j = t + WG; j < p.d; j += WG) {
         var v = x[base + j] * r;
         if HAS_W {
             v *= w[j];
         }
-        y[base + j] = v;
+        y[base + j] = chained(v, base + j);
     }
 }
 
@@ -108,13 +172,13 @@ fn main4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if HAS_W {
             v *= w4[t];
         }
-        y4[base + t] = v;
+        y4[base + t] = chained4(v, 4u * (base + t));
     }
     for (var j = t + WG; j < d4; j += WG) {
         var v = x4[base + j] * r;
         if HAS_W {
             v *= w4[j];
         }
-        y4[base + j] = v;
+        y4[base + j] = chained4(v, 4u * (base + j));
     }
 }

@@ -1434,6 +1434,52 @@ fn fused_rotate_half_matches_the_unfused_chain_on_the_gpu() {
     }
 }
 
+/// Post-norm residual adds (norm → add residual → clamp; unweighted norm → · layer scalar
+/// broadcast + residual; an operand broadcast over rows, on the left) fused into the norms
+/// (`fuse_norm_chains`): the GPU matches the CPU with and without the pass, on rows of 16-byte
+/// words and on odd rows.
+#[test]
+fn norms_with_their_chains_match_cpu() {
+    let mut rng = Rng::new(26);
+    for (rows, d) in [(3usize, 1536usize), (2, 37), (1, 256)] {
+        let mut t = T::default();
+        let f = DType::F32;
+        let sh = [rows, d];
+        let x = t.input_f(&sh, &rng.floats(rows * d, 3.0));
+        let r = t.input_f(&sh, &rng.floats(rows * d, 2.0));
+        let w = t.const_f(&[d], &rng.floats(d, 1.5));
+        let scale = t.const_f(&[1], &[0.625]);
+        let eps = 1e-6;
+        let n1 = t.op(OpKind::RmsNorm { eps }, vec![x, w], f, &sh);
+        let a1 = t.op(OpKind::Binary(BinaryOp::Add), vec![r, n1], f, &sh);
+        let clamp = OpKind::Clamp {
+            min: Some(-1.0),
+            max: Some(1.25),
+        };
+        let c1 = t.op(clamp, vec![a1], f, &sh);
+        let n2 = t.op(OpKind::RmsNorm { eps }, vec![c1], f, &sh);
+        let m2 = t.op(OpKind::Binary(BinaryOp::Mul), vec![n2, scale], f, &sh);
+        let a2 = t.op(OpKind::Binary(BinaryOp::Add), vec![m2, r], f, &sh);
+        // An operand broadcast over the rows.
+        let n3 = t.op(OpKind::RmsNorm { eps }, vec![a2, w], f, &sh);
+        let a3 = t.op(OpKind::Binary(BinaryOp::Sub), vec![w, n3], f, &sh);
+        t.out(a3);
+        let what = format!("norm chains {rows}x{d}");
+        // The residual add cancels: a last-bit difference in the norm's sum (tree vs sequential)
+        // is measured against the output's scale.
+        let floor = 1e-2;
+        pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
+        check_both(&format!("{what}, unfused"), &t, TOL, floor);
+        assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 3, "{what}");
+        let Some(ctx) = ctx() else { return };
+        let gpu = check_on(ctx, &format!("{what}, fused"), &t, TOL, floor);
+        assert_eq!(gpu.stats().last_dispatches, 3, "{what}");
+        if let Some(c) = no_subgroup_ctx() {
+            check_on(c, &format!("{what}, fused (no subgroups)"), &t, TOL, floor);
+        }
+    }
+}
+
 /// Element-wise pairs of a decode layer (residual add + clamp, gelu · up, scores · scale +
 /// mask broadcast over heads, a chain on the right of a subtraction, a chain at the step limit)
 /// fused into chains: the GPU matches the CPU on sizes that are not multiples of the workgroup.

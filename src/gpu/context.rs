@@ -10,8 +10,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// WGSL sources by `OpKind::name()`; one file per op family.
 fn kernel_source(name: &str) -> Option<&'static str> {
     Some(match name {
-        "elementwise" => include_str!("../../kernels/elementwise.wgsl"),
-        "rms_norm" => include_str!("../../kernels/rms_norm.wgsl"),
+        // Kernels that apply element-wise chains start with the shared op definitions.
+        "elementwise" => concat!(
+            include_str!("../../kernels/chain.wgsl"),
+            include_str!("../../kernels/elementwise.wgsl")
+        ),
+        "rms_norm" => concat!(
+            include_str!("../../kernels/chain.wgsl"),
+            include_str!("../../kernels/rms_norm.wgsl")
+        ),
         "linear" => include_str!("../../kernels/linear.wgsl"),
         "matmul" => include_str!("../../kernels/matmul.wgsl"),
         "embedding" => include_str!("../../kernels/embedding.wgsl"),

@@ -270,6 +270,19 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
             .or_else(|| float_in(&(0..op.inputs.len()).collect::<Vec<_>>()))
             .or_else(float_out),
         OpKind::RmsNorm { .. } => n_in(1).or_else(|| float_in(&[0, 1])).or_else(float_out),
+        OpKind::RmsNormChain {
+            weighted,
+            norm_input,
+            steps,
+            ..
+        } => n_in(1)
+            .or_else(|| {
+                let others = op.inputs.len() - 1 - *weighted as usize;
+                (others >= CHAIN_INPUTS || *norm_input > others || steps.len() > CHAIN_STEPS)
+                    .then(|| format!("a norm chain of more than {CHAIN_STEPS} steps or {CHAIN_INPUTS} inputs"))
+            })
+            .or_else(|| float_in(&(0..op.inputs.len()).collect::<Vec<_>>()))
+            .or_else(float_out),
         OpKind::Softmax | OpKind::Mean { .. } | OpKind::Sum { .. } => {
             n_in(1).or_else(|| float_in(&[0])).or_else(float_out)
         }
@@ -574,32 +587,11 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
                     None => p.arr(&[], 8),
                 };
             }
-            let f = |v: f64| (v as f32).to_bits() as usize;
-            for st in steps {
-                let (kind, code, a, b) = match *st {
-                    ChainStep::Unary(u) => (0, u as usize, 0, 0),
-                    ChainStep::Binary {
-                        op,
-                        input,
-                        operand_first,
-                    } => (1, op as usize, input, operand_first as usize),
-                    ChainStep::Scalar {
-                        op,
-                        scalar,
-                        scalar_first,
-                    } => (2, op as usize, f(scalar), scalar_first as usize),
-                    ChainStep::Clamp { min, max } => (
-                        3,
-                        0,
-                        f(min.unwrap_or(f64::NEG_INFINITY)),
-                        f(max.unwrap_or(f64::INFINITY)),
-                    ),
-                };
-                p = p.u(kind).u(code).u(a).u(b);
-            }
+            let (p, mut consts) = chain_steps(p, steps);
             let mut inputs: Vec<Res> = op.inputs.iter().map(|&t| Res::Tensor(t)).collect();
             inputs.resize(CHAIN_INPUTS, Res::Dummy);
-            ew("chain", vec![("BCAST", b(bcast))], p, inputs)
+            consts.extend([("BCAST", b(bcast)), ("N_IN", op.inputs.len() as f64)]);
+            ew("chain", consts, p, inputs)
         }
         OpKind::Clamp { min, max } => {
             let (lo, hi) = (
@@ -637,39 +629,13 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             None,
             convert(env, x, out, true),
         ),
-        OpKind::RmsNorm { eps } => {
-            let d = *oshape.last().ok_or("rms_norm of a scalar")?;
-            let rows = n.checked_div(d).unwrap_or(0);
-            let has_w = op.inputs.len() > 1;
-            let w = if has_w {
-                Res::Tensor(op.inputs[1])
-            } else {
-                Res::Dummy
-            };
-            if rows == 0 {
-                return Ok(Vec::new());
-            }
-            // About one element (or 16-byte word) per invocation: a row's latency is the cost.
-            let vec4 = d % 4 == 0;
-            let units = if vec4 { d / 4 } else { d };
-            let wg = units
-                .next_power_of_two()
-                .clamp(32, (env.max_invocations as usize).clamp(32, 1024));
-            let lanes = env.subgroup.map_or(1, |s| wg.min(s as usize));
-            vec![step(
-                "rms_norm",
-                if vec4 { "main4" } else { "main" },
-                vec![
-                    ("HAS_W", b(has_w)),
-                    ("WG", wg as f64),
-                    ("SG_LANES", lanes as f64),
-                ],
-                P::default().u(rows).u(d).f(*eps),
-                Res::Tensor(out),
-                vec![Res::Tensor(x), w],
-                env.grid(rows, 1),
-            )]
-        }
+        OpKind::RmsNorm { eps } => rms_norm(env, op, *eps, op.inputs.len() > 1, None)?,
+        OpKind::RmsNormChain {
+            eps,
+            weighted,
+            norm_input,
+            steps,
+        } => rms_norm(env, op, *eps, *weighted, Some((*norm_input, steps)))?,
         OpKind::Softmax => {
             let d = *oshape.last().ok_or("softmax of a scalar")?;
             let rows = n.checked_div(d).unwrap_or(0);
@@ -1012,6 +978,126 @@ fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize)> {
 
 /// Outputs per workgroup of `matvec_q` (its `ROWS`).
 const MATVEC_ROWS: usize = 8;
+
+/// A chain's steps as chain.wgsl specialises them: the STEPS / STEP<s> constants (kind, op code,
+/// input, operand first) and each step's two f32 words (a scalar, or the clamp bounds) appended
+/// to `p`.
+fn chain_steps(mut p: P, steps: &[ChainStep]) -> (P, Vec<(&'static str, f64)>) {
+    const NAMES: [&str; CHAIN_STEPS] = ["STEP0", "STEP1", "STEP2", "STEP3", "STEP4", "STEP5"];
+    let f = |v: f64| (v as f32).to_bits() as usize;
+    let mut consts = vec![("STEPS", steps.len() as f64)];
+    let mut words = Vec::with_capacity(2 * CHAIN_STEPS);
+    for (st, name) in steps.iter().zip(NAMES) {
+        let (kind, code, input, first, w) = match *st {
+            ChainStep::Unary(u) => (0, u as usize, 0, false, [0, 0]),
+            ChainStep::Binary {
+                op,
+                input,
+                operand_first,
+            } => (1, op as usize, input, operand_first, [0, 0]),
+            ChainStep::Scalar {
+                op,
+                scalar,
+                scalar_first,
+            } => (2, op as usize, 0, scalar_first, [f(scalar), 0]),
+            ChainStep::Clamp { min, max } => (
+                3,
+                0,
+                0,
+                false,
+                [
+                    f(min.unwrap_or(f64::NEG_INFINITY)),
+                    f(max.unwrap_or(f64::INFINITY)),
+                ],
+            ),
+        };
+        consts.push((
+            name,
+            (kind | code << 2 | input << 8 | (first as usize) << 10) as f64,
+        ));
+        words.extend(w);
+    }
+    p = p.arr(&words, 4 * 3);
+    (p, consts)
+}
+
+/// RmsNorm, and RmsNormChain (`chain`: the norm's chain input and the steps; the chain's other
+/// inputs follow x and the weight).
+fn rms_norm(
+    env: &Env,
+    op: &Op,
+    eps: f32,
+    has_w: bool,
+    chain: Option<(usize, &[ChainStep])>,
+) -> Result<Vec<Step>, String> {
+    let out = op.outputs[0];
+    let oshape = env.shape(out).to_vec();
+    let n = env.numel(out);
+    let d = *oshape.last().ok_or("rms_norm of a scalar")?;
+    let rows = n.checked_div(d).unwrap_or(0);
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    let w = if has_w {
+        Res::Tensor(op.inputs[1])
+    } else {
+        Res::Dummy
+    };
+    let others = &op.inputs[1 + has_w as usize..];
+    let shapes: Vec<&[usize]> = others.iter().map(|&t| env.shape(t)).collect();
+    let one = |k: usize| {
+        shapes
+            .get(k)
+            .is_some_and(|s| s.iter().product::<usize>() == 1)
+    };
+    let bcast = (0..shapes.len()).any(|k| shapes[k] != oshape.as_slice() && !one(k));
+    let mut p = P::default().u(rows).u(d).f(eps).u(0);
+    let mut consts = vec![
+        ("HAS_W", b(has_w)),
+        ("CHAIN", b(chain.is_some())),
+        ("N_OPS", others.len() as f64),
+        ("BCAST", b(bcast)),
+        ("OP0_ONE", b(one(0))),
+        ("OP1_ONE", b(one(1))),
+    ];
+    if let Some((norm_input, steps)) = chain {
+        p = p
+            .u(steps.len())
+            .u(norm_input)
+            .u(oshape.len())
+            .u(0)
+            .arr(&oshape, 8);
+        for k in 0..CHAIN_INPUTS - 1 {
+            p = match shapes.get(k) {
+                Some(s) => p.arr(&broadcast_strides(s, &oshape), 8),
+                None => p.arr(&[], 8),
+            };
+        }
+        let (q, c) = chain_steps(p, steps);
+        p = q;
+        consts.extend(c);
+    }
+    // About one element (or 16-byte word) per invocation: a row's latency is the cost.
+    let vec4 = d % 4 == 0;
+    let units = if vec4 { d / 4 } else { d };
+    let wg = units
+        .next_power_of_two()
+        .clamp(32, (env.max_invocations as usize).clamp(32, 1024));
+    let lanes = env.subgroup.map_or(1, |s| wg.min(s as usize));
+    consts.extend([("WG", wg as f64), ("SG_LANES", lanes as f64)]);
+    let mut inputs = vec![Res::Tensor(op.inputs[0]), w];
+    inputs.extend(others.iter().map(|&t| Res::Tensor(t)));
+    inputs.resize(2 + CHAIN_INPUTS - 1, Res::Dummy);
+    Ok(vec![step(
+        "rms_norm",
+        if vec4 { "main4" } else { "main" },
+        consts,
+        p,
+        Res::Tensor(out),
+        inputs,
+        env.grid(rows, 1),
+    )])
+}
 
 /// Rows of x up to which the mat-vec kernel (weights re-read per row) beats the tiled one.
 const MATVEC_MAX_M: usize = 8;

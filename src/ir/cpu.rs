@@ -281,48 +281,32 @@ impl CpuExecutor {
                     let ix = broadcast_indices(&sh(t), &out_shape);
                     ins.push((0..n).map(|k| v[ix[k]]).collect::<Vec<f32>>());
                 }
-                let mut v = Val::F(ins.first().ok_or("a chain without inputs")?.clone());
-                // Each step as its own op computes it, so fusing changes no bit.
-                for st in steps {
-                    v = match *st {
-                        ChainStep::Unary(u) => {
-                            Val::F(v.f().into_iter().map(|e| unary_f(u, e)).collect())
-                        }
-                        ChainStep::Binary {
-                            op: b,
-                            input,
-                            operand_first,
-                        } => {
-                            let w =
-                                Val::F(ins.get(input).ok_or("chain operand out of range")?.clone());
-                            if operand_first {
-                                binary(b, &w, &v, Ix::Id, Ix::Id, n, true)
-                            } else {
-                                binary(b, &v, &w, Ix::Id, Ix::Id, n, true)
-                            }
-                        }
-                        ChainStep::Scalar {
-                            op: b,
-                            scalar,
-                            scalar_first,
-                        } => {
-                            let sv = Val::F(vec![scalar as f32]);
-                            if scalar_first {
-                                binary(b, &sv, &v, Ix::Zero, Ix::Id, n, true)
-                            } else {
-                                binary(b, &v, &sv, Ix::Id, Ix::Zero, n, true)
-                            }
-                        }
-                        ChainStep::Clamp { min, max } => {
-                            let (lo, hi) = (
-                                min.unwrap_or(f64::NEG_INFINITY) as f32,
-                                max.unwrap_or(f64::INFINITY) as f32,
-                            );
-                            Val::F(v.f().into_iter().map(|e| e.max(lo).min(hi)).collect())
-                        }
-                    };
+                chain(steps, &ins, n)?
+            }
+            OpKind::RmsNormChain {
+                eps,
+                weighted,
+                norm_input,
+                steps,
+            } => {
+                let x = self.get(op.inputs[0], vals)?.f();
+                let w = match weighted {
+                    true => Some(self.get(op.inputs[1], vals)?.f()),
+                    false => None,
+                };
+                let d = *out_shape.last().ok_or("rms_norm of a scalar")?;
+                let n = x.len();
+                let mut ins = Vec::with_capacity(op.inputs.len());
+                for &t in &op.inputs[1 + *weighted as usize..] {
+                    let v = self.get(t, vals)?.f();
+                    let ix = broadcast_indices(&sh(t), &out_shape);
+                    ins.push((0..n).map(|k| v[ix[k]]).collect::<Vec<f32>>());
                 }
-                v
+                if *norm_input > ins.len() {
+                    return Err("norm input out of range".into());
+                }
+                ins.insert(*norm_input, rms_norm(&x, w.as_deref(), d, *eps));
+                chain(steps, &ins, n)?
             }
             OpKind::Clamp { min, max } => {
                 let x = self.get(op.inputs[0], vals)?;
@@ -360,15 +344,7 @@ impl CpuExecutor {
                     None => None,
                 };
                 let d = *out_shape.last().ok_or("rms_norm of a scalar")?;
-                let mut y = vec![0f32; x.len()];
-                for (xr, yr) in x.chunks(d).zip(y.chunks_mut(d)) {
-                    let ms: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
-                    let r = 1.0 / (ms + eps).sqrt();
-                    for (j, (yv, xv)) in yr.iter_mut().zip(xr).enumerate() {
-                        *yv = xv * r * w.as_ref().map_or(1.0, |w| w[j]);
-                    }
-                }
-                Val::F(y)
+                Val::F(rms_norm(&x, w.as_deref(), d, *eps))
             }
             OpKind::Linear {
                 weight,
@@ -1140,6 +1116,62 @@ pub fn quant_dequant_row_xnnpack(row: &mut [f32]) {
     for (v, &qi) in row.iter_mut().zip(&q) {
         *v = qi as f32 * inv;
     }
+}
+
+/// `x * rsqrt(mean(x², -1) + eps) * w` over rows of `d`.
+fn rms_norm(x: &[f32], w: Option<&[f32]>, d: usize, eps: f32) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    for (xr, yr) in x.chunks(d).zip(y.chunks_mut(d)) {
+        let ms: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for (j, (yv, xv)) in yr.iter_mut().zip(xr).enumerate() {
+            *yv = xv * r * w.map_or(1.0, |w| w[j]);
+        }
+    }
+    y
+}
+
+/// An element-wise chain over inputs already broadcast to `n` elements: `v = ins[0]`, then each
+/// step as its own op computes it, so fusing changes no bit.
+fn chain(steps: &[ChainStep], ins: &[Vec<f32>], n: usize) -> std::result::Result<Val, String> {
+    let mut v = Val::F(ins.first().ok_or("a chain without inputs")?.clone());
+    for st in steps {
+        v = match *st {
+            ChainStep::Unary(u) => Val::F(v.f().into_iter().map(|e| unary_f(u, e)).collect()),
+            ChainStep::Binary {
+                op: b,
+                input,
+                operand_first,
+            } => {
+                let w = Val::F(ins.get(input).ok_or("chain operand out of range")?.clone());
+                if operand_first {
+                    binary(b, &w, &v, Ix::Id, Ix::Id, n, true)
+                } else {
+                    binary(b, &v, &w, Ix::Id, Ix::Id, n, true)
+                }
+            }
+            ChainStep::Scalar {
+                op: b,
+                scalar,
+                scalar_first,
+            } => {
+                let sv = Val::F(vec![scalar as f32]);
+                if scalar_first {
+                    binary(b, &sv, &v, Ix::Zero, Ix::Id, n, true)
+                } else {
+                    binary(b, &v, &sv, Ix::Id, Ix::Zero, n, true)
+                }
+            }
+            ChainStep::Clamp { min, max } => {
+                let (lo, hi) = (
+                    min.unwrap_or(f64::NEG_INFINITY) as f32,
+                    max.unwrap_or(f64::INFINITY) as f32,
+                );
+                Val::F(v.f().into_iter().map(|e| e.max(lo).min(hi)).collect())
+            }
+        };
+    }
+    Ok(v)
 }
 
 /// XNNPACK's per-row dynamic int8 quantization: writes `q - zero_point` per element and

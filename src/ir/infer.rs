@@ -58,6 +58,18 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
         OpKind::BinaryScalar { .. } => arg(0)?.to_vec(),
         OpKind::Binary(_) => broadcast(arg(0)?, arg(1)?)?,
         OpKind::Where => broadcast(&broadcast(arg(0)?, arg(1)?)?, arg(2)?)?,
+        OpKind::RmsNormChain { weighted, .. } => {
+            let x = arg(0)?;
+            for k in 1 + *weighted as usize..ins.len() {
+                if broadcast(x, arg(k)?)? != x {
+                    return Err(format!(
+                        "chain input {:?} does not broadcast to {x:?}",
+                        arg(k)?
+                    ));
+                }
+            }
+            x.to_vec()
+        }
         OpKind::ElementwiseChain { .. } => {
             let mut s = arg(0)?.to_vec();
             for k in 1..ins.len() {

@@ -224,6 +224,16 @@ pub enum OpKind {
     RmsNorm {
         eps: f32,
     },
+    /// An `RmsNorm` whose result only an `ElementwiseChain` reads, as one op (what
+    /// `fuse_norm_chains` makes of the residual adds after Gemma's post-norms): inputs: x, the
+    /// weight if `weighted`, then the chain's inputs without the norm's, which is chain input
+    /// `norm_input`. The chain's inputs broadcast to x's shape.
+    RmsNormChain {
+        eps: f32,
+        weighted: bool,
+        norm_input: usize,
+        steps: Vec<ChainStep>,
+    },
     /// `y[..., N] = x[..., K] · Wᵀ (+ bias)`; inputs: x, weight tensors (per `weight`), optional bias.
     /// Unless `act_quant` is `None`, x is first quantized per row to asymmetric int8 and
     /// dequantized by that rule (dynamic activation quantization, the "8da" of 8da4w).
@@ -330,7 +340,7 @@ impl OpKind {
             OpKind::Unary(_) | OpKind::Binary(_) | OpKind::BinaryScalar { .. } => "elementwise",
             OpKind::Where | OpKind::Clamp { .. } | OpKind::Cast => "elementwise",
             OpKind::ElementwiseChain { .. } => "elementwise",
-            OpKind::RmsNorm { .. } => "rms_norm",
+            OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. } => "rms_norm",
             OpKind::Linear { .. } => "linear",
             OpKind::MatMul { .. } => "matmul",
             OpKind::Embedding { .. } => "embedding",
@@ -625,18 +635,8 @@ impl OpKind {
             }
             OpKind::Where => "elementwise[where]".into(),
             OpKind::Clamp { .. } => "elementwise[clamp]".into(),
-            OpKind::ElementwiseChain { steps } => {
-                let names: Vec<String> = steps
-                    .iter()
-                    .map(|st| match st {
-                        ChainStep::Unary(u) => format!("{u:?}").to_lowercase(),
-                        ChainStep::Binary { op, .. } => format!("{op:?}").to_lowercase(),
-                        ChainStep::Scalar { op, .. } => format!("{op:?}_scalar").to_lowercase(),
-                        ChainStep::Clamp { .. } => "clamp".into(),
-                    })
-                    .collect();
-                format!("elementwise[{}]", names.join("+"))
-            }
+            OpKind::ElementwiseChain { steps } => format!("elementwise[{}]", chain_label(steps)),
+            OpKind::RmsNormChain { steps, .. } => format!("rms_norm+[{}]", chain_label(steps)),
             OpKind::Cast => "elementwise[cast]".into(),
             OpKind::Linear {
                 weight, act_quant, ..
@@ -665,6 +665,20 @@ impl OpKind {
             k => k.name().to_string(),
         }
     }
+}
+
+/// A chain's steps by name: `add+clamp`.
+fn chain_label(steps: &[ChainStep]) -> String {
+    let names: Vec<String> = steps
+        .iter()
+        .map(|st| match st {
+            ChainStep::Unary(u) => format!("{u:?}").to_lowercase(),
+            ChainStep::Binary { op, .. } => format!("{op:?}").to_lowercase(),
+            ChainStep::Scalar { op, .. } => format!("{op:?}_scalar").to_lowercase(),
+            ChainStep::Clamp { .. } => "clamp".into(),
+        })
+        .collect();
+    names.join("+")
 }
 
 impl fmt::Display for Graph {

@@ -705,6 +705,30 @@ pub fn unexpand_matmul_operands(g: &mut Graph) -> usize {
     n
 }
 
+/// Union-find over tensors that may share storage (views, cache updates in place); `find`
+/// gives a set's root.
+fn storage_sets(g: &Graph) -> Vec<TensorId> {
+    let mut storage: Vec<TensorId> = (0..g.tensors.len()).collect();
+    for o in g.ops() {
+        if matches!(o.kind, OpKind::Reshape { .. } | OpKind::CacheUpdate { .. }) {
+            let (a, b) = (
+                find(&mut storage, o.inputs[0]),
+                find(&mut storage, o.outputs[0]),
+            );
+            storage[a] = b;
+        }
+    }
+    storage
+}
+
+fn find(s: &mut [TensorId], mut t: TensorId) -> TensorId {
+    while s[t] != t {
+        s[t] = s[s[t]];
+        t = s[t];
+    }
+    t
+}
+
 /// Most inputs and steps `fuse_elementwise_chains` puts in one chain (a GPU chain's parameters
 /// fill one 256-byte uniform slot).
 pub const CHAIN_INPUTS: usize = 3;
@@ -756,23 +780,7 @@ pub fn fuse_elementwise_chains(g: &mut Graph) -> usize {
         let prod = producers(g);
         // Tensors that may share storage (views, cache updates in place): a chain must not write
         // what it reads, which its parts did not when the shared tensor was written in between.
-        let mut storage: Vec<TensorId> = (0..g.tensors.len()).collect();
-        fn find(s: &mut [TensorId], mut t: TensorId) -> TensorId {
-            while s[t] != t {
-                s[t] = s[s[t]];
-                t = s[t];
-            }
-            t
-        }
-        for o in g.ops() {
-            if matches!(o.kind, OpKind::Reshape { .. } | OpKind::CacheUpdate { .. }) {
-                let (a, b) = (
-                    find(&mut storage, o.inputs[0]),
-                    find(&mut storage, o.outputs[0]),
-                );
-                storage[a] = b;
-            }
-        }
+        let mut storage = storage_sets(g);
         let mut found = None;
         for (i, node) in g.nodes.iter().enumerate() {
             let Node::Op(e) = node else { continue };
@@ -975,7 +983,68 @@ pub fn merge_common_ops(g: &mut Graph) -> usize {
 /// `optimize` looks for, so a graph that will still be joined with others (a delegate inlined
 /// into its whole method) is only optimized, and finished once joined.
 pub fn finish(g: &mut Graph) -> Vec<(&'static str, usize)> {
-    vec![("fuse_elementwise_chains", fuse_elementwise_chains(g))]
+    vec![
+        ("fuse_elementwise_chains", fuse_elementwise_chains(g)),
+        ("fuse_norm_chains", fuse_norm_chains(g)),
+    ]
+}
+
+/// An `RmsNorm` whose result only an element-wise op or chain of its shape reads becomes one
+/// `RmsNormChain` with it: the norm's workgroup applies the chain to the row it holds, so the
+/// chain costs no dispatch of its own (Gemma's post-norms and their residual adds, 3 a layer).
+/// Runs after `fuse_elementwise_chains`, on whole chains.
+pub fn fuse_norm_chains(g: &mut Graph) -> usize {
+    let mut n = 0;
+    loop {
+        let uses = use_counts(g);
+        let prod = producers(g);
+        let mut storage = storage_sets(g);
+        let mut found = None;
+        'search: for (i, node) in g.nodes.iter().enumerate() {
+            let Node::Op(c) = node else { continue };
+            let Some((steps, ins)) = as_chain(g, c) else {
+                continue;
+            };
+            for (j, &t) in ins.iter().enumerate() {
+                let Some(p) = prod[t] else { continue };
+                let norm = op_at(g, p);
+                let OpKind::RmsNorm { eps } = norm.kind else {
+                    continue;
+                };
+                let out = find(&mut storage, c.outputs[0]);
+                let reads: Vec<TensorId> = norm.inputs.iter().chain(&ins).copied().collect();
+                let fits = uses[t] == 1
+                    && matches!(g.tensors[t].role, Role::Activation)
+                    && ins.iter().filter(|&&x| x == t).count() == 1
+                    && g.tensors[c.outputs[0]].max_shape == g.tensors[t].max_shape
+                    && ins.len() <= CHAIN_INPUTS
+                    && steps.len() <= CHAIN_STEPS
+                    && reads.iter().all(|&r| find(&mut storage, r) != out);
+                if fits {
+                    let mut inputs = norm.inputs.clone();
+                    inputs.extend(ins.iter().filter(|&&x| x != t));
+                    let kind = OpKind::RmsNormChain {
+                        eps,
+                        weighted: norm.inputs.len() > 1,
+                        norm_input: j,
+                        steps,
+                    };
+                    found = Some((i, p, kind, inputs));
+                    break 'search;
+                }
+            }
+        }
+        let Some((i, p, kind, inputs)) = found else {
+            break;
+        };
+        if let Node::Op(c) = &mut g.nodes[i] {
+            c.kind = kind;
+            c.inputs = inputs;
+        }
+        g.nodes.remove(p);
+        n += 1;
+    }
+    n
 }
 
 /// `matmul(a, permute(b))` with a permute that swaps only the last two dims reads b transposed
@@ -1597,6 +1666,84 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(outs(fused), outs(g));
+    }
+
+    /// Post-norm residual adds as the E2B export leaves them: norm → add(residual) → clamp (the
+    /// norm the chain's second input), an unweighted norm → · layer scalar (broadcast) + residual,
+    /// and a norm that a second op also reads (left alone).
+    fn norms_then_chains(rows: usize, d: usize) -> Graph {
+        let f = DType::F32;
+        let mut g = Graph::default();
+        let x = g.add_tensor("x", f, vec![rows, d], Role::Input(0));
+        let r = g.add_tensor("r", f, vec![rows, d], Role::Input(1));
+        g.inputs = vec![Io::Tensor(x), Io::Tensor(r)];
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 * 0.01).collect();
+        let w = g.add_tensor("w", f, vec![d], constant(&w));
+        let scale = g.add_tensor("scale", f, vec![1], constant(&[0.375]));
+        let op = |g: &mut Graph, kind: OpKind, ins: Vec<TensorId>| {
+            let n = g.tensors.len();
+            let o = g.add_tensor(format!("t{n}"), f, vec![rows, d], Role::Activation);
+            g.op(kind, ins, vec![o]);
+            o
+        };
+        let eps = 1e-6;
+        let n1 = op(&mut g, OpKind::RmsNorm { eps }, vec![x, w]);
+        let a1 = op(&mut g, OpKind::Binary(BinaryOp::Add), vec![r, n1]);
+        let clamp = OpKind::Clamp {
+            min: Some(-1.0),
+            max: Some(1.25),
+        };
+        let c1 = op(&mut g, clamp, vec![a1]);
+        let n2 = op(&mut g, OpKind::RmsNorm { eps }, vec![c1]);
+        let m2 = op(&mut g, OpKind::Binary(BinaryOp::Mul), vec![n2, scale]);
+        let a2 = op(&mut g, OpKind::Binary(BinaryOp::Add), vec![m2, r]);
+        let n3 = op(&mut g, OpKind::RmsNorm { eps }, vec![a2, w]);
+        let a3 = op(&mut g, OpKind::Binary(BinaryOp::Sub), vec![x, n3]);
+        g.outputs = vec![a3, n3];
+        g
+    }
+
+    #[test]
+    fn norms_and_the_chains_only_they_feed_fuse_with_the_same_results() {
+        let (rows, d) = (3, 37);
+        let g = norms_then_chains(rows, d);
+        let mut chained = g.clone();
+        fuse_elementwise_chains(&mut chained);
+        let mut fused = chained.clone();
+        assert_eq!(fuse_norm_chains(&mut fused), 2);
+        let labels: Vec<String> = fused.ops().map(|o| o.kind.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "rms_norm+[add+clamp]",
+                "rms_norm+[mul+add]",
+                "rms_norm",
+                "elementwise[sub]"
+            ],
+            "{labels:?}"
+        );
+        let bytes = |f: fn(usize) -> f32| -> Vec<u8> {
+            (0..rows * d).flat_map(|k| f(k).to_le_bytes()).collect()
+        };
+        let (x, r) = (
+            bytes(|k| (k as f32 * 0.7).sin() * 3.0),
+            bytes(|k| (k as f32 * 1.3).cos() * 2.0),
+        );
+        let outs = |g: Graph| {
+            let mut e = CpuExecutor::new(g).unwrap();
+            let t = |data| InputValue::Tensor {
+                shape: vec![rows, d],
+                data,
+            };
+            e.run(&[t(&x), t(&r)])
+                .unwrap()
+                .into_iter()
+                .map(|t| t.data)
+                .collect::<Vec<_>>()
+        };
+        let want = outs(g);
+        assert_eq!(outs(chained), want);
+        assert_eq!(outs(fused), want);
     }
 
     /// A tensor written again after a view of it was taken (per-delegate graphs reuse storage
