@@ -5,6 +5,7 @@
 // over runs of SG_LANES lanes where the device has them, then a shared-memory tree (WG must be a
 // power of two).
 
+// RmsNormRope: the normed row rotated (`rotated`) instead of stored as it is.
 // RmsNormChain: then an element-wise chain (`apply_chain`, chain.wgsl) whose input `norm_input` is
 // the normed value and whose other inputs (0 to 2) are bound at 5 and 6, before the store.
 
@@ -22,6 +23,13 @@ struct Params {
     strides: array<array<vec4<u32>, 2>, 2>,
     // Per chain step two words: a scalar's or the clamp bounds' f32 bits (chain.wgsl).
     words: array<vec4<u32>, 3>,
+    // RmsNormRope, as rope.wgsl's: rotated pairs, elements between sequence positions, the
+    // sequence length, the start's syms slot, rows of the cos/sin tables (bound at 5 and 6).
+    half: u32,
+    seq_stride: u32,
+    seq_len: u32,
+    start_slot: u32,
+    table_rows: u32,
 }
 
 override WG: u32 = 256u;
@@ -35,6 +43,10 @@ override N_OPS: u32 = 0u;
 override BCAST: bool = false;
 override OP0_ONE: bool = false;
 override OP1_ONE: bool = false;
+// RmsNormRope: the normed row goes through workgroup memory (ROPE_D floats) to the rotation.
+override ROPE: bool = false;
+override INTERLEAVED: bool = false;
+override ROPE_D: u32 = 1u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
@@ -44,6 +56,7 @@ override OP1_ONE: bool = false;
 @group(0) @binding(4) var<storage, read> w: array<f32>;
 @group(0) @binding(4) var<storage, read> w4: array<vec4<f32>>;
 
+@group(0) @binding(1) var<storage, read> syms: array<i32>;
 @group(0) @binding(5) var<storage, read> op0: array<f32>;
 @group(0) @binding(6) var<storage, read> op1: array<f32>;
 
@@ -82,6 +95,37 @@ fn chained(n: f32, i: u32) -> f32 {
     let ins = vec3<f32>(select(ops.x, n, ni == 0u), select(select(ops.x, ops.y, ni > 1u), n, ni == 1u),
                         select(ops.y, n, ni == 2u));
     return apply_chain(ins.x, ins, p.words);
+}
+
+var<workgroup> nrow: array<f32, ROPE_D>;
+
+// RmsNormRope: element j of the normed row in `nrow` (first element `base`) rotated as rope.wgsl
+// does. Called after a barrier that follows the stores to `nrow`.
+fn rotated(j: u32, base: u32) -> f32 {
+    let pos = syms[p.start_slot] + i32((base / p.seq_stride) % p.seq_len);
+    var v = nrow[j];
+    if j < 2u * p.half && pos >= 0 && u32(pos) < p.table_rows {
+        var pair: u32;
+        var other: u32;
+        var first: bool;
+        if INTERLEAVED {
+            pair = j / 2u;
+            first = j % 2u == 0u;
+            other = select(j - 1u, j + 1u, first);
+        } else {
+            first = j < p.half;
+            pair = select(j - p.half, j, first);
+            other = select(j - p.half, j + p.half, first);
+        }
+        let c = op0[u32(pos) * p.half + pair];
+        let s = op1[u32(pos) * p.half + pair];
+        if first {
+            v = nrow[j] * c - nrow[other] * s;
+        } else {
+            v = nrow[j] * c + nrow[other] * s;
+        }
+    }
+    return v;
 }
 
 fn chained4(n: vec4<f32>, i: u32) -> vec4<f32> {
@@ -136,14 +180,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if HAS_W {
             v *= w[t];
         }
-        y[base + t] = chained(v, base + t);
+        if ROPE {
+            nrow[t] = v;
+        } else {
+            y[base + t] = chained(v, base + t);
+        }
     }
     for (var j = t + WG; j < p.d; j += WG) {
         var v = x[base + j] * r;
         if HAS_W {
             v *= w[j];
         }
-        y[base + j] = chained(v, base + j);
+        if ROPE {
+            nrow[j] = v;
+        } else {
+            y[base + j] = chained(v, base + j);
+        }
+    }
+    if ROPE {
+        workgroupBarrier();
+        for (var j = t; j < p.d; j += WG) {
+            y[base + j] = rotated(j, base);
+        }
     }
 }
 
@@ -172,13 +230,37 @@ fn main4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if HAS_W {
             v *= w4[t];
         }
-        y4[base + t] = chained4(v, 4u * (base + t));
+        if ROPE {
+            stash4(t, v);
+        } else {
+            y4[base + t] = chained4(v, 4u * (base + t));
+        }
     }
     for (var j = t + WG; j < d4; j += WG) {
         var v = x4[base + j] * r;
         if HAS_W {
             v *= w4[j];
         }
-        y4[base + j] = chained4(v, 4u * (base + j));
+        if ROPE {
+            stash4(j, v);
+        } else {
+            y4[base + j] = chained4(v, 4u * (base + j));
+        }
     }
+    if ROPE {
+        workgroupBarrier();
+        for (var j = t; j < d4; j += WG) {
+            let e = 4u * j;
+            let b = 4u * base;
+            y4[base + j] = vec4<f32>(rotated(e, b), rotated(e + 1u, b), rotated(e + 2u, b),
+                                     rotated(e + 3u, b));
+        }
+    }
+}
+
+fn stash4(j: u32, v: vec4<f32>) {
+    nrow[4u * j] = v.x;
+    nrow[4u * j + 1u] = v.y;
+    nrow[4u * j + 2u] = v.z;
+    nrow[4u * j + 3u] = v.w;
 }

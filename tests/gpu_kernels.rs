@@ -1004,6 +1004,48 @@ fn rope_styles_and_positions_match_cpu() {
     }
 }
 
+/// q/k norms then RoPE fused into one op (`fuse_norm_ropes`): both styles, weighted or not,
+/// rows of 16-byte words (E2B's 256) and odd rows, a dynamic start: the GPU matches the CPU with
+/// and without the pass.
+#[test]
+fn norm_then_rope_matches_cpu_fused() {
+    let mut rng = Rng::new(27);
+    let max_pos = 40;
+    for style in [RopeStyle::Half, RopeStyle::Interleaved] {
+        for (shape, seq_dim, rotary, weighted) in [
+            (vec![1, 8, 3, 256], 2, 256, true),
+            (vec![1, 3, 2, 10], 1, 8, false),
+            (vec![1, 1, 2, 512], 2, 512, true),
+        ] {
+            let mut t = T::default();
+            let n: usize = shape.iter().product();
+            let d = shape[3];
+            let x = t.input_f(&shape, &rng.floats(n, 2.0));
+            let half = rotary / 2;
+            let cos = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+            let sin = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+            let start = t.sym("start", 7);
+            let mut ins = vec![x];
+            if weighted {
+                ins.push(t.const_f(&[d], &rng.floats(d, 1.5)));
+            }
+            let normed = t.op(OpKind::RmsNorm { eps: 1e-6 }, ins, DType::F32, &shape);
+            let kind = OpKind::Rope {
+                style,
+                rotary,
+                seq_dim,
+                start: Int::Sym(start),
+            };
+            let y = t.op(kind, vec![normed, cos, sin], DType::F32, &shape);
+            t.out(y);
+            let what = format!("norm + rope {style:?} {shape:?}");
+            check(&format!("{what}, unfused"), &t, TOL, 1e-3);
+            assert_eq!(pteria::ir::passes::fuse_norm_ropes(&mut t.g), 1, "{what}");
+            check_both(&format!("{what}, fused"), &t, TOL, 1e-3);
+        }
+    }
+}
+
 struct AttnCase {
     layout: AttnLayout,
     b: usize,

@@ -283,6 +283,9 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
             })
             .or_else(|| float_in(&(0..op.inputs.len()).collect::<Vec<_>>()))
             .or_else(float_out),
+        OpKind::RmsNormRope { weighted, .. } => n_in(3 + *weighted as usize)
+            .or_else(|| float_in(&(0..op.inputs.len()).collect::<Vec<_>>()))
+            .or_else(float_out),
         OpKind::Softmax | OpKind::Mean { .. } | OpKind::Sum { .. } => {
             n_in(1).or_else(|| float_in(&[0])).or_else(float_out)
         }
@@ -629,13 +632,27 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             None,
             convert(env, x, out, true),
         ),
-        OpKind::RmsNorm { eps } => rms_norm(env, op, *eps, op.inputs.len() > 1, None)?,
+        OpKind::RmsNorm { eps } => rms_norm(env, op, *eps, op.inputs.len() > 1, NormThen::Store)?,
         OpKind::RmsNormChain {
             eps,
             weighted,
             norm_input,
             steps,
-        } => rms_norm(env, op, *eps, *weighted, Some((*norm_input, steps)))?,
+        } => {
+            let then = NormThen::Chain(*norm_input, steps);
+            rms_norm(env, op, *eps, *weighted, then)?
+        }
+        OpKind::RmsNormRope {
+            eps,
+            weighted,
+            style,
+            rotary,
+            seq_dim,
+            start,
+        } => {
+            let then = NormThen::Rope(*style, *rotary, *seq_dim, *start);
+            rms_norm(env, op, *eps, *weighted, then)?
+        }
         OpKind::Softmax => {
             let d = *oshape.last().ok_or("softmax of a scalar")?;
             let rows = n.checked_div(d).unwrap_or(0);
@@ -1023,13 +1040,28 @@ fn chain_steps(mut p: P, steps: &[ChainStep]) -> (P, Vec<(&'static str, f64)>) {
 
 /// RmsNorm, and RmsNormChain (`chain`: the norm's chain input and the steps; the chain's other
 /// inputs follow x and the weight).
+/// What an rms_norm kernel does with the normed row besides storing it.
+enum NormThen<'a> {
+    Store,
+    /// RmsNormChain: the norm's chain input and the steps.
+    Chain(usize, &'a [ChainStep]),
+    /// RmsNormRope: the rotation's style, rotary dims, seq dim and start.
+    Rope(RopeStyle, usize, usize, Int),
+}
+
+/// RmsNorm, RmsNormChain and RmsNormRope: inputs x, the weight if `has_w`, then the chain's
+/// other inputs or the cos/sin tables.
 fn rms_norm(
     env: &Env,
     op: &Op,
     eps: f32,
     has_w: bool,
-    chain: Option<(usize, &[ChainStep])>,
+    then: NormThen,
 ) -> Result<Vec<Step>, String> {
+    let chain = match then {
+        NormThen::Chain(k, steps) => Some((k, steps)),
+        _ => None,
+    };
     let out = op.outputs[0];
     let oshape = env.shape(out).to_vec();
     let n = env.numel(out);
@@ -1050,12 +1082,16 @@ fn rms_norm(
             .get(k)
             .is_some_and(|s| s.iter().product::<usize>() == 1)
     };
-    let bcast = (0..shapes.len()).any(|k| shapes[k] != oshape.as_slice() && !one(k));
+    let bcast =
+        chain.is_some() && (0..shapes.len()).any(|k| shapes[k] != oshape.as_slice() && !one(k));
     let mut p = P::default().u(rows).u(d).f(eps).u(0);
     let mut consts = vec![
         ("HAS_W", b(has_w)),
         ("CHAIN", b(chain.is_some())),
-        ("N_OPS", others.len() as f64),
+        (
+            "N_OPS",
+            if chain.is_some() { others.len() } else { 0 } as f64,
+        ),
         ("BCAST", b(bcast)),
         ("OP0_ONE", b(one(0))),
         ("OP1_ONE", b(one(1))),
@@ -1076,6 +1112,25 @@ fn rms_norm(
         let (q, c) = chain_steps(p, steps);
         p = q;
         consts.extend(c);
+    }
+    if let NormThen::Rope(style, rotary, seq_dim, start) = then {
+        let xs = env.shape(op.inputs[0]);
+        let half = rotary / 2;
+        let seq_len = *xs.get(seq_dim).ok_or("rope seq_dim out of range")?;
+        let table_rows = env.numel(others[0]).checked_div(half).unwrap_or(0);
+        // The rotation's words follow the chain's (rms_norm.wgsl `Params`).
+        p.0.resize(44, 0);
+        p = p
+            .u(half)
+            .u(strides(xs)[seq_dim])
+            .u(seq_len)
+            .u((env.slot)(start) as usize)
+            .u(table_rows);
+        consts.extend([
+            ("ROPE", 1.0),
+            ("INTERLEAVED", b(style == RopeStyle::Interleaved)),
+            ("ROPE_D", d as f64),
+        ]);
     }
     // About one element (or 16-byte word) per invocation: a row's latency is the cost.
     let vec4 = d % 4 == 0;

@@ -518,40 +518,47 @@ impl CpuExecutor {
                 seq_dim,
                 start,
             } => {
-                let xs = sh(op.inputs[0]);
                 let x = self.get(op.inputs[0], vals)?.f();
                 let (cos, sin) = (
                     self.get(op.inputs[1], vals)?.f(),
                     self.get(op.inputs[2], vals)?.f(),
                 );
-                let half = rotary / 2;
-                let d = *xs.last().unwrap();
-                let start = start.eval(syms);
-                let st = strides(&xs);
-                let mut y = x.clone();
-                let rows = x.len() / d;
-                for r in 0..rows {
-                    let s_idx = (r * d / st[*seq_dim]) % xs[*seq_dim];
-                    let pos = (start + s_idx as i64) as usize;
-                    if (pos + 1) * half > cos.len() {
-                        return Err(format!("position {pos} is past the rotary table"));
-                    }
-                    let (c, s) = (
-                        &cos[pos * half..(pos + 1) * half],
-                        &sin[pos * half..(pos + 1) * half],
-                    );
-                    let xr = &x[r * d..(r + 1) * d];
-                    let yr = &mut y[r * d..(r + 1) * d];
-                    for i in 0..half {
-                        let (a, b) = match style {
-                            RopeStyle::Half => (i, i + half),
-                            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                        };
-                        yr[a] = xr[a] * c[i] - xr[b] * s[i];
-                        yr[b] = xr[b] * c[i] + xr[a] * s[i];
-                    }
-                }
-                Val::F(y)
+                let at = Rotary {
+                    style: *style,
+                    rotary: *rotary,
+                    seq_dim: *seq_dim,
+                    start: start.eval(syms),
+                };
+                Val::F(rope(&x, &sh(op.inputs[0]), &cos, &sin, at)?)
+            }
+            OpKind::RmsNormRope {
+                eps,
+                weighted,
+                style,
+                rotary,
+                seq_dim,
+                start,
+            } => {
+                let x = self.get(op.inputs[0], vals)?.f();
+                let w = match weighted {
+                    true => Some(self.get(op.inputs[1], vals)?.f()),
+                    false => None,
+                };
+                let t = 1 + *weighted as usize;
+                let (cos, sin) = (
+                    self.get(op.inputs[t], vals)?.f(),
+                    self.get(op.inputs[t + 1], vals)?.f(),
+                );
+                let xs = sh(op.inputs[0]);
+                let d = *xs.last().ok_or("rms_norm of a scalar")?;
+                let at = Rotary {
+                    style: *style,
+                    rotary: *rotary,
+                    seq_dim: *seq_dim,
+                    start: start.eval(syms),
+                };
+                let normed = rms_norm(&x, w.as_deref(), d, *eps);
+                Val::F(rope(&normed, &xs, &cos, &sin, at)?)
             }
             OpKind::Sdpa {
                 layout,
@@ -1116,6 +1123,52 @@ pub fn quant_dequant_row_xnnpack(row: &mut [f32]) {
     for (v, &qi) in row.iter_mut().zip(&q) {
         *v = qi as f32 * inv;
     }
+}
+
+/// Where a rotary embedding rotates: `Rope`'s attributes, its start evaluated.
+#[derive(Clone, Copy)]
+struct Rotary {
+    style: RopeStyle,
+    rotary: usize,
+    seq_dim: usize,
+    start: i64,
+}
+
+/// `Rope` of x (shape `xs`) by cos/sin tables `[max_pos, rotary/2]`.
+fn rope(
+    x: &[f32],
+    xs: &[usize],
+    cos: &[f32],
+    sin: &[f32],
+    at: Rotary,
+) -> std::result::Result<Vec<f32>, String> {
+    let half = at.rotary / 2;
+    let d = *xs.last().ok_or("rope of a scalar")?;
+    let st = strides(xs);
+    let mut y = x.to_vec();
+    let rows = x.len() / d;
+    for r in 0..rows {
+        let s_idx = (r * d / st[at.seq_dim]) % xs[at.seq_dim];
+        let pos = (at.start + s_idx as i64) as usize;
+        if (pos + 1) * half > cos.len() {
+            return Err(format!("position {pos} is past the rotary table"));
+        }
+        let (c, s) = (
+            &cos[pos * half..(pos + 1) * half],
+            &sin[pos * half..(pos + 1) * half],
+        );
+        let xr = &x[r * d..(r + 1) * d];
+        let yr = &mut y[r * d..(r + 1) * d];
+        for i in 0..half {
+            let (a, b) = match at.style {
+                RopeStyle::Half => (i, i + half),
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            };
+            yr[a] = xr[a] * c[i] - xr[b] * s[i];
+            yr[b] = xr[b] * c[i] + xr[a] * s[i];
+        }
+    }
+    Ok(y)
 }
 
 /// `x * rsqrt(mean(x², -1) + eps) * w` over rows of `d`.

@@ -52,9 +52,11 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
     };
     Ok(vec![match kind {
         OpKind::Unary(_) | OpKind::Cast | OpKind::Clamp { .. } | OpKind::Copy => arg(0)?.to_vec(),
-        OpKind::RmsNorm { .. } | OpKind::Softmax | OpKind::Rope { .. } | OpKind::Sdpa { .. } => {
-            arg(0)?.to_vec()
-        }
+        OpKind::RmsNorm { .. }
+        | OpKind::RmsNormRope { .. }
+        | OpKind::Softmax
+        | OpKind::Rope { .. }
+        | OpKind::Sdpa { .. } => arg(0)?.to_vec(),
         OpKind::BinaryScalar { .. } => arg(0)?.to_vec(),
         OpKind::Binary(_) => broadcast(arg(0)?, arg(1)?)?,
         OpKind::Where => broadcast(&broadcast(arg(0)?, arg(1)?)?, arg(2)?)?,

@@ -269,6 +269,17 @@ pub enum OpKind {
         end: Int,
         step: i64,
     },
+    /// An `RmsNorm` (weighted if `weighted`) whose result only a `Rope` rotates, as one op (what
+    /// `fuse_norm_ropes` makes of Gemma's q/k norms): inputs: x, the weight if `weighted`, cos,
+    /// sin; the rest as `Rope`.
+    RmsNormRope {
+        eps: f32,
+        weighted: bool,
+        style: RopeStyle,
+        rotary: usize,
+        seq_dim: usize,
+        start: Int,
+    },
     /// Rotary embedding of x `[.., S, .., D]` by cos/sin tables `[max_pos, rotary/2]` at
     /// positions `start..start+S`; dims past `rotary` pass through. `seq_dim` indexes S in x.
     Rope {
@@ -341,6 +352,7 @@ impl OpKind {
             OpKind::Where | OpKind::Clamp { .. } | OpKind::Cast => "elementwise",
             OpKind::ElementwiseChain { .. } => "elementwise",
             OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. } => "rms_norm",
+            OpKind::RmsNormRope { .. } => "rms_norm",
             OpKind::Linear { .. } => "linear",
             OpKind::MatMul { .. } => "matmul",
             OpKind::Embedding { .. } => "embedding",
@@ -637,6 +649,7 @@ impl OpKind {
             OpKind::Clamp { .. } => "elementwise[clamp]".into(),
             OpKind::ElementwiseChain { steps } => format!("elementwise[{}]", chain_label(steps)),
             OpKind::RmsNormChain { steps, .. } => format!("rms_norm+[{}]", chain_label(steps)),
+            OpKind::RmsNormRope { .. } => "rms_norm+rope".into(),
             OpKind::Cast => "elementwise[cast]".into(),
             OpKind::Linear {
                 weight, act_quant, ..

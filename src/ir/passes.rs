@@ -986,7 +986,68 @@ pub fn finish(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![
         ("fuse_elementwise_chains", fuse_elementwise_chains(g)),
         ("fuse_norm_chains", fuse_norm_chains(g)),
+        ("fuse_norm_ropes", fuse_norm_ropes(g)),
     ]
+}
+
+/// An `RmsNorm` whose result only a `Rope` rotates becomes one `RmsNormRope`: the norm's
+/// workgroup rotates the row it holds (Gemma's q and k norms, 50 dispatches of an E2B step).
+pub fn fuse_norm_ropes(g: &mut Graph) -> usize {
+    let mut n = 0;
+    loop {
+        let uses = use_counts(g);
+        let prod = producers(g);
+        let mut storage = storage_sets(g);
+        let mut found = None;
+        for (i, node) in g.nodes.iter().enumerate() {
+            let Node::Op(r) = node else { continue };
+            let OpKind::Rope {
+                style,
+                rotary,
+                seq_dim,
+                start,
+            } = r.kind
+            else {
+                continue;
+            };
+            let t = r.inputs[0];
+            let Some(p) = prod[t] else { continue };
+            let norm = op_at(g, p);
+            let OpKind::RmsNorm { eps } = norm.kind else {
+                continue;
+            };
+            let out = find(&mut storage, r.outputs[0]);
+            let reads: Vec<TensorId> = norm.inputs.iter().chain(&r.inputs[1..]).copied().collect();
+            if uses[t] == 1
+                && matches!(g.tensors[t].role, Role::Activation)
+                && !r.inputs[1..].contains(&t)
+                && reads.iter().all(|&x| find(&mut storage, x) != out)
+            {
+                let mut inputs = norm.inputs.clone();
+                inputs.extend(&r.inputs[1..]);
+                let kind = OpKind::RmsNormRope {
+                    eps,
+                    weighted: norm.inputs.len() > 1,
+                    style,
+                    rotary,
+                    seq_dim,
+                    start,
+                };
+                found = Some((i, p, kind, inputs));
+                break;
+            }
+        }
+        let Some((i, p, kind, inputs)) = found else {
+            break;
+        };
+        if let Node::Op(r) = &mut g.nodes[i] {
+            r.kind = kind;
+            r.inputs = inputs;
+        }
+        g.nodes.remove(p);
+        n += 1;
+    }
+    n
 }
 
 /// An `RmsNorm` whose result only an element-wise op or chain of its shape reads becomes one
@@ -1744,6 +1805,64 @@ mod tests {
         let want = outs(g);
         assert_eq!(outs(chained), want);
         assert_eq!(outs(fused), want);
+    }
+
+    #[test]
+    fn norms_that_only_a_rope_reads_fuse_with_the_same_results() {
+        let f = DType::F32;
+        let (s, h, d, rotary, max_pos) = (3, 2, 16, 12, 20);
+        let mut g = Graph::default();
+        let x = g.add_tensor("x", f, vec![1, s, h, d], Role::Input(0));
+        g.inputs = vec![Io::Tensor(x)];
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let w = g.add_tensor("w", f, vec![d], constant(&w));
+        let table = |k: f32| -> Vec<f32> {
+            (0..max_pos * rotary / 2)
+                .map(|i| (i as f32 * k).sin())
+                .collect()
+        };
+        let cos = g.add_tensor("cos", f, vec![max_pos, rotary / 2], constant(&table(0.3)));
+        let sin = g.add_tensor("sin", f, vec![max_pos, rotary / 2], constant(&table(0.7)));
+        let t =
+            |g: &mut Graph, name: &str| g.add_tensor(name, f, vec![1, s, h, d], Role::Activation);
+        let (n1, r1, n2, r2) = (
+            t(&mut g, "n1"),
+            t(&mut g, "r1"),
+            t(&mut g, "n2"),
+            t(&mut g, "r2"),
+        );
+        let eps = 1e-6;
+        let rope = |style| OpKind::Rope {
+            style,
+            rotary,
+            seq_dim: 1,
+            start: Int::Lit(4),
+        };
+        g.op(OpKind::RmsNorm { eps }, vec![x, w], vec![n1]);
+        g.op(rope(RopeStyle::Half), vec![n1, cos, sin], vec![r1]);
+        // Read by the rope and as an output: stays.
+        g.op(OpKind::RmsNorm { eps }, vec![r1], vec![n2]);
+        g.op(rope(RopeStyle::Interleaved), vec![n2, cos, sin], vec![r2]);
+        g.outputs = vec![r2, n2];
+        let mut fused = g.clone();
+        assert_eq!(fuse_norm_ropes(&mut fused), 1);
+        let labels: Vec<String> = fused.ops().map(|o| o.kind.label()).collect();
+        assert_eq!(labels, ["rms_norm+rope", "rms_norm", "rope"], "{labels:?}");
+        let xv: Vec<u8> = (0..s * h * d)
+            .flat_map(|k| ((k as f32 * 0.37).sin() * 2.0).to_le_bytes())
+            .collect();
+        let outs = |g: Graph| {
+            let mut e = CpuExecutor::new(g).unwrap();
+            e.run(&[InputValue::Tensor {
+                shape: vec![1, s, h, d],
+                data: &xv,
+            }])
+            .unwrap()
+            .into_iter()
+            .map(|t| t.data)
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(outs(fused), outs(g));
     }
 
     /// A tensor written again after a view of it was taken (per-delegate graphs reuse storage
