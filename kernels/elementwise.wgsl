@@ -85,8 +85,9 @@ fn offsets(i: u32) -> vec3<u32> {
     for (var d = i32(p.rank) - 1; d >= 0; d--) {
         let k = u32(d);
         let size = at(p.shape, k);
-        let idx = rem % size;
-        rem = rem / size;
+        let qr = divmod(rem, size);
+        let idx = qr.y;
+        rem = qr.x;
         o += idx * vec3<u32>(at(p.sa, k), at(p.sb, k), at(p.sc, k));
     }
     return o;
@@ -274,8 +275,9 @@ fn chain_offsets(i: u32) -> vec3<u32> {
     for (var d = i32(pc.rank) - 1; d >= 0; d--) {
         let k = u32(d);
         let size = at(pc.shape, k);
-        let idx = rem % size;
-        rem = rem / size;
+        let qr = divmod(rem, size);
+        let idx = qr.y;
+        rem = qr.x;
         o += idx * vec3<u32>(at(pc.strides[0], k), at(pc.strides[1], k), at(pc.strides[2], k));
     }
     return o;

@@ -66,8 +66,9 @@ fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     for (var d = i32(p.rank) - 1; d >= 0; d--) {
         let k = u32(d);
         let size = at(p.shape, k);
-        let c = rem % size;
-        rem = rem / size;
+        let qr = divmod(rem, size);
+        let c = qr.y;
+        rem = qr.x;
         src += c * at(p.src_strides, k);
         dst += c * at(p.dst_strides, k);
     }

@@ -652,3 +652,262 @@ fn tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
         }
     }
 }
+
+// ---- xnn_gemm: XNNPACK's qd8-f32-qb4w / qd8-f32-qc8w arithmetic, bit for bit ----
+// x comes from act_quant_packed (XNN_ROUNDING). Per output, as the CPU reference
+// (src/ir/cpu.rs `linear_qd8`, measured against ExecuTorch's XNNPACK runtime) computes it: exact
+// integer sums, then float terms added in a fixed order, so the result does not depend on how
+// the integer work is spread over invocations. 4-bit (w = n - 8; activations unsigned,
+// u = q + 128, zpu = zp + 128):
+//   ksum = Σ over runs of 16 columns, in order: ksum - f32(Σ w) · s_g
+//   y = ksum · zpu;  y = fma(f32(Σ u·w over g), s_g, y)  for each group g in order
+// 8-bit (signed bytes, u = q, runs of one group, y + f32(Σ u·w) · s_g unfused). Then
+//   rest_g = b_g + 8·s_g (0 for symmetric weights);  r += rest_g · f32(Σ (u - zpu) over g)
+//   out = (y + r) · (1 / multiplier) (+ bias)
+// A workgroup owns XR weight rows and XM rows of x (prefill reads each weight once for XM
+// rows). Groups go XC at a time through shared memory: the integer sums of every (row, group)
+// pair spread over the invocations, then XR · XM invocations add the float terms in order.
+// When all groups fit in one chunk, ksum's run sums come from the same pass; otherwise a
+// first, weight-only pass computes ksum.
+// Needs GROUP % 8 == 0 (4-bit) or % 4 (8-bit).
+override XR: u32 = 8u;
+// (At most 8: the per-invocation sums are fixed-size arrays.)
+override XM: u32 = 1u;
+override XC: u32 = 32u;
+// ksum runs per group: GROUP / 16 for 4-bit weights with GROUP % 16 == 0, else 1.
+override RPG: u32 = 1u;
+
+// Per (row, x row, group of the chunk): Σ q·n (4-bit, raw nibbles) or Σ q·w (8-bit).
+var<workgroup> xnn_qn: array<i32, XR * XM * XC>;
+// Per (row, group): Σ n (4-bit) or Σ w (8-bit); per (x row, group): Σ q.
+var<workgroup> xnn_n: array<i32, XR * XC>;
+var<workgroup> xnn_sq: array<i32, XM * XC>;
+// Per (row, run): Σ w of the run (w = n - 8 for 4-bit).
+var<workgroup> xnn_ws: array<i32, XR * XC * RPG>;
+
+fn x_word(i: u32) -> u32 {
+    return xu4[i / 4u][i % 4u];
+}
+
+// Columns per ksum run: 16 for 4-bit weights (how XNNPACK's packing sums them), else a group.
+fn xnn_run() -> u32 {
+    return GROUP / RPG;
+}
+
+// Σ w over run `u` of weight row `row`.
+fn xnn_wsum(row: u32, u: u32) -> i32 {
+    let ones = 0x01010101u;
+    let run = xnn_run();
+    var sw = 0;
+    if KIND == 1u {
+        let m4 = 0x0f0f0f0fu;
+        let w0 = row * (p.k / 8u) + u * (run / 8u);
+        for (var j = 0u; j < run / 8u; j++) {
+            let wv = w[w0 + j];
+            sw += i32(dot4U8Packed((wv & m4) + ((wv >> 4u) & m4), ones));
+        }
+        return sw - 8 * i32(run);
+    }
+    let w0 = row * (p.k / 4u) + u * (run / 4u);
+    for (var j = 0u; j < run / 4u; j++) {
+        sw += dot4I8Packed(w[w0 + j], ones);
+    }
+    return sw;
+}
+
+// Σ q of group g of x row m (XM rows from m0, the last repeated past p.m) into xnn_sq slot c.
+fn xnn_qsum(mm: u32, g: u32, c: u32, m0: u32) {
+    let ones = 0x01010101u;
+    let xr = min(m0 + mm, p.m - 1u) * (p.k / 4u);
+    var sq = 0;
+    for (var j = g * (GROUP / 4u); j < (g + 1u) * (GROUP / 4u); j++) {
+        sq += dot4I8Packed(x_word(xr + j), ones);
+    }
+    xnn_sq[mm * XC + c] = sq;
+}
+
+// The integer sums of group g of weight row `row` (slot r) against the XM x rows into slot c,
+// and the group's ksum run sums.
+fn xnn_group(row: u32, r: u32, g: u32, c: u32, m0: u32) {
+    let ones = 0x01010101u;
+    var qn: array<i32, 8>;
+    var sn = 0;
+    var run_sum = 0;
+    let m4 = 0x0f0f0f0fu;
+    // 4-bit: 8 nibbles a word; act_quant_packed stored each 8 activations as (0, 2, 4, 6),
+    // (1, 3, 5, 7), the order of a word's low and high nibbles once masked.
+    let per_word = select(4u, 8u, KIND == 1u);
+    let words = GROUP / per_word;
+    let run_words = words / RPG;
+    let w0 = row * (p.k / per_word) + g * words;
+    for (var j = 0u; j < words; j++) {
+        let wv = w[w0 + j];
+        let lo = wv & m4;
+        let hi = (wv >> 4u) & m4;
+        var wn: i32;
+        if KIND == 1u {
+            wn = i32(dot4U8Packed(lo + hi, ones));
+        } else {
+            wn = dot4I8Packed(wv, ones);
+        }
+        sn += wn;
+        run_sum += wn;
+        if (j + 1u) % run_words == 0u {
+            let zero = select(0, 8 * i32(GROUP / RPG), KIND == 1u);
+            xnn_ws[(r * XC + c) * RPG + j / run_words] = run_sum - zero;
+            run_sum = 0;
+        }
+        for (var mm = 0u; mm < XM; mm++) {
+            let xr = min(m0 + mm, p.m - 1u) * (p.k / 4u);
+            if KIND == 1u {
+                let xi = xr + 2u * (g * words + j);
+                qn[mm] += dot4I8Packed(lo, x_word(xi)) + dot4I8Packed(hi, x_word(xi + 1u));
+            } else {
+                qn[mm] += dot4I8Packed(wv, x_word(xr + g * words + j));
+            }
+        }
+    }
+    for (var mm = 0u; mm < XM; mm++) {
+        xnn_qn[(r * XM + mm) * XC + c] = qn[mm];
+    }
+    xnn_n[r * XC + c] = sn;
+}
+
+// A zero the compiler cannot see (written to shared memory at run time): XOR-ing a value's bits
+// with it makes a new value to every optimiser. Without it Mesa's inexact algebraic rules turn
+// (a + b) - a into b, which leaves TwoSum's error term 0 (lavapipe then computed plain a·b + c
+// in 52 of 576 probes), and a compiler may fuse a product into a following add.
+var<workgroup> xnn_zero_shared: u32;
+var<private> xnn_zero: u32;
+
+fn opq(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) ^ xnn_zero);
+}
+
+// (s, e) with s = RN(a + b) and s + e = a + b exactly (Knuth's TwoSum).
+fn two_sum(a: f32, b: f32) -> vec2<f32> {
+    let s = opq(a + b);
+    let bb = opq(s - a);
+    return vec2<f32>(s, (a - opq(s - bb)) + (b - bb));
+}
+
+// x as hi + lo, each of at most 12 significant bits (products of two such are exact).
+fn split12(x: f32) -> vec2<f32> {
+    let hi = bitcast<f32>(bitcast<u32>(x) & 0xfffff000u);
+    return vec2<f32>(hi, x - hi);
+}
+
+// a · b + c rounded once. WGSL's fma() is not fused everywhere (lavapipe lowers it to a multiply
+// and an add), and XNNPACK's blockwise kernels accumulate with a fused multiply-add. Dekker's
+// exact product (ph + pl), Knuth's TwoSum with c, then Boldo and Melquiond's rounding to odd of
+// the low parts before the final add: correctly rounded for finite, non-underflowing values,
+// and the same bits on every GPU (each step is exact or one rounding, fused or not).
+fn fma_rn(a: f32, b: f32, c: f32) -> f32 {
+    let ph = opq(a * b);
+    let sa = split12(a);
+    let sb = split12(b);
+    let pl = opq(opq(opq(sa.x * sb.x) - ph) + opq(sa.x * sb.y) + opq(sa.y * sb.x))
+        + opq(sa.y * sb.y);
+    let t = two_sum(c, ph);
+    let lo = two_sum(t.y, opq(pl));
+    var v = lo.x;
+    if lo.y != 0.0 && (bitcast<u32>(v) & 1u) == 0u {
+        // Round to odd: the neighbour on the exact sum's side has the odd last bit.
+        if (lo.y > 0.0) == (v > 0.0) {
+            v = bitcast<f32>(bitcast<u32>(v) + 1u);
+        } else {
+            v = bitcast<f32>(bitcast<u32>(v) - 1u);
+        }
+    }
+    return t.x + v;
+}
+
+@compute @workgroup_size(WG)
+fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) t: u32) {
+    let row0 = (wg.x + wg.y * nwg.x) * XR;
+    let m0 = wg.z * XM;
+    let last = p.n - 1u;
+    // Invocation t < XR · XM adds the terms of weight row r for x row mm.
+    let r = t / XM;
+    let mm = t % XM;
+    let m = min(m0 + mm, p.m - 1u);
+    let mine = min(row0 + r, last);
+    let pr = p.m * p.k / 4u + 2u * m;
+    let inv = bitcast<f32>(x_word(pr));
+    let zp = bitcast<f32>(x_word(pr + 1u));
+    let four = KIND == 1u;
+    let zero = select(0.0, 8.0, four);
+    let zpu = zp + select(0.0, 128.0, four);
+    let run = xnn_run();
+    // (Products below go through opq so that no compiler fuses them into their adds.)
+    if t == 0u {
+        xnn_zero_shared = 0u;
+    }
+    workgroupBarrier();
+    xnn_zero = xnn_zero_shared;
+    let one_chunk = p.groups <= XC;
+    // ksum starts y: over several chunks it takes its own weight-only pass first.
+    var ksum = 0.0;
+    for (var u0 = 0u; u0 < p.groups * RPG && !one_chunk; u0 += XC * RPG) {
+        let nc = min(XC * RPG, p.groups * RPG - u0);
+        for (var i = t; i < XR * nc; i += WG) {
+            xnn_ws[(i / nc) * XC * RPG + i % nc] = xnn_wsum(min(row0 + i / nc, last), u0 + i % nc);
+        }
+        workgroupBarrier();
+        if t < XR * XM {
+            for (var c = 0u; c < nc; c++) {
+                let g = (u0 + c) / RPG;
+                ksum -= opq(f32(xnn_ws[r * XC * RPG + c]) * scales[mine * p.groups + g]);
+            }
+        }
+        workgroupBarrier();
+    }
+    var yv = 0.0;
+    var rest_sum = 0.0;
+    for (var g0 = 0u; g0 < p.groups; g0 += XC) {
+        let nc = min(XC, p.groups - g0);
+        for (var i = t; i < XM * nc; i += WG) {
+            xnn_qsum(i / nc, g0 + i % nc, i % nc, m0);
+        }
+        for (var i = t; i < XR * nc; i += WG) {
+            xnn_group(min(row0 + i / nc, last), i / nc, g0 + i % nc, i % nc, m0);
+        }
+        workgroupBarrier();
+        if t < XR * XM {
+            if one_chunk {
+                for (var u = 0u; u < nc * RPG; u++) {
+                    ksum -= opq(f32(xnn_ws[r * XC * RPG + u]) * scales[mine * p.groups + u / RPG]);
+                }
+            }
+            if g0 == 0u {
+                yv = ksum * zpu;
+            }
+            for (var c = 0u; c < nc; c++) {
+                let qn = xnn_qn[t * XC + c];
+                let sq = xnn_sq[mm * XC + c];
+                let gi = mine * p.groups + g0 + c;
+                let s = scales[gi];
+                if four {
+                    // Σ (q + 128)·(n - 8) from Σ q·n, Σ q and Σ n.
+                    let uw = qn - 8 * sq + 128 * (xnn_n[r * XC + c] - 8 * i32(GROUP));
+                    yv = fma_rn(f32(uw), s, yv);
+                } else {
+                    yv += opq(f32(qn) * s);
+                }
+                let rest = biases[gi] + opq(zero * s);
+                if rest != 0.0 {
+                    rest_sum += opq(rest * f32(sq - i32(zp) * i32(GROUP)));
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    if t < XR * XM && row0 + r < p.n && m0 + mm < p.m {
+        var v = (yv + rest_sum) * inv;
+        if HAS_BIAS {
+            v += bias[p.n0 + row0 + r];
+        }
+        y[m * p.ldy + p.n0 + row0 + r] = v;
+    }
+}

@@ -30,8 +30,9 @@ fn offset(i: u32, rank: u32, shape: array<vec4<u32>, 2>, strides: array<vec4<u32
     var off = 0u;
     for (var d = i32(rank) - 1; d >= 0; d--) {
         let k = u32(d);
-        off += (rem % at(shape, k)) * at(strides, k);
-        rem = rem / at(shape, k);
+        let qr = divmod(rem, at(shape, k));
+        off += qr.y * at(strides, k);
+        rem = qr.x;
     }
     return off;
 }

@@ -78,8 +78,9 @@ fn chained(n: f32, i: u32) -> f32 {
         for (var d = i32(p.rank) - 1; d >= 0; d--) {
             let k = u32(d);
             let size = at(p.shape, k);
-            let idx = rem % size;
-            rem = rem / size;
+            let qr = divmod(rem, size);
+            let idx = qr.y;
+            rem = qr.x;
             o += idx * vec2<u32>(at(p.strides[0], k), at(p.strides[1], k));
         }
     }

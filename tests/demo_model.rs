@@ -189,10 +189,16 @@ fn demo_model_greedy_ids_match_the_golden_on_the_cpu_executor() {
 }
 
 #[test]
-#[ignore = "open: the GPU executor parts from the golden at the first chat's step 11 (logits \
-            ~0.3 off there); cause not measured yet"]
+#[ignore = "slow on lavapipe (CI): each ExactSDPA product is a 9x32x1024x64 broadcast multiply \
+            and permute per layer, ~6 s per prefill call there; run on a real GPU"]
 fn demo_model_greedy_ids_match_the_golden_on_the_gpu_executor() {
     check_device(Device::Gpu, &[0, 1, 2]);
+}
+
+#[test]
+#[ignore = "slow on lavapipe (CI): ~15 min for this chat alone (see above)"]
+fn demo_model_first_chat_matches_the_golden_on_the_gpu_executor() {
+    check_device(Device::Gpu, &[0]);
 }
 
 #[test]

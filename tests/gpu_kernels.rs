@@ -631,6 +631,111 @@ fn linear_variants_match_cpu() {
     }
 }
 
+/// XNNPACK-quantized linears (dynamic int8 activations × 4/8-bit group weights) give the CPU
+/// reference's bits exactly, which reproduce ExecuTorch's XNNPACK runtime
+/// (tests/xnnpack_linear.rs): decode and prefill rows, symmetric and asymmetric weights, more
+/// groups than one pass of shared memory holds, and weights split past the binding limit.
+#[test]
+fn xnnpack_linears_are_bit_exact_with_the_cpu_executor() {
+    let mut rng = Rng::new(31);
+    let cases = [
+        // (weight, M, K, N, symmetric, bias): the demo model's up/down projections first.
+        (Weight::Q4 { group: 64 }, 1, 1536, 576, true, false),
+        (Weight::Q4 { group: 64 }, 5, 576, 1536, true, false),
+        (Weight::Q4 { group: 32 }, 32, 576, 300, true, true),
+        (Weight::Q4 { group: 64 }, 3, 640, 45, false, false),
+        (Weight::Q4 { group: 8 }, 2, 1024, 37, true, false),
+        (Weight::Q4 { group: 32 }, 1, 4096, 24, true, false),
+        (Weight::Q8 { group: 32 }, 3, 128, 40, false, true),
+        (Weight::Q8 { group: 4 }, 1, 96, 19, true, false),
+    ];
+    for (w, m, k, n, symmetric, bias) in cases {
+        let mut t = T::default();
+        // Residual-stream-like rows: small values with a few large ones; one row all >= 0.
+        let mut xv = rng.floats(m * k, 1.0);
+        for (i, v) in xv.iter_mut().enumerate() {
+            if i % 97 == 5 {
+                *v *= 40.0;
+            }
+            if i / k == m / 2 {
+                *v = v.abs();
+            }
+        }
+        let x = t.input_f(&[m, k], &xv);
+        let (group, four) = match w {
+            Weight::Q4 { group } => (group, true),
+            Weight::Q8 { group } => (group, false),
+            Weight::F32 => unreachable!(),
+        };
+        let g = k / group;
+        let packed = if four {
+            t.constant(DType::U8, &[n, k / 2], rng.bytes(n * k / 2))
+        } else {
+            t.constant(DType::I8, &[n, k], rng.bytes(n * k))
+        };
+        let s: Vec<f32> = rng
+            .floats(n * g, 0.02)
+            .iter()
+            .map(|v| v.abs() + 0.001)
+            .collect();
+        // Symmetric: 4-bit n = round(w / s) + 8 stored with bias -8s, as 8da4w exports do.
+        let b: Vec<f32> = if symmetric {
+            s.iter()
+                .map(|v| if four { -8.0 * v } else { 0.0 })
+                .collect()
+        } else {
+            rng.floats(n * g, 0.1)
+        };
+        let mut ins = vec![x, packed, t.const_f(&[n, g], &s), t.const_f(&[n, g], &b)];
+        if bias {
+            ins.push(t.const_f(&[n], &rng.floats(n, 1.0)));
+        }
+        let y = t.op(
+            OpKind::Linear {
+                weight: w,
+                act_quant: pteria::ir::ActQuant::Xnnpack,
+                has_bias: bias,
+            },
+            ins,
+            DType::F32,
+            &[m, n],
+        );
+        t.out(y);
+        let what = format!("xnnpack linear {w:?} {m}x{k}->{n} symmetric={symmetric}");
+        let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+        let want = cpu.run(&values(&t.inputs)).unwrap()[0].to_f32().unwrap();
+        for (name, c) in [
+            ("", ctx()),
+            (" (no subgroups)", no_subgroup_ctx()),
+            (" (split weights)", small_binding_ctx()),
+        ] {
+            let Some(c) = c else { continue };
+            // (The 64 KiB binding splits weights, not activations.)
+            if name.contains("split") && m * k * 4 > 64 << 10 {
+                continue;
+            }
+            let mut gpu = GpuExecutor::new(c, t.g.clone()).unwrap();
+            let got = gpu.run(&values(&t.inputs)).unwrap()[0].to_f32().unwrap();
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let first = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(
+                differ,
+                0,
+                "{what}{name}: {differ} of {} outputs differ, first at {first:?}: {:?}",
+                want.len(),
+                first.map(|i| (got[i], want[i]))
+            );
+        }
+    }
+}
+
 /// Linears reading one input with one activation quantization (q/k/v, gate/up) quantize it
 /// once; a different weight format or rounding rule quantizes again. Decode rows (packed int8
 /// path) and prefill rows (tiled path), against the CPU.

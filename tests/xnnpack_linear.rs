@@ -1,6 +1,6 @@
 //! XNNPACK 8da4w linears (tests/fixtures/export_xnnpack_linear.py: K = 576 → N = 1536 at group 32,
-//! K = 1536 → N = 576 at group 64) run by the ExecuTorch Python runtime: Pteria's CPU executor
-//! reproduces their outputs bit for bit.
+//! K = 1536 → N = 576 at group 64) run by the ExecuTorch Python runtime: Pteria's CPU and GPU
+//! executors reproduce their outputs bit for bit.
 //! XNNPACK's qd8-f32-qb4w GEMM (on AVX512-VNNI its qdu8 form) quantizes each row to int8, shifts
 //! it to unsigned, sums u8 × int4 products exactly per weight block, adds each block sum times its
 //! bf16 scale with one fused multiply-add onto the packed `ksum · zero point` and scales the row
@@ -25,8 +25,8 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 }
 
 /// Runs fixture `name` (`forward(x: f32 [1, rows, k]) -> [1, rows, n]`) and compares every output's bits.
-fn assert_bit_exact(name: &str, k: usize, n: usize) {
-    let (make, _) = pteria::runtime::delegate::executor_for(Device::Cpu).expect("cpu executor");
+fn assert_bit_exact(device: Device, name: &str, k: usize, n: usize) {
+    let (make, _) = pteria::runtime::delegate::executor_for(device).expect("executor");
     let backends = pteria::frontend::backends(make);
     let program = Program::open(&fixture(name, "pte"), &[]).expect("fixture program");
     let mut method = Method::load(&program, "forward", &backends).expect("forward loads");
@@ -54,7 +54,7 @@ fn assert_bit_exact(name: &str, k: usize, n: usize) {
         .collect();
     assert!(
         differ.is_empty(),
-        "{name}: {} of {} outputs differ from ExecuTorch's, first {:?}",
+        "{name} on {device:?}: {} of {} outputs differ from ExecuTorch's, first {:?}",
         differ.len(),
         want.len(),
         &differ[..differ.len().min(5)]
@@ -63,12 +63,24 @@ fn assert_bit_exact(name: &str, k: usize, n: usize) {
 
 #[test]
 fn xnnpack_8da4w_linear_matches_executorch_bit_for_bit_on_the_cpu_executor() {
-    assert_bit_exact("xnnpack_linear_8da4w", 576, 1536);
+    assert_bit_exact(Device::Cpu, "xnnpack_linear_8da4w", 576, 1536);
+}
+
+#[test]
+fn xnnpack_8da4w_linear_matches_executorch_bit_for_bit_on_the_gpu_executor() {
+    assert_bit_exact(Device::Gpu, "xnnpack_linear_8da4w", 576, 1536);
 }
 
 /// Group 64: a block's integer sum times its bf16 scale no longer fits float32's mantissa, so
 /// only the kernel's own rounding sequence (fused multiply-add per block) matches.
 #[test]
 fn xnnpack_8da4w_group_64_linear_matches_executorch_bit_for_bit_on_the_cpu_executor() {
-    assert_bit_exact("xnnpack_linear_8da4w_g64", 1536, 576);
+    assert_bit_exact(Device::Cpu, "xnnpack_linear_8da4w_g64", 1536, 576);
+}
+
+/// The same on the GPU, whose WGSL has no fused multiply-add it can count on (lavapipe's
+/// `fma()` is a multiply and an add): the kernel rounds each block's term once by itself.
+#[test]
+fn xnnpack_8da4w_group_64_linear_matches_executorch_bit_for_bit_on_the_gpu_executor() {
+    assert_bit_exact(Device::Gpu, "xnnpack_linear_8da4w_g64", 1536, 576);
 }

@@ -410,12 +410,13 @@ impl Context {
                     let src =
                         kernel_source(kernel).ok_or_else(|| shader_err("no such kernel".into()))?;
                     let src = with_subgroups(src, self.features.contains(wgpu::Features::SUBGROUP));
+                    let src = format!("{src}\n{}", include_str!("../../kernels/common.wgsl"));
                     let m = self
                         .scoped(|| {
                             self.device
                                 .create_shader_module(wgpu::ShaderModuleDescriptor {
                                     label: Some(kernel),
-                                    source: wgpu::ShaderSource::Wgsl(src),
+                                    source: wgpu::ShaderSource::Wgsl(src.into()),
                                 })
                         })
                         .map_err(shader_err)?;

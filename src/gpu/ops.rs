@@ -1187,11 +1187,20 @@ fn linear(
     let mut steps = Vec::new();
     let mut xsrc = Res::Tensor(x);
     let matvec = m <= MATVEC_MAX_M && matvec_aligned(weight, k);
+    // XNNPACK's qd8 GEMMs are reproduced bit for bit (any M): a deep 8da4w model turns a
+    // last-bit difference into a flipped activation rounding a few layers on.
+    let xnn_exact = act_quant == crate::ir::ActQuant::Xnnpack && kind != 0;
+    if xnn_exact && !matvec_aligned(weight, k) {
+        return Err(format!(
+            "an XNNPACK-quantized linear needs K ({k}) and its group ({group}) in whole \
+             {} elements",
+            if kind == 1 { 8 } else { 4 }
+        ));
+    }
     // Dynamic int8 activations meet 4/8-bit weights in integer dot products on the decode path.
     let int_x = act_quant != crate::ir::ActQuant::None
         && kind != 0
-        && matvec
-        && quad_matvec(weight, k, nn).is_some();
+        && ((matvec && quad_matvec(weight, k, nn).is_some()) || xnn_exact);
     // An earlier linear of the same input left its quantized rows in the scratch we share.
     let shared = env.mem.quant_from.get(node).copied().flatten().is_some();
     if act_quant != crate::ir::ActQuant::None && shared {
@@ -1254,7 +1263,37 @@ fn linear(
         } else {
             None
         };
-        if let Some((team, wg)) = quad {
+        if xnn_exact {
+            // XR weight rows and XM rows of x a workgroup; the integer sums of XC groups at a
+            // time in shared memory (under 15 KiB with the kernel's other arrays).
+            let (xr, xm) = (8usize, m.min(8));
+            let rpg = if kind == 1 && group % 16 == 0 {
+                group / 16
+            } else {
+                1
+            };
+            let words = |c: usize| xr * xm * c + xr * c + xm * c + xr * c * rpg;
+            let mut xc = (k / group).min(128);
+            while xc > 1 && words(xc) > 3584 {
+                xc -= 1;
+            }
+            consts.extend([
+                ("XR", xr as f64),
+                ("XM", xm as f64),
+                ("XC", xc as f64),
+                ("RPG", rpg as f64),
+                ("WG", 64.0),
+            ]);
+            steps.push(step(
+                "linear",
+                "xnn_gemm",
+                consts,
+                p,
+                Res::Tensor(out),
+                inputs,
+                env.grid(nc.div_ceil(xr), m.div_ceil(xm)),
+            ));
+        } else if let Some((team, wg)) = quad {
             consts.extend([
                 ("TEAM", team as f64),
                 ("WG", wg as f64),
