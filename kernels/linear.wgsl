@@ -52,7 +52,9 @@ override WG: u32 = 256u;
 // a / b correctly rounded (to nearest, ties to even), as the CPU reference divides: WGSL's
 // division may be off by ulps (it is on NVIDIA), which moves values sitting on rounding ties, and
 // fma is not fused everywhere (lavapipe), so a residual step cannot fix it. Long division of the
-// 24-bit significands in integers; zeros, subnormals, infinities and NaN take plain division.
+// 24-bit significands in integers, 7 quotient bits per u32 division (4 dependent steps, where
+// one bit per step took 25 on every quantization's critical path); zeros, subnormals,
+// infinities and NaN take plain division.
 fn div_rn(a: f32, b: f32) -> f32 {
     let ua = bitcast<u32>(a);
     let ub = bitcast<u32>(b);
@@ -69,19 +71,20 @@ fn div_rn(a: f32, b: f32) -> f32 {
         rem = rem << 1u;
         e -= 1;
     }
-    // 24 quotient bits and a guard bit; what is left decides ties.
-    var q = 0u;
-    for (var i = 0u; i < 25u; i++) {
-        q = q << 1u;
-        if rem >= mb {
-            rem -= mb;
-            q |= 1u;
-        }
-        rem = rem << 1u;
+    // rem in [mb, 2 mb): the leading quotient bit is 1. Then 28 more (rem < 2^24, so rem << 7
+    // fits): 23 for the significand, a guard bit, and 4 that join the remainder in deciding ties.
+    rem -= mb;
+    var q = 1u;
+    for (var i = 0u; i < 4u; i++) {
+        rem = rem << 7u;
+        let d = rem / mb;
+        rem -= d * mb;
+        q = (q << 7u) | d;
     }
-    let guard = q & 1u;
-    q = q >> 1u;
-    if guard == 1u && (rem != 0u || (q & 1u) == 1u) {
+    let guard = (q >> 4u) & 1u;
+    let sticky = (q & 0xfu) != 0u || rem != 0u;
+    q = q >> 5u;
+    if guard == 1u && (sticky || (q & 1u) == 1u) {
         q += 1u;
     }
     if q == 0x1000000u {
