@@ -71,10 +71,6 @@ fn store_i(i: u32, v: i32) {
     }
 }
 
-fn at(v: array<vec4<u32>, 2>, d: u32) -> u32 {
-    return v[d / 4u][d % 4u];
-}
-
 // Element offsets of output element `i` in a, b, c.
 fn offsets(i: u32) -> vec3<u32> {
     if !BCAST {
@@ -84,11 +80,11 @@ fn offsets(i: u32) -> vec3<u32> {
     var o = vec3<u32>(0u);
     for (var d = i32(p.rank) - 1; d >= 0; d--) {
         let k = u32(d);
-        let size = at(p.shape, k);
-        let qr = divmod(rem, size);
-        let idx = qr.y;
+        // (The uniform indexed in place: `at` takes its array by value, which CPU drivers
+        // copy to the stack per call; lavapipe ran a broadcast multiply 47x slower so.)
+        let qr = divmod(rem, p.shape[k / 4u][k % 4u]);
         rem = qr.x;
-        o += idx * vec3<u32>(at(p.sa, k), at(p.sb, k), at(p.sc, k));
+        o += qr.y * vec3<u32>(p.sa[k / 4u][k % 4u], p.sb[k / 4u][k % 4u], p.sc[k / 4u][k % 4u]);
     }
     return o;
 }
@@ -274,11 +270,12 @@ fn chain_offsets(i: u32) -> vec3<u32> {
     var o = vec3<u32>(0u);
     for (var d = i32(pc.rank) - 1; d >= 0; d--) {
         let k = u32(d);
-        let size = at(pc.shape, k);
+        let size = pc.shape[k / 4u][k % 4u];
         let qr = divmod(rem, size);
         let idx = qr.y;
         rem = qr.x;
-        o += idx * vec3<u32>(at(pc.strides[0], k), at(pc.strides[1], k), at(pc.strides[2], k));
+        o += idx * vec3<u32>(pc.strides[0][k / 4u][k % 4u], pc.strides[1][k / 4u][k % 4u],
+                             pc.strides[2][k / 4u][k % 4u]);
     }
     return o;
 }

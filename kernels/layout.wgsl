@@ -39,10 +39,6 @@ override IDX_INT: bool = true;
 @group(0) @binding(3) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> idx: array<u32>;
 
-fn at(v: array<vec4<u32>, 2>, d: u32) -> u32 {
-    return v[d / 4u][d % 4u];
-}
-
 fn convert(v: u32) -> u32 {
     switch CONVERT {
         case 1u: { return bitcast<u32>(f32(bitcast<i32>(v))); }
@@ -65,12 +61,13 @@ fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     var dst = p.dst_base;
     for (var d = i32(p.rank) - 1; d >= 0; d--) {
         let k = u32(d);
-        let size = at(p.shape, k);
+        // (Uniforms indexed in place, not through `at`: see elementwise.wgsl `offsets`.)
+        let size = p.shape[k / 4u][k % 4u];
         let qr = divmod(rem, size);
         let c = qr.y;
         rem = qr.x;
-        src += c * at(p.src_strides, k);
-        dst += c * at(p.dst_strides, k);
+        src += c * p.src_strides[k / 4u][k % 4u];
+        dst += c * p.dst_strides[k / 4u][k % 4u];
     }
     if p.dyn_slot != 0xffffffffu {
         var v = syms[p.dyn_slot];

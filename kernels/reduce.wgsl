@@ -21,17 +21,22 @@ override MEAN: bool = true;
 
 var<workgroup> red: array<f32, WG>;
 
-fn at(v: array<vec4<u32>, 2>, d: u32) -> u32 {
-    return v[d / 4u][d % 4u];
-}
-
-fn offset(i: u32, rank: u32, shape: array<vec4<u32>, 2>, strides: array<vec4<u32>, 2>) -> u32 {
+// Offset of element i over the kept (`red` false) or reduced dims. The uniform is indexed in
+// place: arrays passed by value are copied to the stack per call on CPU drivers.
+fn offset(i: u32, red: bool) -> u32 {
     var rem = i;
     var off = 0u;
+    let rank = select(p.kept_rank, p.red_rank, red);
     for (var d = i32(rank) - 1; d >= 0; d--) {
         let k = u32(d);
-        let qr = divmod(rem, at(shape, k));
-        off += qr.y * at(strides, k);
+        var size = p.kept_shape[k / 4u][k % 4u];
+        var stride = p.kept_strides[k / 4u][k % 4u];
+        if red {
+            size = p.red_shape[k / 4u][k % 4u];
+            stride = p.red_strides[k / 4u][k % 4u];
+        }
+        let qr = divmod(rem, size);
+        off += qr.y * stride;
         rem = qr.x;
     }
     return off;
@@ -44,10 +49,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if o >= p.n_out {
         return;
     }
-    let base = offset(o, p.kept_rank, p.kept_shape, p.kept_strides);
+    let base = offset(o, false);
     var s = 0.0;
     for (var g = t; g < p.n_red; g += WG) {
-        s += x[base + offset(g, p.red_rank, p.red_shape, p.red_strides)];
+        s += x[base + offset(g, true)];
     }
     red[t] = s;
     workgroupBarrier();

@@ -62,10 +62,6 @@ override ROPE_D: u32 = 1u;
 
 var<workgroup> red: array<f32, WG>;
 
-fn at(v: array<vec4<u32>, 2>, d: u32) -> u32 {
-    return v[d / 4u][d % 4u];
-}
-
 // The chain applied to element i, whose normed value is n.
 fn chained(n: f32, i: u32) -> f32 {
     if !CHAIN {
@@ -77,11 +73,11 @@ fn chained(n: f32, i: u32) -> f32 {
         o = vec2<u32>(0u);
         for (var d = i32(p.rank) - 1; d >= 0; d--) {
             let k = u32(d);
-            let size = at(p.shape, k);
+            let size = p.shape[k / 4u][k % 4u];
             let qr = divmod(rem, size);
             let idx = qr.y;
             rem = qr.x;
-            o += idx * vec2<u32>(at(p.strides[0], k), at(p.strides[1], k));
+            o += idx * vec2<u32>(p.strides[0][k / 4u][k % 4u], p.strides[1][k / 4u][k % 4u]);
         }
     }
     var ops = vec2<f32>(0.0);
