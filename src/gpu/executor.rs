@@ -37,6 +37,8 @@ const UPLOAD_PIECE: usize = 64 << 20;
 struct Dispatch {
     /// The graph node it belongs to (for per-op timings).
     node: usize,
+    /// `kernel:entry`, for PTERIA_REPLAY_SKIP.
+    what: String,
     pipeline: wgpu::ComputePipeline,
     bind_group: wgpu::BindGroup,
     groups: [u32; 3],
@@ -518,8 +520,23 @@ impl GpuExecutor {
                 label: None,
                 timestamp_writes: stamps.as_ref().map(|s| s.writes(0)),
             });
+            // A benchmark knob: PTERIA_REPLAY_SKIP=kernel,entry,kernel:entry,... leaves those
+            // dispatches out of the timed replays (their results are then wrong), which says
+            // what a kind of kernel costs a step when every dispatch waits for the one before.
+            let skip: Vec<String> = std::env::var("PTERIA_REPLAY_SKIP")
+                .unwrap_or_default()
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .map(|t| t.to_string())
+                .collect();
             for _ in 0..reps {
                 for d in &rec.dispatches {
+                    if skip
+                        .iter()
+                        .any(|t| d.what == *t || d.what.split(':').any(|p| p == t))
+                    {
+                        continue;
+                    }
                     pass.set_pipeline(&d.pipeline);
                     pass.set_bind_group(0, &d.bind_group, &[]);
                     pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
@@ -792,6 +809,7 @@ impl GpuExecutor {
         };
         Ok(Dispatch {
             node,
+            what: format!("{}:{}", s.kernel, s.entry),
             pipeline: pipeline.pipeline,
             bind_group,
             groups: s.groups,
