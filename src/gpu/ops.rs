@@ -1207,12 +1207,14 @@ fn linear(
         xsrc = Res::Scratch(0);
     } else if act_quant != crate::ir::ActQuant::None {
         let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
-        // One workgroup per row, about one 16-byte word per invocation (up to 1024): a decode
+        // One workgroup per row, about one 16-byte word per invocation up to 256: a decode
         // row's latency is the cost (a long loop of dependent loads in few invocations cost an
-        // H100 17 us at K = 12288; 4 words each still left ~6 us per quantization at K = 1536).
+        // H100 17 us at K = 12288; 4 words each still left ~6 us per quantization at K = 1536;
+        // past 256 the longer reduction cost more than the shorter loop: E2B decode step 5.19 ->
+        // 5.13 ms with 1024 -> 256, 5.36 ms with 128).
         let aq_wg = (k / 4)
             .next_power_of_two()
-            .clamp(64, env.max_invocations.clamp(64, 1024) as usize);
+            .clamp(64, env.max_invocations.clamp(64, 256) as usize);
         let aq_lanes = env.subgroup.map_or(1, |s| aq_wg.min(s as usize));
         steps.push(step(
             "linear",
