@@ -884,7 +884,7 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
                 }
             }
             if g0 == 0u {
-                yv = ksum * zpu;
+                yv = opq(ksum * zpu);
             }
             for (var c = 0u; c < nc; c++) {
                 let qn = xnn_qn[t * XC + c];
@@ -907,7 +907,8 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         workgroupBarrier();
     }
     if t < XR * XM && row0 + r < p.n && m0 + mm < p.m {
-        var v = (yv + rest_sum) * inv;
+        // (Not fused with the bias add: NVIDIA's compiler contracts such pairs.)
+        var v = opq((yv + rest_sum) * inv);
         if HAS_BIAS {
             v += bias[p.n0 + row0 + r];
         }
