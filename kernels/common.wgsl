@@ -28,3 +28,29 @@ fn divmod(x: u32, d: u32) -> vec2<u32> {
     }
     return vec2<u32>(q, u32(r));
 }
+
+// Rotary embedding of element j of a row of `2·half` rotated dims (the rest pass through): its
+// pair's index into the cos/sin tables, its partner's index in the row, and whether it is the
+// pair's first element. Interleaved pairs (2i, 2i+1) or rotate-half pairs (i, i + half).
+struct RopePair {
+    pair: u32,
+    other: u32,
+    first: bool,
+}
+
+fn rope_pair(j: u32, half: u32, interleaved: bool) -> RopePair {
+    if interleaved {
+        let first = j % 2u == 0u;
+        return RopePair(j / 2u, select(j - 1u, j + 1u, first), first);
+    }
+    let first = j < half;
+    return RopePair(select(j - half, j, first), select(j - half, j + half, first), first);
+}
+
+// x·c - partner·s for the pair's first element, x·c + partner·s for its second.
+fn rope_rotate(x: f32, partner: f32, c: f32, s: f32, first: bool) -> f32 {
+    if first {
+        return x * c - partner * s;
+    }
+    return x * c + partner * s;
+}

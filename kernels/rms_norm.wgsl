@@ -102,25 +102,9 @@ fn rotated(j: u32, base: u32) -> f32 {
     let pos = syms[p.start_slot] + i32((base / p.seq_stride) % p.seq_len);
     var v = nrow[j];
     if j < 2u * p.half && pos >= 0 && u32(pos) < p.table_rows {
-        var pair: u32;
-        var other: u32;
-        var first: bool;
-        if INTERLEAVED {
-            pair = j / 2u;
-            first = j % 2u == 0u;
-            other = select(j - 1u, j + 1u, first);
-        } else {
-            first = j < p.half;
-            pair = select(j - p.half, j, first);
-            other = select(j - p.half, j + p.half, first);
-        }
-        let c = op0[u32(pos) * p.half + pair];
-        let s = op1[u32(pos) * p.half + pair];
-        if first {
-            v = nrow[j] * c - nrow[other] * s;
-        } else {
-            v = nrow[j] * c + nrow[other] * s;
-        }
+        let rp = rope_pair(j, p.half, INTERLEAVED);
+        let t = u32(pos) * p.half + rp.pair;
+        v = rope_rotate(nrow[j], nrow[rp.other], op0[t], op1[t], rp.first);
     }
     return v;
 }

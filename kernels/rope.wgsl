@@ -39,23 +39,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         y[i] = x[i];
         return;
     }
-    var pair: u32;
-    var other: u32;
-    var first: bool;
-    if INTERLEAVED {
-        pair = j / 2u;
-        first = j % 2u == 0u;
-        other = select(i - 1u, i + 1u, first);
-    } else {
-        first = j < p.half;
-        pair = select(j - p.half, j, first);
-        other = select(i - p.half, i + p.half, first);
-    }
-    let c = cos_t[u32(pos) * p.half + pair];
-    let s = sin_t[u32(pos) * p.half + pair];
-    if first {
-        y[i] = x[i] * c - x[other] * s;
-    } else {
-        y[i] = x[i] * c + x[other] * s;
-    }
+    let rp = rope_pair(j, p.half, INTERLEAVED);
+    let t = u32(pos) * p.half + rp.pair;
+    y[i] = rope_rotate(x[i], x[i - j + rp.other], cos_t[t], sin_t[t], rp.first);
 }
