@@ -19,7 +19,9 @@ struct Params {
     ldy: u32,
     n0: u32,
     groups: u32,
-    _pad0: u32,
+    // Rows from `split` on are a second linear's (src/gpu/memory.rs pairs linears of one input):
+    // its weights follow in the same buffers and its outputs go to y2 (N - split columns).
+    split: u32,
     _pad1: u32,
 }
 
@@ -46,6 +48,16 @@ override WG: u32 = 256u;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
 @group(0) @binding(6) var<storage, read> biases: array<f32>;
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
+@group(0) @binding(8) var<storage, read_write> y2: array<f32>;
+
+// Output `row` (of this chunk) of x row m.
+fn put(m: u32, row: u32, v: f32) {
+    if row < p.split {
+        y[m * p.ldy + p.n0 + row] = v;
+    } else {
+        y2[m * (p.n - p.split) + row - p.split] = v;
+    }
+}
 
 // ---- act_quant: one workgroup per row of x; writes y = quant_dequant(x) (same shape). ----
 
@@ -272,7 +284,7 @@ fn finish(row: u32, m: u32, lane: u32, t: u32) {
         if HAS_BIAS {
             v += bias[p.n0 + row];
         }
-        y[m * p.ldy + p.n0 + row] = v;
+        put(m, row, v);
     }
 }
 
@@ -301,7 +313,7 @@ fn reduce_and_store(t: u32, rows: u32, row0: u32, m: u32, acc_lo: vec4<f32>, acc
         if HAS_BIAS {
             v += bias[p.n0 + row0 + t];
         }
-        y[m * p.ldy + p.n0 + row0 + t] = v;
+        put(m, row0 + t, v);
     }
 }
 
@@ -553,7 +565,7 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         if HAS_BIAS {
             v += bias[p.n0 + row];
         }
-        y[m * p.ldy + p.n0 + row] = v;
+        put(m, row, v);
     }
 }
 
@@ -650,7 +662,7 @@ fn tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
                 if HAS_BIAS {
                     v += bias[p.n0 + n];
                 }
-                y[m * p.ldy + p.n0 + n] = v;
+                put(m, n, v);
             }
         }
     }

@@ -774,8 +774,81 @@ fn linears_of_one_input_share_its_quantization() {
             TOL,
             0.05,
         );
-        // 5 mat-vecs, 3 quantizations (q4/torchao once for three linears, q8, xnnpack).
-        assert_eq!(gpu.stats().last_dispatches, 8, "{m} rows");
+        // 3 quantizations (q4/torchao once for three linears, q8, xnnpack) and 4 mat-vecs:
+        // the first two q4/torchao linears run as one.
+        assert_eq!(gpu.stats().last_dispatches, 7, "{m} rows");
+    }
+}
+
+/// Linears of one input, activation quantization and weight format run in pairs as one
+/// dispatch: the same bits as one dispatch each, with and without subgroups, for decode and
+/// prefill rows, odd N, every weight format; pairs too large to share a binding stay apart.
+#[test]
+fn paired_linears_match_separate_ones() {
+    use pteria::ir::ActQuant;
+    let separate = |no_subgroups: bool| {
+        open(ContextOptions {
+            no_subgroups,
+            separate_linears: true,
+            ..Default::default()
+        })
+    };
+    let pairs = [
+        (ctx(), separate(false), ""),
+        (no_subgroup_ctx(), separate(true), " (no subgroups)"),
+    ];
+    let mut rng = Rng::new(26);
+    for m in [1usize, 3, 20] {
+        let k = 256;
+        let mut t = T::default();
+        let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+        let q4 = Weight::Q4 { group: 128 };
+        let q8 = Weight::Q8 { group: 64 };
+        // (format, quantization, N): q/k/v-like triples and gate/up-like pairs.
+        let cases = [
+            (q4, ActQuant::Torchao, 67),
+            (q4, ActQuant::Torchao, 9),
+            (q4, ActQuant::Torchao, 9),
+            (q8, ActQuant::Torchao, 33),
+            (q8, ActQuant::Torchao, 131),
+            (Weight::F32, ActQuant::None, 60),
+            (Weight::F32, ActQuant::None, 7),
+            (q4, ActQuant::None, 21),
+            (q4, ActQuant::None, 600),
+        ];
+        for (w, act_quant, n) in cases {
+            let mut ins = vec![x];
+            ins.extend(quant_weight(&mut t, &mut rng, w, n, k));
+            let kind = OpKind::Linear {
+                weight: w,
+                act_quant,
+                has_bias: false,
+            };
+            let y = t.op(kind, ins, DType::F32, &[m, n]);
+            t.out(y);
+        }
+        for (merged, apart, name) in &pairs {
+            let (Some(merged), Some(apart)) = (merged.clone(), apart.clone()) else {
+                continue;
+            };
+            let what = format!("paired linears, {m} rows{name}");
+            let mut gpu = check_on(merged, &what, &t, TOL, 0.05);
+            let mut one = GpuExecutor::new(apart, t.g.clone()).unwrap();
+            let vals = values(&t.inputs);
+            let got = gpu.run(&vals).unwrap();
+            let want = one.run(&vals).unwrap();
+            assert!(got == want, "{what}: paired and separate results differ");
+            // 9 linears in 5 pairs and one alone (the third q4/torchao), 2 quantizations.
+            assert_eq!(gpu.stats().last_dispatches, 7, "{what}");
+            assert_eq!(one.stats().last_dispatches, 11, "{what}");
+        }
+        // With a 64 KiB binding the 600-row q4 weight is split (its pair runs apart, in 1 + 2
+        // dispatches) and the f32 pair (60 KiB + 7 KiB) cannot share one binding.
+        if let Some(small) = small_binding_ctx() {
+            let what = format!("paired linears, {m} rows, small binding");
+            let gpu = check_on(small, &what, &t, TOL, 0.05);
+            assert_eq!(gpu.stats().last_dispatches, 10, "{what}");
+        }
     }
 }
 

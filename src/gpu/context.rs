@@ -68,6 +68,8 @@ pub struct ContextOptions {
     /// Leave subgroup operations off even where the adapter has them, so that the kernels'
     /// shared-memory paths run (tests cover both).
     pub no_subgroups: bool,
+    /// Run every linear in its own dispatch, never two of one input in one (tests compare).
+    pub separate_linears: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -128,6 +130,7 @@ pub struct Context {
     limits: wgpu::Limits,
     features: wgpu::Features,
     max_binding: u64,
+    separate_linears: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -245,6 +248,7 @@ impl Context {
             limits,
             features,
             max_binding,
+            separate_linears: opts.separate_linears,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -313,6 +317,11 @@ impl Context {
     /// The largest storage binding the executor plans with.
     pub fn max_storage_binding(&self) -> u64 {
         self.max_binding
+    }
+
+    /// Whether linears of one input and format may share one dispatch.
+    pub(crate) fn merge_linears(&self) -> bool {
+        !self.separate_linears
     }
 
     pub(crate) fn max_workgroups(&self) -> u32 {

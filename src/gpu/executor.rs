@@ -173,7 +173,8 @@ impl GpuExecutor {
     /// `GpuError::Unsupported`.
     pub fn new(ctx: Arc<Context>, graph: Graph) -> Result<Self, GpuError> {
         graph.validate()?;
-        let (mem, mut problems) = MemoryPlan::new(&graph, ctx.max_storage_binding());
+        let (mem, mut problems) =
+            MemoryPlan::new(&graph, ctx.max_storage_binding(), ctx.merge_linears());
         for (n, node) in graph.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };
             let mut why = ops::check(&graph, &mem, op);
@@ -275,36 +276,45 @@ impl GpuExecutor {
     fn upload_constants(&mut self) -> Result<(), GpuError> {
         let mut pending = 0usize;
         for (i, spec) in self.mem.buffers.iter().enumerate() {
-            let (t, range) = match &spec.kind {
-                BufferKind::Constant { tensor, range } => (*tensor, range.clone()),
-                BufferKind::State(t) => (*t, 0..self.mem.bytes(*t, &self.graph)),
+            let (t, range, then) = match &spec.kind {
+                BufferKind::Constant {
+                    tensor,
+                    range,
+                    then,
+                } => (*tensor, range.clone(), *then),
+                BufferKind::State(t) => (*t, 0..self.mem.bytes(*t, &self.graph), None),
                 _ => continue,
             };
-            let def = &self.graph.tensors[t];
-            let blob = match &def.role {
-                Role::Constant(b) | Role::State(Some(b)) => b,
-                // wgpu zero-fills new buffers: a state without an initial value is ready.
-                _ => continue,
-            };
-            let repr = self.mem.repr[t];
-            let (eb, ds) = (elem_bytes(repr, def.dtype.size()), def.dtype.size() as u64);
-            let (e0, e1) = (range.start / eb, range.end / eb);
-            // Pieces of whole elements, converted one at a time.
-            let per_piece = (UPLOAD_PIECE as u64 / eb.max(ds)).max(1);
-            let mut e = e0;
-            while e < e1 {
-                let end = (e + per_piece).min(e1);
-                let src = &blob[(e * ds) as usize..(end * ds) as usize];
-                let bytes = to_repr(repr, def.dtype, src);
-                self.ctx
-                    .queue
-                    .write_buffer(&self.buffers[i], (e - e0) * eb, &bytes);
-                pending += bytes.len();
-                if pending >= 4 * UPLOAD_PIECE {
-                    self.flush()?;
-                    pending = 0;
+            let after = range.end - range.start;
+            for (t, range, at) in std::iter::once((t, range, 0))
+                .chain(then.map(|b| (b, 0..self.mem.bytes(b, &self.graph), after)))
+            {
+                let def = &self.graph.tensors[t];
+                let blob = match &def.role {
+                    Role::Constant(b) | Role::State(Some(b)) => b,
+                    // wgpu zero-fills new buffers: a state without an initial value is ready.
+                    _ => continue,
+                };
+                let repr = self.mem.repr[t];
+                let (eb, ds) = (elem_bytes(repr, def.dtype.size()), def.dtype.size() as u64);
+                let (e0, e1) = (range.start / eb, range.end / eb);
+                // Pieces of whole elements, converted one at a time.
+                let per_piece = (UPLOAD_PIECE as u64 / eb.max(ds)).max(1);
+                let mut e = e0;
+                while e < e1 {
+                    let end = (e + per_piece).min(e1);
+                    let src = &blob[(e * ds) as usize..(end * ds) as usize];
+                    let bytes = to_repr(repr, def.dtype, src);
+                    self.ctx
+                        .queue
+                        .write_buffer(&self.buffers[i], at + (e - e0) * eb, &bytes);
+                    pending += bytes.len();
+                    if pending >= 4 * UPLOAD_PIECE {
+                        self.flush()?;
+                        pending = 0;
+                    }
+                    e = end;
                 }
-                e = end;
             }
         }
         self.flush()
@@ -758,9 +768,10 @@ impl GpuExecutor {
     fn dispatch(&mut self, node: usize, s: &Step) -> Result<Dispatch, GpuError> {
         let mut slots = vec![Slot::Uniform, Slot::Read, Slot::Write];
         slots.extend(s.inputs.iter().map(|_| Slot::Read));
+        slots.extend(s.writes.iter().map(|_| Slot::Write));
         let pipeline = self.ctx.pipeline(s.kernel, s.entry, &s.constants, &slots)?;
         let mut buffers = vec![self.syms, self.resolve(node, s.out)?];
-        for &r in &s.inputs {
+        for &r in s.inputs.iter().chain(&s.writes) {
             buffers.push(self.resolve(node, r)?);
         }
         let params = self.param_slot(&s.params)?;

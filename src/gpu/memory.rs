@@ -3,7 +3,8 @@
 //! - Representation: kernels compute in f32 and i32 only, so float tensors of any width are held
 //!   as f32 and integer/bool tensors as i32 (converted at upload and readback); packed 4/8-bit
 //!   weights stay raw bytes, read as u32 words by `linear` and `embedding`.
-//! - Constants get their own buffers, uploaded once; States get persistent buffers (zero, or their
+//! - Constants get their own buffers, uploaded once (a paired linear's weights share its
+//!   partner's, laid after them); States get persistent buffers (zero, or their
 //!   initial value); each Input gets a buffer at its max size, written every call.
 //! - Activations share a pool: each alias root lives from the op that writes it to its last
 //!   reader, and takes the smallest free pooled buffer that fits (allocation before release, so an
@@ -32,6 +33,8 @@ pub(crate) enum BufferKind {
     Constant {
         tensor: TensorId,
         range: std::ops::Range<u64>,
+        /// A constant laid after the range (a merged linear's partner weight).
+        then: Option<TensorId>,
     },
     State(TensorId),
     Input,
@@ -58,6 +61,11 @@ pub(crate) struct MemoryPlan {
     /// Per node: for a linear whose input an earlier linear quantizes the same way (q/k/v,
     /// gate/up), that node; it shares the earlier one's scratch, kept alive until then.
     pub quant_from: Vec<Option<usize>>,
+    /// Per node: a later linear of the same input, activation quantization and weight format
+    /// whose rows this one computes in the same dispatch, its weights laid after this one's.
+    pub partner: Vec<Option<usize>>,
+    /// Per node: the linear that computes this one's rows (the inverse of `partner`).
+    pub merged_into: Vec<Option<usize>>,
     pub buffers: Vec<BufferSpec>,
 }
 
@@ -109,7 +117,7 @@ impl MemoryPlan {
 
     /// Plans storage, with a line for every tensor that cannot be placed (the plan is then only
     /// good for reporting).
-    pub fn new(g: &Graph, max_binding: u64) -> (MemoryPlan, Vec<String>) {
+    pub fn new(g: &Graph, max_binding: u64, merge: bool) -> (MemoryPlan, Vec<String>) {
         let nt = g.tensors.len();
         let mut errors = Vec::new();
         let mut root: Vec<TensorId> = (0..nt).collect();
@@ -274,11 +282,88 @@ impl MemoryPlan {
             }
         }
 
+        // Linears reading one input with one activation quantization and weight format (q/k,
+        // gate/up) pair up: the first computes both in one dispatch (a decode mat-vec's cost is
+        // mostly fixed), each of its weight tensors sharing one buffer with the second's, laid
+        // end to end. Only unsplit constants read by nothing else, without bias, and outputs in
+        // the pool (the second's is written at the first's node); not XNNPACK's exact GEMM.
+        let mut partner: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut merged_into: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut joined: Vec<Option<TensorId>> = vec![None; nt];
+        let mut absorbed = vec![false; nt];
+        if merge {
+            let mut readers = vec![0usize; nt];
+            for op in g.ops() {
+                for &t in &op.inputs {
+                    readers[root[t]] += 1;
+                }
+            }
+            let key = |op: &crate::ir::Op| -> Option<(TensorId, String)> {
+                let OpKind::Linear {
+                    weight,
+                    act_quant,
+                    has_bias,
+                } = &op.kind
+                else {
+                    return None;
+                };
+                let out = *op.outputs.first()?;
+                let ok = !*has_bias
+                    && *act_quant != crate::ir::ActQuant::Xnnpack
+                    && op.inputs.len() == 1 + weight.tensor_count()
+                    && ops::weight_tensors(op).iter().all(|&t| {
+                        root[t] == t
+                            && readers[t] == 1
+                            && split[t].is_none()
+                            && matches!(g.tensors[t].role, Role::Constant(_))
+                    })
+                    && root[out] == out
+                    && matches!(g.tensors[out].role, Role::Activation);
+                ok.then(|| (root[op.inputs[0]], format!("{weight:?}/{act_quant:?}")))
+            };
+            let mut open: Vec<((TensorId, String), usize)> = Vec::new();
+            for (n, node) in g.nodes.iter().enumerate() {
+                let Node::Op(op) = node else { continue };
+                if let Some(k) = key(op) {
+                    match open.iter().position(|(o, _)| *o == k) {
+                        Some(i) => {
+                            let m = open.remove(i).1;
+                            let Node::Op(lead) = &g.nodes[m] else {
+                                continue;
+                            };
+                            let pairs: Vec<(TensorId, TensorId)> = ops::weight_tensors(lead)
+                                .into_iter()
+                                .zip(ops::weight_tensors(op))
+                                .collect();
+                            if pairs.iter().all(|&(a, b)| {
+                                bytes[a] % 4 == 0 && bytes[a] + bytes[b] <= max_binding
+                            }) {
+                                partner[m] = Some(n);
+                                merged_into[n] = Some(m);
+                                let out = op.outputs[0];
+                                first_write[out] = first_write[out].min(m);
+                                for (a, b) in pairs {
+                                    joined[a] = Some(b);
+                                    absorbed[b] = true;
+                                }
+                            } else {
+                                open.push((k, n));
+                            }
+                        }
+                        None => open.push((k, n)),
+                    }
+                }
+                for &o in &op.outputs {
+                    open.retain(|((r, _), _)| *r != root[o]);
+                }
+            }
+        }
+
         let mut buffers = Vec::new();
         let mut place: Vec<Vec<usize>> = vec![Vec::new(); nt];
         let mut pooled = Vec::new();
         for t in 0..nt {
-            if root[t] != t || !used[t] {
+            if root[t] != t || !used[t] || absorbed[t] {
                 continue;
             }
             let size = bytes[t];
@@ -287,15 +372,18 @@ impl MemoryPlan {
                     let chunk = split[t]
                         .map_or(size.max(1), |(rows, rb)| rows as u64 * rb)
                         .max(1);
+                    let then = joined[t];
+                    let more = then.map_or(0, |b| bytes[b]);
                     let mut start = 0;
                     while start < size.max(1) {
                         let end = (start + chunk).min(size);
                         place[t].push(buffers.len());
                         buffers.push(BufferSpec {
-                            size: padded(end - start),
+                            size: padded(end - start + more),
                             kind: BufferKind::Constant {
                                 tensor: t,
                                 range: start..end,
+                                then,
                             },
                         });
                         start += chunk;
@@ -415,6 +503,8 @@ impl MemoryPlan {
             place,
             scratch,
             quant_from,
+            partner,
+            merged_into,
             buffers,
         };
         (plan, errors)

@@ -39,6 +39,8 @@ pub(crate) struct Step {
     pub params: Vec<u32>,
     pub out: Res,
     pub inputs: Vec<Res>,
+    /// Further outputs, bound after the inputs.
+    pub writes: Vec<Res>,
     pub groups: [u32; 3],
 }
 
@@ -364,6 +366,7 @@ fn step(
         params: params.pad().0,
         out,
         inputs,
+        writes: Vec::new(),
         groups,
     }
 }
@@ -1171,9 +1174,24 @@ fn linear(
     let k = *xs.last().ok_or("linear of a scalar")?;
     let nn = *env.shape(out).last().ok_or("linear output is a scalar")?;
     let m = env.numel(x).checked_div(k).unwrap_or(0);
-    if m == 0 || nn == 0 {
+    // A paired linear's rows are computed by its partner (src/gpu/memory.rs).
+    if m == 0 || nn == 0 || env.mem.merged_into.get(node).copied().flatten().is_some() {
         return Ok(Vec::new());
     }
+    // This linear's partner, its output and rows, computed here after this one's.
+    let second = match env.mem.partner.get(node).copied().flatten() {
+        Some(pn) => match &env.graph.nodes[pn] {
+            crate::ir::Node::Op(o) => {
+                let o2 = o.outputs[0];
+                Some((
+                    o2,
+                    *env.shape(o2).last().ok_or("linear output is a scalar")?,
+                ))
+            }
+            _ => None,
+        },
+        None => None,
+    };
     let wc = weight.tensor_count();
     let w = op.inputs[1];
     let (kind, group) = match weight {
@@ -1236,7 +1254,19 @@ fn linear(
         ));
         xsrc = Res::Scratch(0);
     }
-    let (per, count) = env.chunks(w, nn);
+    let (per, count, rows) = match second {
+        // Paired weights are never split (the planner checks they fit one binding together).
+        Some((_, n2)) => (nn + n2, 1, nn + n2),
+        None => {
+            let (per, count) = env.chunks(w, nn);
+            (per, count, nn)
+        }
+    };
+    let (y2, split) = match second {
+        Some((o2, _)) => (Res::Tensor(o2), nn),
+        // Binding the output again keeps the layout the same; no row reaches it.
+        None => (Res::Tensor(out), u32::MAX as usize),
+    };
     let bias = if has_bias {
         Res::Tensor(op.inputs[1 + wc])
     } else {
@@ -1245,7 +1275,7 @@ fn linear(
     let (tpr, rpw) = (32usize, 8usize);
     for c in 0..count {
         let n0 = c * per;
-        let nc = per.min(nn - n0);
+        let nc = per.min(rows - n0);
         let q = |i: usize| {
             if kind == 0 {
                 Res::Dummy
@@ -1254,7 +1284,14 @@ fn linear(
             }
         };
         let inputs = vec![xsrc, Res::Chunk(w, c), q(2), q(3), bias];
-        let p = P::default().u(m).u(nc).u(k).u(nn).u(n0).u(k / group);
+        let p = P::default()
+            .u(m)
+            .u(nc)
+            .u(k)
+            .u(nn)
+            .u(n0)
+            .u(k / group)
+            .u(split);
         let mut consts = vec![
             ("KIND", kind as f64),
             ("GROUP", group as f64),
@@ -1362,6 +1399,11 @@ fn linear(
                 inputs,
                 groups,
             ));
+        }
+        if !xnn_exact {
+            if let Some(s) = steps.last_mut() {
+                s.writes = vec![y2];
+            }
         }
     }
     Ok(steps)
