@@ -773,15 +773,32 @@ fn as_chain(g: &Graph, o: &Op) -> Option<(Vec<ChainStep>, Vec<TensorId>)> {
 /// An f32 element-wise op whose input is the result of another (or of a chain) that nothing else
 /// reads joins it in one `ElementwiseChain`: one dispatch, no intermediate tensor. Decode steps
 /// are dozens of such pairs per layer (residual add + clamp, gelu · up, scores · scale + mask).
-pub fn fuse_elementwise_chains(g: &mut Graph) -> usize {
+/// One fusion found by a pass's search: consumer node `i` becomes `kind` over `inputs` and its
+/// producer node `p` goes.
+type Fusion = (usize, usize, OpKind, Vec<TensorId>);
+
+/// Applies `search`'s fusions until it finds none (each one changes the uses and producers the
+/// next search sees); returns how many it applied.
+fn fuse_until_done(g: &mut Graph, search: impl Fn(&Graph) -> Option<Fusion>) -> usize {
     let mut n = 0;
-    loop {
+    while let Some((i, p, kind, inputs)) = search(g) {
+        if let Node::Op(c) = &mut g.nodes[i] {
+            c.kind = kind;
+            c.inputs = inputs;
+        }
+        g.nodes.remove(p);
+        n += 1;
+    }
+    n
+}
+
+pub fn fuse_elementwise_chains(g: &mut Graph) -> usize {
+    fuse_until_done(g, |g| {
         let uses = use_counts(g);
         let prod = producers(g);
         // Tensors that may share storage (views, cache updates in place): a chain must not write
         // what it reads, which its parts did not when the shared tensor was written in between.
         let mut storage = storage_sets(g);
-        let mut found = None;
         for (i, node) in g.nodes.iter().enumerate() {
             let Node::Op(e) = node else { continue };
             let Some((e_steps, e_ins)) = as_chain(g, e) else {
@@ -825,25 +842,12 @@ pub fn fuse_elementwise_chains(g: &mut Graph) -> usize {
                 let out = find(&mut storage, e.outputs[0]);
                 let overlaps = ins.iter().any(|&t| find(&mut storage, t) == out);
                 if ins.len() <= CHAIN_INPUTS && steps.len() <= CHAIN_STEPS && !overlaps {
-                    found = Some((i, p, steps, ins));
-                    break;
+                    return Some((i, p, OpKind::ElementwiseChain { steps }, ins));
                 }
             }
-            if found.is_some() {
-                break;
-            }
         }
-        let Some((i, p, steps, ins)) = found else {
-            break;
-        };
-        if let Node::Op(e) = &mut g.nodes[i] {
-            e.kind = OpKind::ElementwiseChain { steps };
-            e.inputs = ins;
-        }
-        g.nodes.remove(p);
-        n += 1;
-    }
-    n
+        None
+    })
 }
 
 /// Constants larger than this are not compared by `dedupe_constants` (an attention mask table
@@ -993,12 +997,10 @@ pub fn finish(g: &mut Graph) -> Vec<(&'static str, usize)> {
 /// An `RmsNorm` whose result only a `Rope` rotates becomes one `RmsNormRope`: the norm's
 /// workgroup rotates the row it holds (Gemma's q and k norms, 50 dispatches of an E2B step).
 pub fn fuse_norm_ropes(g: &mut Graph) -> usize {
-    let mut n = 0;
-    loop {
+    fuse_until_done(g, |g| {
         let uses = use_counts(g);
         let prod = producers(g);
         let mut storage = storage_sets(g);
-        let mut found = None;
         for (i, node) in g.nodes.iter().enumerate() {
             let Node::Op(r) = node else { continue };
             let OpKind::Rope {
@@ -1033,21 +1035,11 @@ pub fn fuse_norm_ropes(g: &mut Graph) -> usize {
                     seq_dim,
                     start,
                 };
-                found = Some((i, p, kind, inputs));
-                break;
+                return Some((i, p, kind, inputs));
             }
         }
-        let Some((i, p, kind, inputs)) = found else {
-            break;
-        };
-        if let Node::Op(r) = &mut g.nodes[i] {
-            r.kind = kind;
-            r.inputs = inputs;
-        }
-        g.nodes.remove(p);
-        n += 1;
-    }
-    n
+        None
+    })
 }
 
 /// An `RmsNorm` whose result only an element-wise op or chain of its shape reads becomes one
@@ -1055,13 +1047,11 @@ pub fn fuse_norm_ropes(g: &mut Graph) -> usize {
 /// chain costs no dispatch of its own (Gemma's post-norms and their residual adds, 3 a layer).
 /// Runs after `fuse_elementwise_chains`, on whole chains.
 pub fn fuse_norm_chains(g: &mut Graph) -> usize {
-    let mut n = 0;
-    loop {
+    fuse_until_done(g, |g| {
         let uses = use_counts(g);
         let prod = producers(g);
         let mut storage = storage_sets(g);
-        let mut found = None;
-        'search: for (i, node) in g.nodes.iter().enumerate() {
+        for (i, node) in g.nodes.iter().enumerate() {
             let Node::Op(c) = node else { continue };
             let Some((steps, ins)) = as_chain(g, c) else {
                 continue;
@@ -1090,22 +1080,12 @@ pub fn fuse_norm_chains(g: &mut Graph) -> usize {
                         norm_input: j,
                         steps,
                     };
-                    found = Some((i, p, kind, inputs));
-                    break 'search;
+                    return Some((i, p, kind, inputs));
                 }
             }
         }
-        let Some((i, p, kind, inputs)) = found else {
-            break;
-        };
-        if let Node::Op(c) = &mut g.nodes[i] {
-            c.kind = kind;
-            c.inputs = inputs;
-        }
-        g.nodes.remove(p);
-        n += 1;
-    }
-    n
+        None
+    })
 }
 
 /// `matmul(a, permute(b))` with a permute that swaps only the last two dims reads b transposed
