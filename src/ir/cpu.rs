@@ -166,6 +166,24 @@ impl CpuExecutor {
             .collect()
     }
 
+    /// RMS norm of an op's input 0 over rows of `d`, weighted by input 1 when `weighted`: the
+    /// norm part of `RmsNorm`, `RmsNormChain` and `RmsNormRope`.
+    fn normed(
+        &mut self,
+        op: &Op,
+        weighted: bool,
+        d: usize,
+        eps: f32,
+        vals: &[Option<Val>],
+    ) -> std::result::Result<Vec<f32>, String> {
+        let x = self.get(op.inputs[0], vals)?.f();
+        let w = match weighted {
+            true => Some(self.get(op.inputs[1], vals)?.f()),
+            false => None,
+        };
+        Ok(rms_norm(&x, w.as_deref(), d, eps))
+    }
+
     fn get(&mut self, t: TensorId, vals: &[Option<Val>]) -> std::result::Result<Val, String> {
         if let Some(v) = &vals[t] {
             return Ok(v.clone());
@@ -289,13 +307,9 @@ impl CpuExecutor {
                 norm_input,
                 steps,
             } => {
-                let x = self.get(op.inputs[0], vals)?.f();
-                let w = match weighted {
-                    true => Some(self.get(op.inputs[1], vals)?.f()),
-                    false => None,
-                };
                 let d = *out_shape.last().ok_or("rms_norm of a scalar")?;
-                let n = x.len();
+                let normed = self.normed(op, *weighted, d, *eps, vals)?;
+                let n = normed.len();
                 let mut ins = Vec::with_capacity(op.inputs.len());
                 for &t in &op.inputs[1 + *weighted as usize..] {
                     let v = self.get(t, vals)?.f();
@@ -305,7 +319,7 @@ impl CpuExecutor {
                 if *norm_input > ins.len() {
                     return Err("norm input out of range".into());
                 }
-                ins.insert(*norm_input, rms_norm(&x, w.as_deref(), d, *eps));
+                ins.insert(*norm_input, normed);
                 chain(steps, &ins, n)?
             }
             OpKind::Clamp { min, max } => {
@@ -338,13 +352,8 @@ impl CpuExecutor {
                 }
             }
             OpKind::RmsNorm { eps } => {
-                let x = self.get(op.inputs[0], vals)?.f();
-                let w = match op.inputs.get(1) {
-                    Some(&t) => Some(self.get(t, vals)?.f()),
-                    None => None,
-                };
                 let d = *out_shape.last().ok_or("rms_norm of a scalar")?;
-                Val::F(rms_norm(&x, w.as_deref(), d, *eps))
+                Val::F(self.normed(op, op.inputs.len() > 1, d, *eps, vals)?)
             }
             OpKind::Linear {
                 weight,
@@ -539,11 +548,6 @@ impl CpuExecutor {
                 seq_dim,
                 start,
             } => {
-                let x = self.get(op.inputs[0], vals)?.f();
-                let w = match weighted {
-                    true => Some(self.get(op.inputs[1], vals)?.f()),
-                    false => None,
-                };
                 let t = 1 + *weighted as usize;
                 let (cos, sin) = (
                     self.get(op.inputs[t], vals)?.f(),
@@ -557,7 +561,7 @@ impl CpuExecutor {
                     seq_dim: *seq_dim,
                     start: start.eval(syms),
                 };
-                let normed = rms_norm(&x, w.as_deref(), d, *eps);
+                let normed = self.normed(op, *weighted, d, *eps, vals)?;
                 Val::F(rope(&normed, &xs, &cos, &sin, at)?)
             }
             OpKind::Sdpa {
