@@ -736,6 +736,27 @@ fn xnnpack_linears_are_bit_exact_with_the_cpu_executor() {
     }
 }
 
+/// Adds one output linear (no bias) of `x` ([m, k]) per `(weight format, quantization, N)`.
+fn linears_of(
+    t: &mut T,
+    rng: &mut Rng,
+    x: TensorId,
+    [m, k]: [usize; 2],
+    cases: &[(Weight, pteria::ir::ActQuant, usize)],
+) {
+    for &(w, act_quant, n) in cases {
+        let mut ins = vec![x];
+        ins.extend(quant_weight(t, rng, w, n, k));
+        let kind = OpKind::Linear {
+            weight: w,
+            act_quant,
+            has_bias: false,
+        };
+        let y = t.op(kind, ins, DType::F32, &[m, n]);
+        t.out(y);
+    }
+}
+
 /// Linears reading one input with one activation quantization (q/k/v, gate/up) quantize it
 /// once; a different weight format or rounding rule quantizes again. Decode rows (packed int8
 /// path) and prefill rows (tiled path), against the CPU.
@@ -755,17 +776,7 @@ fn linears_of_one_input_share_its_quantization() {
             (q4, ActQuant::Xnnpack, 19),
             (q4, ActQuant::Torchao, 129),
         ];
-        for (w, act_quant, n) in cases {
-            let mut ins = vec![x];
-            ins.extend(quant_weight(&mut t, &mut rng, w, n, k));
-            let kind = OpKind::Linear {
-                weight: w,
-                act_quant,
-                has_bias: false,
-            };
-            let y = t.op(kind, ins, DType::F32, &[m, n]);
-            t.out(y);
-        }
+        linears_of(&mut t, &mut rng, x, [m, k], &cases);
         let Some(ctx) = ctx() else { return };
         let gpu = check_on(
             ctx,
@@ -816,17 +827,7 @@ fn paired_linears_match_separate_ones() {
             (q4, ActQuant::None, 21),
             (q4, ActQuant::None, 600),
         ];
-        for (w, act_quant, n) in cases {
-            let mut ins = vec![x];
-            ins.extend(quant_weight(&mut t, &mut rng, w, n, k));
-            let kind = OpKind::Linear {
-                weight: w,
-                act_quant,
-                has_bias: false,
-            };
-            let y = t.op(kind, ins, DType::F32, &[m, n]);
-            t.out(y);
-        }
+        linears_of(&mut t, &mut rng, x, [m, k], &cases);
         for (merged, apart, name) in &pairs {
             let (Some(merged), Some(apart)) = (merged.clone(), apart.clone()) else {
                 continue;
