@@ -1,6 +1,9 @@
 // Writes `value` into a KV cache along one axis at `start`, read from the syms buffer at run time
 // so that decode steps at different positions replay one recording. One invocation per element
 // of value; an update that does not fit the cache writes nothing (the reference reports it).
+// CACHE_F16: the cache holds two f16 a word (src/gpu/memory.rs `Repr::F16`); an invocation then
+// packs a pair of elements into one word, so no two invocations write halves of one word (the
+// planner makes f16 only caches whose rows after the axis have an even count of elements).
 
 struct Params {
     n: u32,
@@ -14,16 +17,32 @@ struct Params {
 }
 
 override WG: u32 = 256u;
+override CACHE_F16: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> syms: array<i32>;
 @group(0) @binding(2) var<storage, read_write> cache: array<u32>;
 @group(0) @binding(3) var<storage, read> value: array<u32>;
 
+// Elements each invocation moves.
+fn per_invocation() -> u32 {
+    return select(1u, 2u, CACHE_F16);
+}
+
+// Value element i (and i + 1 for an f16 cache) to cache element dst.
+fn put(i: u32, dst: u32) {
+    if CACHE_F16 {
+        let pair = vec2<f32>(bitcast<f32>(value[i]), bitcast<f32>(value[i + 1u]));
+        cache[dst >> 1u] = pack2x16float(pair);
+    } else {
+        cache[dst] = value[i];
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let i = (wg.x + wg.y * nwg.x) * WG + lid;
+    let i = ((wg.x + wg.y * nwg.x) * WG + lid) * per_invocation();
     if i >= p.n {
         return;
     }
@@ -35,7 +54,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let o = i / row;
     let r = (i % row) / p.inner;
     let k = i % p.inner;
-    cache[(o * p.cache_len + u32(start) + r) * p.inner + k] = value[i];
+    put(i, (o * p.cache_len + u32(start) + r) * p.inner + k);
 }
 
 // `index_put` form: value row r goes to cache row indices[r] (negative counts from the end); an
@@ -45,7 +64,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 @compute @workgroup_size(WG)
 fn indexed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
-    let i = (wg.x + wg.y * nwg.x) * WG + lid;
+    let i = ((wg.x + wg.y * nwg.x) * WG + lid) * per_invocation();
     if i >= p.n {
         return;
     }
@@ -60,5 +79,5 @@ fn indexed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     if dst < 0 || u32(dst) >= p.cache_len {
         return;
     }
-    cache[(o * p.cache_len + u32(dst)) * p.inner + k] = value[i];
+    put(i, (o * p.cache_len + u32(dst)) * p.inner + k);
 }

@@ -1,6 +1,8 @@
 // Data movement: one strided copy (`gather`) covers permute, slice, select, expand, concat (one
 // dispatch per part) and copy; `index_select` gathers along a dim by an index tensor. Elements are
-// moved as 32-bit words (16-byte words by `copy4` when contiguous); CONVERT converts between the f32 and i32 representations for `copy`.
+// moved as 32-bit words (16-byte words by `copy4` when contiguous); CONVERT converts between the
+// f32 and i32 representations for `copy`, and reads an f16 KV cache (two f16 a word,
+// src/gpu/memory.rs `Repr::F16`) into f32.
 
 struct Params {
     n: u32,
@@ -26,7 +28,8 @@ struct IndexParams {
 }
 
 override WG: u32 = 256u;
-// 0: none, 1: i32 -> f32, 2: f32 -> i32 (truncating), 3: f32 -> bool, 4: i32 -> bool.
+// 0: none, 1: i32 -> f32, 2: f32 -> i32 (truncating), 3: f32 -> bool, 4: i32 -> bool,
+// 5: f16 (element `src` of the packed pairs) -> f32.
 override CONVERT: u32 = 0u;
 override IDX_INT: bool = true;
 
@@ -76,7 +79,11 @@ fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         src += u32(clamp(v, 0, p.dyn_n)) * p.dyn_stride;
     }
-    y[dst] = convert(x[src]);
+    if CONVERT == 5u {
+        y[dst] = bitcast<u32>(unpack2x16float(x[src >> 1u])[src & 1u]);
+    } else {
+        y[dst] = convert(x[src]);
+    }
 }
 
 // A contiguous copy of p.n 16-byte words from x4[src_base] to y4[dst_base]: the streaming case

@@ -19,6 +19,8 @@ struct Params {
 
 // b is stored transposed ([.., N, K]): b(k, n) at n·K + k.
 override TRANS_B: bool = false;
+// b is an f16 KV cache read in place (two f16 a word, src/gpu/memory.rs `Repr::F16`).
+override B_F16: bool = false;
 
 const BM = 64u;
 const BN = 64u;
@@ -27,16 +29,24 @@ const BK = 16u;
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> a: array<f32>;
-@group(0) @binding(4) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> b: array<u32>;
 
 var<workgroup> as_: array<f32, 1024>; // [BK][BM]
+
+// Element i of b.
+fn b_el(i: u32) -> f32 {
+    if B_F16 {
+        return unpack2x16float(b[i >> 1u])[i & 1u];
+    }
+    return bitcast<f32>(b[i]);
+}
 
 // Element (k, n) of the b matrix at offset `o`.
 fn b_at(o: u32, k: u32, n: u32) -> f32 {
     if TRANS_B {
-        return b[o + n * p.k + k];
+        return b_el(o + n * p.k + k);
     }
-    return b[o + k * p.n + n];
+    return b_el(o + k * p.n + n);
 }
 
 // Element offsets of batch entry z in a and b.
@@ -103,10 +113,11 @@ fn rows_bt(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         var k = lid.x;
         for (; k + 48u < p.k; k += 64u) {
             acc += vec4<f32>(a[arow + k], a[arow + k + 16u], a[arow + k + 32u], a[arow + k + 48u])
-                 * vec4<f32>(b[bcol + k], b[bcol + k + 16u], b[bcol + k + 32u], b[bcol + k + 48u]);
+                 * vec4<f32>(b_el(bcol + k), b_el(bcol + k + 16u), b_el(bcol + k + 32u),
+                             b_el(bcol + k + 48u));
         }
         for (; k < p.k; k += 16u) {
-            acc.x += a[arow + k] * b[bcol + k];
+            acc.x += a[arow + k] * b_el(bcol + k);
         }
     }
     part_k[lid.y * 16u + lid.x] = (acc.x + acc.y) + (acc.z + acc.w);

@@ -27,18 +27,35 @@ override CAUSAL: bool = false;
 override WINDOW: bool = false;
 override SOFTCAP: bool = false;
 override HAS_MASK: bool = false;
+// k / v are f16 KV caches read in place (two f16 a word, src/gpu/memory.rs `Repr::F16`).
+override K_F16: bool = false;
+override V_F16: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> syms: array<i32>;
 @group(0) @binding(2) var<storage, read_write> o: array<f32>;
 @group(0) @binding(3) var<storage, read> q: array<f32>;
-@group(0) @binding(4) var<storage, read> k: array<f32>;
-@group(0) @binding(5) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> k: array<u32>;
+@group(0) @binding(5) var<storage, read> v: array<u32>;
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
 
 var<workgroup> qs: array<f32, DMAX>;
 var<workgroup> acc: array<f32, DMAX>;
 var<workgroup> sc: array<f32, WG>;
+
+fn k_at(i: u32) -> f32 {
+    if K_F16 {
+        return unpack2x16float(k[i >> 1u])[i & 1u];
+    }
+    return bitcast<f32>(k[i]);
+}
+
+fn v_at(i: u32) -> f32 {
+    if V_F16 {
+        return unpack2x16float(v[i >> 1u])[i & 1u];
+    }
+    return bitcast<f32>(v[i]);
+}
 
 
 @compute @workgroup_size(WG)
@@ -80,7 +97,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let kr = ko + u32(j) * p.kv_strides.y;
             var dotv = 0.0;
             for (var e = 0u; e < p.d; e++) {
-                dotv += qs[e] * k[kr + e];
+                dotv += qs[e] * k_at(kr + e);
             }
             s = dotv * p.scale;
             if SOFTCAP {
@@ -111,7 +128,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         for (var e = t; e < p.d; e += WG) {
             var a = acc[e] * alpha;
             for (var jj = 0u; jj < count; jj++) {
-                a += sc[jj] * v[ko + u32(j0 + i32(jj)) * p.kv_strides.y + e];
+                a += sc[jj] * v_at(ko + u32(j0 + i32(jj)) * p.kv_strides.y + e);
             }
             acc[e] = a;
         }

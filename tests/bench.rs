@@ -138,3 +138,43 @@ fn program_bench_rejects_a_prompt_longer_than_the_method_takes() {
         "{err}"
     );
 }
+
+/// `--kv f16` reports the KV caches' bytes (half of f32's) and the logits' error against the same
+/// calls with f32 caches; asking for it where the CPU executor would run is an error.
+#[test]
+fn program_bench_with_f16_kv_caches_reports_their_bytes_and_error() {
+    let f = fixture("gemma4_tiny_vulkan_stock_8da4w_emb4.pte");
+    let base = ["bench", &f, "--prompt-len", "5", "--decode", "3", "--json"];
+    let (ok, _, err) = pteria(&[&base[..], &["--device", "cpu", "--kv", "f16"]].concat());
+    assert!(
+        !ok && err.contains("--kv f16 needs the GPU executor"),
+        "{err}"
+    );
+    let (ok, _, err) = pteria(&[&base[..], &["--kv", "f8"]].concat());
+    assert!(!ok && err.contains("unknown KV cache type `f8`"), "{err}");
+    if no_gpu() {
+        return;
+    }
+    let run = |kv: &str| {
+        let (ok, out, err) = pteria(&[&base[..], &["--device", "gpu", "--kv", kv]].concat());
+        assert!(ok, "{err}");
+        json(&out)
+    };
+    let (v32, v16) = (run("f32"), run("f16"));
+    assert_eq!(v32["kv_caches"], 8, "{v32}");
+    assert_eq!(v32["f16_kv_caches"], 0, "{v32}");
+    assert!(v32["kv_f16_rel_l2_worst"].is_null(), "{v32}");
+    assert_eq!(v16["f16_kv_caches"], 8, "{v16}");
+    let bytes = |v: &Value, k: &str| v[k].as_u64().unwrap();
+    assert_eq!(
+        2 * bytes(&v16, "kv_cache_bytes"),
+        bytes(&v32, "kv_cache_bytes")
+    );
+    assert_eq!(
+        bytes(&v32, "gpu_bytes") - bytes(&v16, "gpu_bytes"),
+        bytes(&v16, "kv_cache_bytes")
+    );
+    // Within the bound tests/vulkan_conformance.rs measures for this program.
+    let worst = v16["kv_f16_rel_l2_worst"].as_f64().unwrap();
+    assert!(worst > 0.0 && worst <= 0.15, "{v16}");
+}

@@ -60,6 +60,18 @@ fn no_subgroup_ctx() -> Option<Arc<Context>> {
     .clone()
 }
 
+/// A device whose executors hold KV caches as f16.
+fn f16_kv_ctx() -> Option<Arc<Context>> {
+    static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        open(ContextOptions {
+            f16_kv_cache: true,
+            ..Default::default()
+        })
+    })
+    .clone()
+}
+
 /// Both reduction paths: subgroups where the device has them, and shared memory.
 fn check_both(what: &str, t: &T, tol: f32, floor: f32) {
     for (name, c) in [("", ctx()), (" (no subgroups)", no_subgroup_ctx())] {
@@ -1965,6 +1977,182 @@ fn indexed_cache_update_scatters_rows_and_keeps_the_cache() {
     t.inputs[1] = Val::Tensor(vec![1], i64_bytes(&[10]));
     let err = cpu.run(&values(&t.inputs)).unwrap_err().to_string();
     assert!(err.contains("outside a cache of 10 rows"), "{err}");
+}
+
+/// Rel-L2 allowed for an output computed from f16 KV caches: f16 keeps 11 significant bits (a
+/// cached value is off by up to 2^-12 of itself); measured on lavapipe, the worst output below
+/// is 2.6e-4.
+const F16_KV_TOL: f64 = 1e-3;
+
+/// ||a - b|| / ||b||.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Runs `t`'s calls (`steps` rewrites its inputs for call i) on the CPU, on the GPU with f32
+/// caches and with f16 caches. The f32 GPU run matches the CPU to TOL; the f16 one within f16's
+/// rounding (rel-L2 per output) but not bit for bit (the caches really are f16); its State
+/// buffers take half the bytes.
+fn check_f16_kv(what: &str, t: &mut T, calls: usize, mut steps: impl FnMut(&mut T, usize)) {
+    let (Some(c32), Some(c16)) = (ctx(), f16_kv_ctx()) else {
+        return;
+    };
+    let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+    let mut g32 = GpuExecutor::new(c32, t.g.clone()).unwrap();
+    let mut g16 = GpuExecutor::new(c16, t.g.clone()).unwrap();
+    let (m32, m16) = (g32.memory(), g16.memory());
+    assert_eq!(
+        (m32.kv_caches, m32.f16_kv_caches),
+        (2, 0),
+        "{what}: {m32:?}"
+    );
+    assert_eq!(
+        (m16.kv_caches, m16.f16_kv_caches),
+        (2, 2),
+        "{what}: {m16:?}"
+    );
+    assert_eq!(m32.states, 2 * m16.states, "{what}: {m32:?} {m16:?}");
+    assert_eq!(m16.kv_cache, m16.states, "{what}: {m16:?}");
+    let mut worst = 0f64;
+    for i in 0..calls {
+        steps(t, i);
+        let vals = values(&t.inputs);
+        let want = cpu.run(&vals).unwrap();
+        let got32 = g32.run(&vals).unwrap();
+        let got16 = g16.run(&vals).unwrap();
+        compare(&format!("{what} call {i} (f32)"), &got32, &want, TOL, 1e-2);
+        for (k, (a, b)) in got16.iter().zip(&want).enumerate() {
+            assert_eq!(a.sizes, b.sizes, "{what} call {i} output {k}");
+            let e = rel_l2(&a.to_f32().unwrap(), &b.to_f32().unwrap());
+            assert!(
+                e <= F16_KV_TOL,
+                "{what} call {i} output {k}: rel-L2 {e:.2e}"
+            );
+            worst = worst.max(e);
+        }
+    }
+    eprintln!("{what}: f16 KV caches, worst error {worst:.2e}");
+    assert!(worst > 0.0, "{what}: f16 caches gave f32's results exactly");
+}
+
+/// Attention's decode path (cache_update + sdpa, both layouts) with f16 KV caches.
+#[test]
+fn f16_kv_caches_in_sdpa_decode_match_cpu_in_half_the_bytes() {
+    let mut rng = Rng::new(31);
+    for layout in [AttnLayout::Bshd, AttnLayout::Bhsd] {
+        let (cache, h, d) = (40, 2, 34);
+        let mut t = decode_graph(layout, cache, h, d, 8);
+        let mut pos = 0;
+        let lens = [7usize, 1, 1, 5, 1, 1];
+        check_f16_kv(&format!("sdpa {layout:?}"), &mut t, lens.len(), |t, i| {
+            set_step(t, &mut rng, layout, lens[i], h, d, pos);
+            pos += lens[i] as i64;
+        });
+    }
+}
+
+/// The stock Vulkan export's attention reads its caches through matmuls (q·Kᵀ with the cache
+/// transposed in place, p·V) and views; index_put-style updates write them. With f16 caches:
+/// the tiled matmul (prefill) and the few-rows ones (decode), select / slice / permute of a
+/// cache, and the cache itself as an output.
+#[test]
+fn f16_kv_caches_in_matmul_attention_and_views_match_cpu() {
+    let mut rng = Rng::new(32);
+    let (h, c, d, s_max) = (3usize, 37usize, 18usize, 8usize);
+    let mut t = T::default();
+    let xs = [1, h, s_max, d];
+    let n = h * s_max * d;
+    let q = t.input(DType::F32, &xs, &xs, vec![0; n * 4]);
+    let k = t.input(DType::F32, &xs, &xs, vec![0; n * 4]);
+    let v = t.input(DType::F32, &xs, &xs, vec![0; n * 4]);
+    let idx = t.input(DType::I64, &[s_max], &[1], vec![0; 8]);
+    let start = t.sym("start", 0);
+    let cs = [1, h, c, d];
+    let kc =
+        t.g.add_tensor("k_cache", DType::F32, cs.to_vec(), Role::State(None));
+    let vc =
+        t.g.add_tensor("v_cache", DType::F32, cs.to_vec(), Role::State(None));
+    let ku = t.op(
+        OpKind::CacheUpdate {
+            axis: 2,
+            start: Int::Lit(0),
+        },
+        vec![kc, k, idx],
+        DType::F32,
+        &cs,
+    );
+    let vu = t.op(
+        OpKind::CacheUpdate {
+            axis: 2,
+            start: Int::Sym(start),
+        },
+        vec![vc, v],
+        DType::F32,
+        &cs,
+    );
+    let sc = t.op(
+        OpKind::MatMul { transpose_b: true },
+        vec![q, ku],
+        DType::F32,
+        &[1, h, s_max, c],
+    );
+    let p = t.op(OpKind::Softmax, vec![sc], DType::F32, &[1, h, s_max, c]);
+    let o = t.op(
+        OpKind::MatMul { transpose_b: false },
+        vec![p, vu],
+        DType::F32,
+        &xs,
+    );
+    let row = t.op(
+        OpKind::Select {
+            dim: 2,
+            index: Int::Sym(start),
+        },
+        vec![ku],
+        DType::F32,
+        &[1, h, d],
+    );
+    let first = t.op(
+        OpKind::Slice {
+            dim: 2,
+            start: Int::Lit(0),
+            end: Int::Lit(5),
+            step: 1,
+        },
+        vec![vu],
+        DType::F32,
+        &[1, h, 5, d],
+    );
+    let perm = t.op(
+        OpKind::Permute {
+            perm: vec![0, 2, 1, 3],
+        },
+        vec![vu],
+        DType::F32,
+        &[1, c, h, d],
+    );
+    for x in [o, row, first, perm, ku] {
+        t.out(x);
+    }
+    let lens = [6usize, 1, 1, 3, 1];
+    let mut pos = 0i64;
+    check_f16_kv("matmul attention", &mut t, lens.len(), |t, i| {
+        let sh = vec![1, h, lens[i], d];
+        for j in 0..3 {
+            let vals = rng.floats(h * lens[i] * d, 1.0);
+            t.inputs[j] = Val::Tensor(sh.clone(), f32_bytes(&vals));
+        }
+        let rows: Vec<i64> = (pos..pos + lens[i] as i64).collect();
+        t.inputs[3] = Val::Tensor(vec![lens[i]], i64_bytes(&rows));
+        t.inputs[4] = Val::Sym(pos);
+        pos += lens[i] as i64;
+    });
 }
 
 #[test]

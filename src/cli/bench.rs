@@ -37,6 +37,10 @@ pub struct Args {
     /// Program: auto | cpu | gpu
     #[arg(long, default_value = "auto")]
     device: String,
+    /// Program: f32 | f16, how the GPU executor holds KV caches. f16 also runs the calls with
+    /// f32 caches and reports the logits' error against them.
+    #[arg(long, default_value = "f32")]
+    kv: String,
     /// Program: method to run (takes tokens [1, T] and positions).
     #[arg(long, default_value = "forward")]
     method: String,
@@ -86,6 +90,14 @@ struct ProgramReport {
     decode_tok_per_s: f64,
     /// GPU memory the delegates' executors hold (weights, KV caches, activations).
     gpu_bytes: Option<u64>,
+    /// Of `gpu_bytes`: the KV caches, and how many of them are held as f16 (`--kv f16`).
+    kv_cache_bytes: Option<u64>,
+    kv_caches: Option<usize>,
+    f16_kv_caches: Option<usize>,
+    /// With `--kv f16`: the worst and the last call's rel-L2 of the logits against the same
+    /// calls with f32 KV caches (the prompt, then the decode steps).
+    kv_f16_rel_l2_worst: Option<f64>,
+    kv_f16_rel_l2_last: Option<f64>,
     peak_host_bytes: Option<u64>,
     /// GPU time of one decode step by op, from timestamps (summed over delegates).
     decode_gpu_us: Option<f64>,
@@ -111,13 +123,16 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     use pteria::runtime::{HostTensor, Method};
     use std::time::Instant;
     let device: Device = a.device.parse().map_err(anyhow::Error::msg)?;
+    let kv: delegate::KvCache = a.kv.parse().map_err(anyhow::Error::msg)?;
+    let open = || pteria::gpu::Context::with_options(delegate::gpu_options(kv));
     let gpu_ctx = match device {
         Device::Cpu => None,
-        Device::Gpu => Some(pteria::gpu::Context::new()?),
-        Device::Auto => pteria::gpu::Context::new()
-            .ok()
-            .filter(|c| c.adapter().device_type != "cpu"),
+        Device::Gpu => Some(open()?),
+        Device::Auto => open().ok().filter(|c| c.adapter().device_type != "cpu"),
     };
+    if gpu_ctx.is_none() && kv == delegate::KvCache::F16 {
+        bail!("--kv f16 needs the GPU executor (--device gpu)");
+    }
     let gpu_ctx = gpu_ctx.map(Arc::new);
     let (make, handles, device_name) = match &gpu_ctx {
         Some(ctx) => {
@@ -195,6 +210,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     };
     let mut ops: Vec<OpShare> = Vec::new();
     let mut gpu_bytes = None;
+    let mut kv_mem = pteria::gpu::MemoryReport::default();
     let mut decode_gpu = None;
     let (mut replay_us, mut weight_bytes, mut dispatches) = (None, None, None);
     if let Some(h) = &handles {
@@ -206,7 +222,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         let mut any = false;
         for e in list.iter() {
             let mut e = e.lock().map_err(|_| anyhow::anyhow!("executor poisoned"))?;
-            total_mem += e.memory().total();
+            let m = e.memory();
+            total_mem += m.total();
+            kv_mem.kv_cache += m.kv_cache;
+            kv_mem.kv_caches += m.kv_caches;
+            kv_mem.f16_kv_caches += m.f16_kv_caches;
             if a.decode == 0 {
                 continue;
             }
@@ -253,6 +273,18 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         (Some(us), Some(b), Some(bw)) if b > 0 => Some(us * 1e-6 / (b as f64 / bw)),
         _ => None,
     };
+    // The f16 caches' error: the prompt and the decode steps again (each call overwrites the
+    // cache rows it attends to), against a fresh load with f32 caches on the same device.
+    let mut kv_err: Option<Vec<f64>> = None;
+    if kv == delegate::KvCache::F16 {
+        let decode: Vec<i64> = vec![7; a.decode];
+        let f16 = super::logits::run_steps(&mut method, &prompt, &decode)?;
+        let ctx = Arc::new(pteria::gpu::Context::new()?);
+        let backends = pteria::frontend::backends(delegate::gpu_executor(ctx));
+        let mut reference = Method::load(&program, &a.method, &backends)?;
+        let f32 = super::logits::run_steps(&mut reference, &prompt, &decode)?;
+        kv_err = Some(f16.iter().zip(&f32).map(|(x, y)| rel_l2(x, y)).collect());
+    }
     let report = ProgramReport {
         execution: match method.whole_note() {
             _ if method.runs_whole() => "whole".into(),
@@ -277,6 +309,13 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         decode_ms,
         decode_tok_per_s: if a.decode > 0 { 1e3 / decode_ms } else { 0.0 },
         gpu_bytes,
+        kv_cache_bytes: gpu_bytes.map(|_| kv_mem.kv_cache),
+        kv_caches: gpu_bytes.map(|_| kv_mem.kv_caches),
+        f16_kv_caches: gpu_bytes.map(|_| kv_mem.f16_kv_caches),
+        kv_f16_rel_l2_worst: kv_err
+            .as_ref()
+            .map(|e| e.iter().fold(0f64, |m, &x| m.max(x))),
+        kv_f16_rel_l2_last: kv_err.as_ref().and_then(|e| e.last().copied()),
         peak_host_bytes: peak_host_bytes(),
         decode_gpu_us: decode_gpu,
         decode_ops: ops,
@@ -308,6 +347,17 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         mib(report.gpu_bytes),
         mib(report.peak_host_bytes)
     );
+    if let (Some(b), Some(n), Some(h)) = (
+        report.kv_cache_bytes,
+        report.kv_caches,
+        report.f16_kv_caches,
+    ) {
+        let b = super::inspect::fmt_bytes(b as usize);
+        println!("KV cache: {b} in {n} caches, {h} of them f16");
+    }
+    if let (Some(w), Some(l)) = (report.kv_f16_rel_l2_worst, report.kv_f16_rel_l2_last) {
+        println!("f16 KV cache vs f32: logits rel-L2 {w:.2e} worst call, {l:.2e} last call");
+    }
     if let (Some(s), Some(d)) = (report.submits_per_token, report.dispatches_per_token) {
         println!("decode step: {s:.1} submits, {d} dispatches");
     }
@@ -334,6 +384,17 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// ||a - b|| / ||b||.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
 }
 
 fn kernels(a: &Args) -> Result<()> {

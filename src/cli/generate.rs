@@ -10,7 +10,7 @@ use pteria::llm::{
     CancelToken, Completion, Engine, Event, GenerateOptions, LoadOptions, Message, ModelFiles,
     ModelInfo, RunnerConfig, SamplingParams,
 };
-use pteria::runtime::delegate::Device;
+use pteria::runtime::delegate::{Device, KvCache};
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -27,6 +27,9 @@ pub struct ModelArgs {
     /// auto | cpu | gpu
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// f32 | f16: how the GPU executor holds KV caches (f16: half the bytes, see README).
+    #[arg(long, default_value = "f32")]
+    pub kv: String,
     /// Use at most this many tokens of context (the program's max_context_len still applies).
     #[arg(long)]
     pub context: Option<usize>,
@@ -120,7 +123,8 @@ pub fn run(a: Args) -> Result<()> {
 pub fn open(args: &ModelArgs) -> Result<(Engine, ModelInfo)> {
     let files = resolve_model(args.model.as_deref())?;
     let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
-    let (mut options, note) = LoadOptions::on_device(device)?;
+    let kv: KvCache = args.kv.parse().map_err(anyhow::Error::msg)?;
+    let (mut options, note) = LoadOptions::on_device_with(device, kv)?;
     if let Some(n) = note {
         eprintln!("{n}");
     }

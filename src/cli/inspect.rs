@@ -21,7 +21,7 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-fn fmt_bytes(n: usize) -> String {
+pub(crate) fn fmt_bytes(n: usize) -> String {
     let units = ["B", "KiB", "MiB", "GiB"];
     let mut v = n as f64;
     let mut u = 0;

@@ -19,6 +19,9 @@ pub struct Args {
     /// auto | cpu | gpu
     #[arg(long, default_value = "auto")]
     device: String,
+    /// f32 | f16: how the GPU executor holds KV caches (f16: half the bytes, see README).
+    #[arg(long, default_value = "f32")]
+    kv: String,
     #[arg(long)]
     ptd: Vec<PathBuf>,
     /// Method to run.
@@ -28,10 +31,11 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let device: pteria::runtime::delegate::Device = a.device.parse().map_err(anyhow::Error::msg)?;
+    let kv: pteria::runtime::delegate::KvCache = a.kv.parse().map_err(anyhow::Error::msg)?;
     let ptds: Vec<&std::path::Path> = a.ptd.iter().map(|p| p.as_path()).collect();
     let program = Program::open(&a.file, &ptds)?;
     let (make, note) =
-        pteria::runtime::delegate::executor_for(device).map_err(anyhow::Error::msg)?;
+        pteria::runtime::delegate::executor_with(device, kv).map_err(anyhow::Error::msg)?;
     if let Some(n) = note {
         eprintln!("{n}");
     }

@@ -70,6 +70,9 @@ pub struct ContextOptions {
     pub no_subgroups: bool,
     /// Run every linear in its own dispatch, never two of one input in one (tests compare).
     pub separate_linears: bool,
+    /// Hold KV caches (State tensors that a cache update writes) as f16, half the bytes; all
+    /// math stays f32. Off by default: its error against f32 is measured, not assumed (README).
+    pub f16_kv_cache: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -131,6 +134,7 @@ pub struct Context {
     features: wgpu::Features,
     max_binding: u64,
     separate_linears: bool,
+    f16_kv_cache: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -249,6 +253,7 @@ impl Context {
             features,
             max_binding,
             separate_linears: opts.separate_linears,
+            f16_kv_cache: opts.f16_kv_cache,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -322,6 +327,11 @@ impl Context {
     /// Whether linears of one input and format may share one dispatch.
     pub(crate) fn merge_linears(&self) -> bool {
         !self.separate_linears
+    }
+
+    /// Whether executors hold KV caches as f16 (`ContextOptions::f16_kv_cache`).
+    pub fn f16_kv_cache(&self) -> bool {
+        self.f16_kv_cache
     }
 
     pub(crate) fn max_workgroups(&self) -> u32 {

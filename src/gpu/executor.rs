@@ -142,6 +142,8 @@ fn to_repr(repr: Repr, dtype: DType, data: &[u8]) -> Vec<u8> {
             .flat_map(|x| (x.clamp(i32::MIN as i64, i32::MAX as i64) as i32).to_le_bytes())
             .collect(),
         Repr::Raw => data.to_vec(),
+        // Little-endian f16 in element order is the packed words' layout.
+        Repr::F16 => from_f32(DType::F16, &to_f32(dtype, data)),
     };
     v.resize(v.len().div_ceil(4) * 4, 0);
     v
@@ -165,6 +167,7 @@ fn from_repr(repr: Repr, dtype: DType, bytes: &[u8], numel: usize) -> Vec<u8> {
             from_i64(dtype, &i)
         }
         Repr::Raw => bytes[..numel * dtype.size()].to_vec(),
+        Repr::F16 => from_f32(dtype, &to_f32(DType::F16, &bytes[..numel * 2])),
     }
 }
 
@@ -173,8 +176,12 @@ impl GpuExecutor {
     /// `GpuError::Unsupported`.
     pub fn new(ctx: Arc<Context>, graph: Graph) -> Result<Self, GpuError> {
         graph.validate()?;
-        let (mem, mut problems) =
-            MemoryPlan::new(&graph, ctx.max_storage_binding(), ctx.merge_linears());
+        let (mem, mut problems) = MemoryPlan::new(
+            &graph,
+            ctx.max_storage_binding(),
+            ctx.merge_linears(),
+            ctx.f16_kv_cache(),
+        );
         for (n, node) in graph.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };
             let mut why = ops::check(&graph, &mem, op);

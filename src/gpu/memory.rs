@@ -2,7 +2,8 @@
 //!
 //! - Representation: kernels compute in f32 and i32 only, so float tensors of any width are held
 //!   as f32 and integer/bool tensors as i32 (converted at upload and readback); packed 4/8-bit
-//!   weights stay raw bytes, read as u32 words by `linear` and `embedding`.
+//!   weights stay raw bytes, read as u32 words by `linear` and `embedding`. With
+//!   `ContextOptions::f16_kv_cache`, KV caches are held as f16 (`kv_caches`).
 //! - Constants get their own buffers, uploaded once (a paired linear's weights share its
 //!   partner's, laid after them); States get persistent buffers (zero, or their
 //!   initial value); each Input gets a buffer at its max size, written every call.
@@ -25,6 +26,9 @@ pub(crate) enum Repr {
     I32,
     /// Packed quantized weight bytes.
     Raw,
+    /// Two f16 a u32 word (element 2i in the low half), as WGSL's `pack2x16float` lays them: no
+    /// device feature needed. Only KV caches, read as f32 by the ops `ops::reads_f16` names.
+    F16,
 }
 
 #[derive(Debug, Clone)]
@@ -50,6 +54,8 @@ pub(crate) struct BufferSpec {
 #[derive(Debug, Clone)]
 pub(crate) struct MemoryPlan {
     pub repr: Vec<Repr>,
+    /// Per root: a KV cache (a State that a cache update writes in place).
+    pub kv_cache: Vec<bool>,
     /// The tensor whose storage this one shares (itself when it owns storage).
     pub root: Vec<TensorId>,
     /// Per root: rows per chunk when split (with the bytes of one row), else `None`.
@@ -73,6 +79,7 @@ pub(crate) struct MemoryPlan {
 pub(crate) fn elem_bytes(repr: Repr, dtype_size: usize) -> u64 {
     match repr {
         Repr::Raw => dtype_size as u64,
+        Repr::F16 => 2,
         _ => 4,
     }
 }
@@ -89,6 +96,11 @@ pub struct MemoryReport {
     pub states: u64,
     pub inputs: u64,
     pub activations: u64,
+    /// Of `states`: the KV caches (States that a cache update writes in place), and how many of
+    /// them are held as f16.
+    pub kv_cache: u64,
+    pub kv_caches: usize,
+    pub f16_kv_caches: usize,
 }
 
 impl MemoryReport {
@@ -107,7 +119,14 @@ impl MemoryPlan {
         for b in &self.buffers {
             match b.kind {
                 BufferKind::Constant { .. } => r.constants += b.size,
-                BufferKind::State(_) => r.states += b.size,
+                BufferKind::State(t) => {
+                    r.states += b.size;
+                    if self.kv_cache[t] {
+                        r.kv_cache += b.size;
+                        r.kv_caches += 1;
+                        r.f16_kv_caches += (self.repr[t] == Repr::F16) as usize;
+                    }
+                }
                 BufferKind::Input => r.inputs += b.size,
                 BufferKind::Pool => r.activations += b.size,
             }
@@ -116,8 +135,13 @@ impl MemoryPlan {
     }
 
     /// Plans storage, with a line for every tensor that cannot be placed (the plan is then only
-    /// good for reporting).
-    pub fn new(g: &Graph, max_binding: u64, merge: bool) -> (MemoryPlan, Vec<String>) {
+    /// good for reporting). `f16_kv`: hold the KV caches as f16 where every op on them can.
+    pub fn new(
+        g: &Graph,
+        max_binding: u64,
+        merge: bool,
+        f16_kv: bool,
+    ) -> (MemoryPlan, Vec<String>) {
         let nt = g.tensors.len();
         let mut errors = Vec::new();
         let mut root: Vec<TensorId> = (0..nt).collect();
@@ -143,6 +167,12 @@ impl MemoryPlan {
         for op in g.ops() {
             if let Some(t) = ops::packed_weight(op) {
                 repr[root[t]] = Repr::Raw;
+            }
+        }
+        let kv_cache = kv_caches(g, &root);
+        if f16_kv {
+            for t in f16_kv_caches(g, &root, &repr, &kv_cache) {
+                repr[t] = Repr::F16;
             }
         }
         for t in 0..nt {
@@ -498,6 +528,7 @@ impl MemoryPlan {
         }
         let plan = MemoryPlan {
             repr,
+            kv_cache,
             root,
             split,
             place,
@@ -509,6 +540,49 @@ impl MemoryPlan {
         };
         (plan, errors)
     }
+}
+
+/// Per root: whether it is a KV cache, a float State that a cache update writes in place.
+fn kv_caches(g: &Graph, root: &[TensorId]) -> Vec<bool> {
+    let mut kv = vec![false; g.tensors.len()];
+    for op in g.ops() {
+        if let (OpKind::CacheUpdate { .. }, Some(&c)) = (&op.kind, op.inputs.first()) {
+            let r = root[c];
+            kv[r] |= matches!(g.tensors[r].role, Role::State(_))
+                && g.tensors[r].dtype.is_float()
+                && root[op.outputs[0]] == r;
+        }
+    }
+    kv
+}
+
+/// The KV caches that can be held as f16: every op that reads one can read f16
+/// (`ops::reads_f16`); only in-place cache updates write it (others would race on the two halves
+/// of a word), each moving whole words (an even count of elements after the cache axis); and
+/// only f32 values are written into it.
+fn f16_kv_caches(g: &Graph, root: &[TensorId], repr: &[Repr], kv: &[bool]) -> Vec<TensorId> {
+    let mut ok = kv.to_vec();
+    for op in g.ops() {
+        for (k, &t) in op.inputs.iter().enumerate() {
+            if !ops::reads_f16(g, op, k) {
+                ok[root[t]] = false;
+            }
+        }
+        let in_place = ops::alias(g, op).is_some();
+        for &o in &op.outputs {
+            let r = root[o];
+            match op.kind {
+                OpKind::Reshape { .. } if in_place => {}
+                OpKind::CacheUpdate { axis, .. } if in_place => {
+                    let inner: usize = g.tensors[r].max_shape.iter().skip(axis + 1).product();
+                    let value = op.inputs.get(1).map(|&v| repr[root[v]]);
+                    ok[r] &= inner % 2 == 0 && value == Some(Repr::F32);
+                }
+                _ => ok[r] = false,
+            }
+        }
+    }
+    (0..g.tensors.len()).filter(|&t| ok[t]).collect()
 }
 
 /// Whether an op's output should alias its input rather than be copied.

@@ -205,6 +205,29 @@ pub(crate) fn weight_tensors(op: &Op) -> Vec<TensorId> {
     }
 }
 
+/// Whether `op` can read its input `k` from an f16 KV cache (`Repr::F16`): the cache update
+/// writing it, attention's k and v, a matmul's b (q·Kᵀ and p·V read the cache in place), and the
+/// strided copies that views of a cache become, which convert to f32.
+pub(crate) fn reads_f16(g: &Graph, op: &Op, k: usize) -> bool {
+    let float_out = op
+        .outputs
+        .first()
+        .is_some_and(|&o| g.tensors[o].dtype.is_float());
+    match op.kind {
+        OpKind::CacheUpdate { .. } => k == 0,
+        OpKind::MatMul { .. } => k == 1,
+        OpKind::Sdpa { .. } => k == 1 || k == 2,
+        OpKind::Reshape { .. }
+        | OpKind::Copy
+        | OpKind::Permute { .. }
+        | OpKind::Slice { .. }
+        | OpKind::Select { .. }
+        | OpKind::Expand { .. } => k == 0 && float_out,
+        OpKind::Concat { .. } => float_out,
+        _ => false,
+    }
+}
+
 /// Op-private temporaries, at their max size.
 pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
     match op.kind {
@@ -243,6 +266,14 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
             ));
         }
     }
+    for (k, &i) in op.inputs.iter().enumerate() {
+        if mem.repr[i] == Repr::F16 && !reads_f16(g, op, k) {
+            return Some(format!(
+                "reads the f16 KV cache `{}` as input {k}",
+                g.tensors[i].name
+            ));
+        }
+    }
     if let Some(w) = raw {
         if !matches!(g.tensors[mem.root[w]].role, crate::ir::Role::Constant(_)) {
             return Some("packed weights must be constants".into());
@@ -251,7 +282,7 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
     let float_in = |idx: &[usize]| -> Option<String> {
         idx.iter()
             .filter_map(|&i| t(i))
-            .find(|&i| mem.repr[i] != Repr::F32)
+            .find(|&i| !matches!(mem.repr[i], Repr::F32 | Repr::F16))
             .map(|i| format!("integer input `{}`", g.tensors[i].name))
     };
     let float_out = || (!g.tensors[out].dtype.is_float()).then(|| "integer output".to_string());
@@ -332,7 +363,8 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
                 (r > 6).then(|| "more than 4 batch dims".to_string())
             }),
         OpKind::CacheUpdate { .. } => n_in(2).or_else(|| {
-            (mem.repr[op.inputs[0]] != mem.repr[op.inputs[1]])
+            let (c, v) = (mem.repr[op.inputs[0]], mem.repr[op.inputs[1]]);
+            (c != v && (c, v) != (Repr::F16, Repr::F32))
                 .then(|| "cache and value differ in type".to_string())
                 .or_else(|| {
                     t(2).filter(|&i| mem.repr[i] != Repr::I32)
@@ -372,8 +404,12 @@ fn step(
 }
 
 /// `(CONVERT code)` for moving a tensor of representation `from` into output tensor `to`;
-/// `bool_ne` converts to bool as `x != 0` (cast/copy) instead of by truncation.
+/// `bool_ne` converts to bool as `x != 0` (cast/copy) instead of by truncation. An f16 KV cache
+/// is only ever read into float tensors (`reads_f16`).
 fn convert(env: &Env, from: TensorId, to: TensorId, bool_ne: bool) -> u32 {
+    if env.mem.repr[from] == Repr::F16 {
+        return 5;
+    }
     let (fi, ti) = (env.int(from), env.out_int(to));
     if bool_ne && env.graph.tensors[to].dtype == DType::Bool {
         return if fi { 4 } else { 3 };
@@ -761,6 +797,9 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             }
             let inner: usize = cs[axis + 1..].iter().product();
             let nv: usize = vs.iter().product();
+            // An f16 cache takes a word (two elements of one row) per invocation.
+            let f16 = env.mem.repr[cache] == Repr::F16;
+            let per = if f16 { 2 } else { 1 };
             let mut steps = Vec::new();
             if nv > 0 {
                 let p = P::default()
@@ -780,15 +819,16 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
                 steps.push(step(
                     "cache_update",
                     entry,
-                    vec![],
+                    vec![("CACHE_F16", b(f16))],
                     p,
                     Res::Tensor(cache),
                     inputs,
-                    env.grid(nv.div_ceil(WG), 1),
+                    env.grid((nv / per).div_ceil(WG), 1),
                 ));
             }
             if !aliases(env.graph, &op.kind, out, cache) {
-                steps.extend(gather(env, cache, out, &[n], &[1], &[1], 0, None, 0));
+                let conv = convert(env, cache, out, false);
+                steps.extend(gather(env, cache, out, &[n], &[1], &[1], 0, None, conv));
             }
             steps
         }
@@ -796,7 +836,8 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             if aliases(env.graph, &op.kind, out, x) {
                 Vec::new()
             } else {
-                gather(env, x, out, &[n], &[1], &[1], 0, None, 0)
+                let conv = convert(env, x, out, false);
+                gather(env, x, out, &[n], &[1], &[1], 0, None, conv)
             }
         }
         OpKind::Permute { perm } => {
@@ -1455,11 +1496,12 @@ fn matmul(env: &Env, op: &Op, transpose_b: bool) -> Result<Vec<Step>, String> {
         .next_power_of_two()
         .clamp(4, 64)
         .min((env.max_invocations as usize / 16).max(1));
-    let (entry, consts) = match (few, transpose_b) {
+    let (entry, mut consts) = match (few, transpose_b) {
         (true, true) => ("rows_bt", vec![]),
         (true, false) => ("rows", vec![("KS", ks as f64)]),
         (false, t) => ("main", vec![("TRANS_B", b(t))]),
     };
+    consts.push(("B_F16", b(env.mem.repr[bt] == Repr::F16)));
     Ok(vec![step(
         "matmul",
         entry,
@@ -1589,6 +1631,8 @@ fn sdpa(
         ("WINDOW", b(window.is_some())),
         ("SOFTCAP", b(softcap.is_some())),
         ("HAS_MASK", b(mask.is_some())),
+        ("K_F16", b(env.mem.repr[k] == Repr::F16)),
+        ("V_F16", b(env.mem.repr[v] == Repr::F16)),
     ];
     let inputs = vec![
         Res::Tensor(q),

@@ -7,7 +7,7 @@ use super::sampler::{Sampler, SamplingParams};
 use super::template::{ChatTemplate, Message, RenderOptions, Role};
 use super::tokenizer::Tokenizer;
 use super::{CancelToken, LlmError, ModelMetadata, Result};
-use crate::runtime::delegate::{executor_for, Device};
+use crate::runtime::delegate::{executor_with, Device, KvCache};
 use crate::runtime::BackendRegistry;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -150,7 +150,12 @@ impl LoadOptions {
     /// `Device::Auto` and no usable GPU the CPU executor is used and the reason is returned,
     /// for the caller to show.
     pub fn on_device(device: Device) -> Result<(LoadOptions, Option<String>)> {
-        let (make, note) = executor_for(device).map_err(LlmError::Device)?;
+        LoadOptions::on_device_with(device, KvCache::F32)
+    }
+
+    /// `on_device` with the GPU executor's KV caches held as `kv`.
+    pub fn on_device_with(device: Device, kv: KvCache) -> Result<(LoadOptions, Option<String>)> {
+        let (make, note) = executor_with(device, kv).map_err(LlmError::Device)?;
         let options = LoadOptions {
             backends: crate::frontend::backends(make),
             ..LoadOptions::default()

@@ -262,28 +262,74 @@ impl std::str::FromStr for Device {
     }
 }
 
+/// How the GPU executor holds KV caches (`--kv`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvCache {
+    /// The reference.
+    #[default]
+    F32,
+    /// Half the bytes; never on unless asked for (its error against f32 is in the README).
+    F16,
+}
+
+impl std::str::FromStr for KvCache {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(KvCache::F32),
+            "f16" => Ok(KvCache::F16),
+            k => Err(format!("unknown KV cache type `{k}` (expected f32 or f16)")),
+        }
+    }
+}
+
+/// The GPU context options that hold KV caches as `kv` says.
+pub fn gpu_options(kv: KvCache) -> crate::gpu::ContextOptions {
+    crate::gpu::ContextOptions {
+        f16_kv_cache: kv == KvCache::F16,
+        ..Default::default()
+    }
+}
+
 /// Picks the executor for `device`. With `Auto` and no usable GPU, returns the CPU executor and
 /// the one-line reason, for the caller to show.
 pub fn executor_for(device: Device) -> Result<(ExecutorFactory, Option<String>), String> {
+    executor_with(device, KvCache::F32)
+}
+
+/// `executor_for` with KV caches held as `kv`. f16 caches are a GPU executor option: asking for
+/// them where the CPU executor would run is an error, never a silent f32.
+pub fn executor_with(
+    device: Device,
+    kv: KvCache,
+) -> Result<(ExecutorFactory, Option<String>), String> {
+    let open = || crate::gpu::Context::with_options(gpu_options(kv));
+    let cpu = |why: String| {
+        if kv == KvCache::F16 {
+            Err(format!("--kv f16 needs the GPU executor, but {why}"))
+        } else {
+            Ok((cpu_executor(), Some(format!("running on the CPU: {why}"))))
+        }
+    };
     match device {
+        Device::Cpu if kv == KvCache::F16 => {
+            Err("--kv f16 needs the GPU executor (--device gpu), not --device cpu".into())
+        }
         Device::Cpu => Ok((cpu_executor(), None)),
         Device::Gpu => {
-            let ctx = crate::gpu::Context::new().map_err(|e| format!("--device gpu: {e}"))?;
+            let ctx = open().map_err(|e| format!("--device gpu: {e}"))?;
             Ok((gpu_executor(Arc::new(ctx)), None))
         }
         // A software Vulkan driver (lavapipe) is slower than our CPU executor: auto skips it.
-        Device::Auto => match crate::gpu::Context::new() {
+        Device::Auto => match open() {
             Ok(ctx) if ctx.adapter().device_type != "cpu" => {
                 Ok((gpu_executor(Arc::new(ctx)), None))
             }
-            Ok(ctx) => Ok((
-                cpu_executor(),
-                Some(format!(
-                    "running on the CPU: the only GPU adapter, {}, is a software renderer",
-                    ctx.adapter().name
-                )),
+            Ok(ctx) => cpu(format!(
+                "the only GPU adapter, {}, is a software renderer",
+                ctx.adapter().name
             )),
-            Err(e) => Ok((cpu_executor(), Some(format!("running on the CPU: {e}")))),
+            Err(e) => cpu(e.to_string()),
         },
     }
 }

@@ -195,7 +195,6 @@ pub fn golden_rel_l2_per_call(
     entry: &serde_json::Value,
     m: &serde_json::Value,
 ) -> Result<Vec<f64>, String> {
-    use pteria::runtime::{HostTensor, Output};
     let golden = entry["golden"].as_str().expect("golden");
     let (shape, golden) = read_npy(&fixtures().join(golden));
     let vocab = shape[1];
@@ -207,7 +206,21 @@ pub fn golden_rel_l2_per_call(
             shape[0]
         ));
     }
-    let mut errs = Vec::new();
+    Ok(manifest_call_logits(method, m)?
+        .iter()
+        .enumerate()
+        .map(|(i, got)| rel_l2(got, &golden[i * vocab..(i + 1) * vocab]))
+        .collect())
+}
+
+/// Runs the manifest's calls on `method` in order and returns each call's logits.
+pub fn manifest_call_logits(
+    method: &mut pteria::runtime::Method,
+    m: &serde_json::Value,
+) -> Result<Vec<Vec<f32>>, String> {
+    use pteria::runtime::{HostTensor, Output};
+    let calls = m["inputs"]["calls"].as_array().expect("calls");
+    let mut logits = Vec::new();
     for (i, c) in calls.iter().enumerate() {
         let (toks, pos) = (ints(&c["tokens"][0]), ints(&c["input_pos"]));
         let out = method
@@ -219,8 +232,7 @@ pub fn golden_rel_l2_per_call(
         let Output::Tensor(t) = &out[0] else {
             return Err(format!("call {i}: output {:?} is not a tensor", out[0]));
         };
-        let got = t.to_f32().map_err(|e| format!("call {i}: {e}"))?;
-        errs.push(rel_l2(&got, &golden[i * vocab..(i + 1) * vocab]));
+        logits.push(t.to_f32().map_err(|e| format!("call {i}: {e}"))?);
     }
-    Ok(errs)
+    Ok(logits)
 }
