@@ -25,8 +25,6 @@ struct Params {
     _pad1: u32,
 }
 
-// act_quant: XNNPACK's qd8 rounding (x · (255 / range)) instead of torchao's (x / (range / 255)).
-override XNN_ROUNDING: bool = false;
 // 0: f32, 1: 4-bit, 2: 8-bit.
 override KIND: u32 = 0u;
 override GROUP: u32 = 32u;
@@ -61,72 +59,13 @@ fn put(m: u32, row: u32, v: f32) {
 
 // ---- act_quant: one workgroup per row of x; writes y = quant_dequant(x) (same shape). ----
 
-// a / b correctly rounded (to nearest, ties to even), as the CPU reference divides: WGSL's
-// division may be off by ulps (it is on NVIDIA), which moves values sitting on rounding ties, and
-// fma is not fused everywhere (lavapipe), so a residual step cannot fix it. Long division of the
-// 24-bit significands in integers, 7 quotient bits per u32 division (4 dependent steps, where
-// one bit per step took 25 on every quantization's critical path); zeros, subnormals,
-// infinities and NaN take plain division.
-fn div_rn(a: f32, b: f32) -> f32 {
-    let ua = bitcast<u32>(a);
-    let ub = bitcast<u32>(b);
-    let ea = (ua >> 23u) & 0xffu;
-    let eb = (ub >> 23u) & 0xffu;
-    if ea == 0u || eb == 0u || ea == 255u || eb == 255u {
-        return a / b;
-    }
-    let ma = (ua & 0x7fffffu) | 0x800000u;
-    let mb = (ub & 0x7fffffu) | 0x800000u;
-    var e = i32(ea) - i32(eb) + 127;
-    var rem = ma;
-    if rem < mb {
-        rem = rem << 1u;
-        e -= 1;
-    }
-    // rem in [mb, 2 mb): the leading quotient bit is 1. Then 28 more (rem < 2^24, so rem << 7
-    // fits): 23 for the significand, a guard bit, and 4 that join the remainder in deciding ties.
-    rem -= mb;
-    var q = 1u;
-    for (var i = 0u; i < 4u; i++) {
-        rem = rem << 7u;
-        let d = rem / mb;
-        rem -= d * mb;
-        q = (q << 7u) | d;
-    }
-    let guard = (q >> 4u) & 1u;
-    let sticky = (q & 0xfu) != 0u || rem != 0u;
-    q = q >> 5u;
-    if guard == 1u && (sticky || (q & 1u) == 1u) {
-        q += 1u;
-    }
-    if q == 0x1000000u {
-        q = q >> 1u;
-        e += 1;
-    }
-    if e <= 0 || e >= 255 {
-        return a / b;
-    }
-    return bitcast<f32>(((ua ^ ub) & 0x80000000u) | (u32(e) << 23u) | (q & 0x7fffffu));
-}
-
-var<workgroup> red_lo: array<f32, WG>;
-var<workgroup> red_hi: array<f32, WG>;
-
-// The row's quantization: x ≈ s · (q - zp) with q an integer in [-128, 127].
-struct RowQuant {
-    // torchao: 1 / scale is not used; XNNPACK: mul = 255 / range.
-    mul: f32,
-    s: f32,
-    zp: f32,
-}
-
 // x through its raw 16-byte words (act_quant entries bind x only so, to read vec4s of any K).
 fn x_at(i: u32) -> f32 {
     return bitcast<f32>(xu4[i / 4u][i % 4u]);
 }
 
-// Range of row `row` of x (always including 0, as both rules do) → its quantization parameters.
-// Every invocation of the workgroup must call it (barriers). Reads 16-byte words where K allows.
+// Range of row `row` of x → its quantization parameters. Every invocation of the workgroup must
+// call it (barriers). Reads 16-byte words where K allows.
 fn row_quant(row: u32, t: u32) -> RowQuant {
     let base = row * p.k;
     var lo4 = vec4<f32>(0.0);
@@ -143,61 +82,8 @@ fn row_quant(row: u32, t: u32) -> RowQuant {
             hi4.x = max(hi4.x, x_at(base + j));
         }
     }
-    var lo = min(min(lo4.x, lo4.y), min(lo4.z, lo4.w));
-    var hi = max(max(hi4.x, hi4.y), max(hi4.z, hi4.w));
-    // Runs of SG_LANES lanes by subgroup shuffles, then their first lanes through shared memory
-    // (min and max are exact: any order gives the same range).
-    // #if subgroups
-    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
-        lo = min(lo, subgroupShuffleXor(lo, d));
-        hi = max(hi, subgroupShuffleXor(hi, d));
-    }
-    // #endif
-    let lanes = max(SG_LANES, 1u);
-    if t % lanes == 0u {
-        red_lo[t / lanes] = lo;
-        red_hi[t / lanes] = hi;
-    }
-    workgroupBarrier();
-    for (var s = WG / lanes / 2u; s > 0u; s = s / 2u) {
-        if t < s {
-            red_lo[t] = min(red_lo[t], red_lo[t + s]);
-            red_hi[t] = max(red_hi[t], red_hi[t + s]);
-        }
-        workgroupBarrier();
-    }
-    let lo_all = red_lo[0];
-    let hi_all = red_hi[0];
-    if XNN_ROUNDING {
-        // XNNPACK multiplies by 255 / range and picks the zero point from whichever end of the
-        // range it represents with less error; ties round differently from torchao's divide.
-        var mul = 1.0;
-        if lo_all != hi_all {
-            mul = div_rn(255.0, hi_all - lo_all);
-        }
-        let lo_m = lo_all * mul;
-        let hi_m = hi_all * mul;
-        var zp = 127.0 - hi_m;
-        if (-128.0 + lo_m) + (127.0 + hi_m) > 0.0 {
-            zp = -128.0 - lo_m;
-        }
-        return RowQuant(mul, div_rn(1.0, mul), round(clamp(zp, -128.0, 127.0)));
-    }
-    let scale = max(div_rn(hi_all - lo_all, 255.0), 1.1920929e-7);
-    return RowQuant(0.0, scale, clamp(-128.0 - round(div_rn(lo_all, scale)), -128.0, 127.0));
-}
-
-// q of one element (an integer-valued float in [-128, 127]).
-fn quantize(v: f32, r: RowQuant) -> f32 {
-    if XNN_ROUNDING {
-        return round(clamp(v * r.mul, -128.0 - r.zp, 127.0 - r.zp)) + r.zp;
-    }
-    // Only a quotient near a rounding tie needs the exact (slow) division.
-    var d = v / r.s;
-    if abs(abs(fract(d)) - 0.5) < 1e-3 {
-        d = div_rn(v, r.s);
-    }
-    return clamp(round(d) + r.zp, -128.0, 127.0);
+    return row_params(min(min(lo4.x, lo4.y), min(lo4.z, lo4.w)),
+                      max(max(hi4.x, hi4.y), max(hi4.z, hi4.w)), t);
 }
 
 // One workgroup per row of x; writes y = s · (q - zp) (same shape as x), for the tiled kernel.
@@ -213,12 +99,6 @@ fn act_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     for (var j = t; j < p.k; j += WG) {
         y[base + j] = (quantize(x_at(base + j), r) - r.zp) * r.s;
     }
-}
-
-fn pack4(v: vec4<f32>, r: RowQuant) -> u32 {
-    let q = vec4<i32>(i32(quantize(v.x, r)), i32(quantize(v.y, r)), i32(quantize(v.z, r)),
-                      i32(quantize(v.w, r)));
-    return pack4xI8(q);
 }
 
 // The same, packed for `matvec` with INT_X: row `row`'s q as K / 4 words of signed bytes, then
@@ -237,10 +117,10 @@ fn act_quant_packed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
     let words = p.k / 4u;
     if KIND == 1u {
         for (var b = t; b < p.k / 8u; b += WG) {
-            let a = bitcast<vec4<f32>>(xu4[base4 + 2u * b]);
-            let c = bitcast<vec4<f32>>(xu4[base4 + 2u * b + 1u]);
-            yu[row * words + 2u * b] = pack4(vec4<f32>(a.x, a.z, c.x, c.z), r);
-            yu[row * words + 2u * b + 1u] = pack4(vec4<f32>(a.y, a.w, c.y, c.w), r);
+            let q = pack8_nibble_order(bitcast<vec4<f32>>(xu4[base4 + 2u * b]),
+                                       bitcast<vec4<f32>>(xu4[base4 + 2u * b + 1u]), r);
+            yu[row * words + 2u * b] = q.x;
+            yu[row * words + 2u * b + 1u] = q.y;
         }
     } else {
         for (var i = t; i < words; i += WG) {

@@ -6,6 +6,9 @@
 // power of two).
 
 // RmsNormRope: the normed row rotated (`rotated`) instead of stored as it is.
+// QUANT (main4_quant, not ROPE): the stored row also quantized to int8 for the linear that reads it,
+// packed as linear.wgsl's `act_quant_packed` packs it into that linear's scratch (binding 7),
+// which then skips its own quantization dispatch (src/gpu/ops.rs `prequantized`).
 // RmsNormChain: then an element-wise chain (`apply_chain`, chain.wgsl) whose input `norm_input` is
 // the normed value and whose other inputs (0 to 2) are bound at 5 and 6, before the store.
 
@@ -47,6 +50,8 @@ override OP1_ONE: bool = false;
 override ROPE: bool = false;
 override INTERLEAVED: bool = false;
 override ROPE_D: u32 = 1u;
+// 0: no quantized copy; 1: packed in 4-bit weights' nibble order; 2: in order (quant.wgsl).
+override QUANT: u32 = 0u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
@@ -59,6 +64,7 @@ override ROPE_D: u32 = 1u;
 @group(0) @binding(1) var<storage, read> syms: array<i32>;
 @group(0) @binding(5) var<storage, read> op0: array<f32>;
 @group(0) @binding(6) var<storage, read> op1: array<f32>;
+@group(0) @binding(7) var<storage, read_write> qy: array<u32>;
 
 var<workgroup> red: array<f32, WG>;
 
@@ -194,6 +200,45 @@ fn main4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if row >= p.rows {
         return;
     }
+    norm_row4(row, t);
+}
+
+// main4, then the stored row quantized (QUANT). Its own entry point: a module variable that an
+// entry point can reach must be bound, even behind an override that is off.
+@compute @workgroup_size(WG)
+fn main4_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) t: u32) {
+    let row = wg.x + wg.y * nwg.x;
+    if row >= p.rows {
+        return;
+    }
+    let range = norm_row4(row, t);
+    // The stored row is read back (visible to the workgroup after the barrier) rather than
+    // kept in registers: the 4-bit order pairs two invocations' words.
+    storageBarrier();
+    let q = row_params(range.x, range.y, t);
+    let d4 = p.d / 4u;
+    let base = row * d4;
+    if QUANT == 1u {
+        for (var b = t; b < d4 / 2u; b += WG) {
+            let pair = pack8_nibble_order(y4[base + 2u * b], y4[base + 2u * b + 1u], q);
+            qy[base + 2u * b] = pair.x;
+            qy[base + 2u * b + 1u] = pair.y;
+        }
+    } else {
+        for (var i = t; i < d4; i += WG) {
+            qy[base + i] = pack4(y4[base + i], q);
+        }
+    }
+    if t == 0u {
+        qy[p.rows * d4 + 2u * row] = bitcast<u32>(q.s);
+        qy[p.rows * d4 + 2u * row + 1u] = bitcast<u32>(q.zp);
+    }
+}
+
+// Row `row` normed by 16-byte words and stored (or rotated); returns the range (lo, hi) of this
+// invocation's stored values, with 0 (as quant.wgsl wants).
+fn norm_row4(row: u32, t: u32) -> vec2<f32> {
     let d4 = p.d / 4u;
     let base = row * d4;
     var first = vec4<f32>();
@@ -206,6 +251,8 @@ fn main4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         s += dot(v, v);
     }
     let r = 1.0 / sqrt(workgroup_sum(s, t) / f32(p.d) + p.eps);
+    var lo = vec4<f32>(0.0);
+    var hi = vec4<f32>(0.0);
     if t < d4 {
         var v = first * r;
         if HAS_W {
@@ -214,7 +261,10 @@ fn main4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if ROPE {
             stash4(t, v);
         } else {
-            y4[base + t] = chained4(v, 4u * (base + t));
+            let o = chained4(v, 4u * (base + t));
+            y4[base + t] = o;
+            lo = min(lo, o);
+            hi = max(hi, o);
         }
     }
     for (var j = t + WG; j < d4; j += WG) {
@@ -225,7 +275,10 @@ fn main4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if ROPE {
             stash4(j, v);
         } else {
-            y4[base + j] = chained4(v, 4u * (base + j));
+            let o = chained4(v, 4u * (base + j));
+            y4[base + j] = o;
+            lo = min(lo, o);
+            hi = max(hi, o);
         }
     }
     if ROPE {
@@ -237,6 +290,7 @@ fn main4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
                                      rotated(e + 3u, b));
         }
     }
+    return vec2<f32>(min(min(lo.x, lo.y), min(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
 }
 
 fn stash4(j: u32, v: vec4<f32>) {

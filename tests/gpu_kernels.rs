@@ -803,6 +803,75 @@ fn linears_of_one_input_share_its_quantization() {
     }
 }
 
+/// An rms_norm, plain or with its residual chain, whose rows a quantized linear reads packed
+/// quantizes them itself (no act_quant dispatch): the same bits as the separate quantization,
+/// by torchao's and XNNPACK's rounding, for 4- and 8-bit weights, with and without subgroups.
+/// Prefill rows the tiled kernel takes (dequantized floats) keep the separate dispatch.
+#[test]
+fn norms_quantize_for_the_linears_they_feed() {
+    use pteria::ir::ActQuant;
+    let separate = |no_subgroups: bool| {
+        open(ContextOptions {
+            no_subgroups,
+            separate_quant: true,
+            ..Default::default()
+        })
+    };
+    let pairs = [
+        (ctx(), separate(false), ""),
+        (no_subgroup_ctx(), separate(true), " (no subgroups)"),
+    ];
+    let mut rng = Rng::new(27);
+    let formats = [
+        (Weight::Q4 { group: 32 }, ActQuant::Torchao),
+        (Weight::Q8 { group: 32 }, ActQuant::Torchao),
+        (Weight::Q4 { group: 32 }, ActQuant::Xnnpack),
+        (Weight::Q8 { group: 16 }, ActQuant::Xnnpack),
+    ];
+    for (m, k) in [(1usize, 256usize), (3, 1536), (20, 96)] {
+        for (w, aq) in formats {
+            let mut t = T::default();
+            let f = DType::F32;
+            let sh = [m, k];
+            let x = t.input_f(&sh, &rng.floats(m * k, 3.0));
+            let r = t.input_f(&sh, &rng.floats(m * k, 2.0));
+            let nw = t.const_f(&[k], &rng.floats(k, 1.5));
+            let scale = t.const_f(&[1], &[0.625]);
+            // A layer's input norm feeding q/k-like linears, then a post-norm with its residual
+            // add (an RmsNormChain once fused) feeding one more.
+            let n1 = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![x, nw], f, &sh);
+            linears_of(&mut t, &mut rng, n1, [m, k], &[(w, aq, 40), (w, aq, 24)]);
+            let n2 = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![n1], f, &sh);
+            let m2 = t.op(OpKind::Binary(BinaryOp::Mul), vec![n2, scale], f, &sh);
+            let a2 = t.op(OpKind::Binary(BinaryOp::Add), vec![m2, r], f, &sh);
+            t.out(a2);
+            linears_of(&mut t, &mut rng, a2, [m, k], &[(w, aq, 17)]);
+            pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
+            assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 1);
+            let xnn = aq == ActQuant::Xnnpack;
+            for (fused, apart, name) in &pairs {
+                let (Some(fused), Some(apart)) = (fused.clone(), apart.clone()) else {
+                    continue;
+                };
+                let what = format!("{m}x{k} norms quantizing for {w:?}/{aq:?}{name}");
+                let mut gpu = check_on(fused, &what, &t, TOL, 0.05);
+                let mut one = GpuExecutor::new(apart, t.g.clone()).unwrap();
+                let vals = values(&t.inputs);
+                let got = gpu.run(&vals).unwrap();
+                let want = one.run(&vals).unwrap();
+                assert!(
+                    got == want,
+                    "{what}: differs from the separate quantization"
+                );
+                // Packed rows (decode mat-vecs, XNNPACK's GEMM at any M) save both quantizations.
+                let saved = if m <= 8 || xnn { 2 } else { 0 };
+                let (a, b) = (gpu.stats().last_dispatches, one.stats().last_dispatches);
+                assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
+            }
+        }
+    }
+}
+
 /// Linears of one input, activation quantization and weight format run in pairs as one
 /// dispatch: the same bits as one dispatch each, with and without subgroups, for decode and
 /// prefill rows, odd N, every weight format; pairs too large to share a binding stay apart.

@@ -17,9 +17,14 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         ),
         "rms_norm" => concat!(
             include_str!("../../kernels/chain.wgsl"),
+            include_str!("../../kernels/quant.wgsl"),
             include_str!("../../kernels/rms_norm.wgsl")
         ),
-        "linear" => include_str!("../../kernels/linear.wgsl"),
+        // Activation quantization (quant.wgsl) is shared with rms_norm, which can do it too.
+        "linear" => concat!(
+            include_str!("../../kernels/quant.wgsl"),
+            include_str!("../../kernels/linear.wgsl")
+        ),
         "matmul" => include_str!("../../kernels/matmul.wgsl"),
         "embedding" => include_str!("../../kernels/embedding.wgsl"),
         "softmax" => include_str!("../../kernels/softmax.wgsl"),
@@ -73,6 +78,9 @@ pub struct ContextOptions {
     /// Hold KV caches (State tensors that a cache update writes) as f16, half the bytes; all
     /// math stays f32. Off by default: its error against f32 is measured, not assumed (README).
     pub f16_kv_cache: bool,
+    /// Quantize a linear's activations in their own dispatch, never in the rms_norm that
+    /// produces them (tests compare).
+    pub separate_quant: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -135,6 +143,7 @@ pub struct Context {
     max_binding: u64,
     separate_linears: bool,
     f16_kv_cache: bool,
+    separate_quant: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -254,6 +263,7 @@ impl Context {
             max_binding,
             separate_linears: opts.separate_linears,
             f16_kv_cache: opts.f16_kv_cache,
+            separate_quant: opts.separate_quant,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -332,6 +342,10 @@ impl Context {
     /// Whether executors hold KV caches as f16 (`ContextOptions::f16_kv_cache`).
     pub fn f16_kv_cache(&self) -> bool {
         self.f16_kv_cache
+    }
+
+    pub(crate) fn fuse_quant(&self) -> bool {
+        !self.separate_quant
     }
 
     pub(crate) fn max_workgroups(&self) -> u32 {

@@ -181,6 +181,7 @@ impl GpuExecutor {
             ctx.max_storage_binding(),
             ctx.merge_linears(),
             ctx.f16_kv_cache(),
+            ctx.fuse_quant(),
         );
         for (n, node) in graph.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };
@@ -722,6 +723,10 @@ impl GpuExecutor {
                 .get(k)
                 .copied()
                 .ok_or_else(|| missing(format!("scratch {k}"))),
+            Res::ScratchOf(n, k) => self.mem.scratch[n]
+                .get(k)
+                .copied()
+                .ok_or_else(|| missing(format!("node {n}'s scratch {k}"))),
             Res::Tensor(t) => {
                 let place = &self.mem.place[self.mem.root[t]];
                 match place.as_slice() {

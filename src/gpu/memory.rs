@@ -72,6 +72,12 @@ pub(crate) struct MemoryPlan {
     pub partner: Vec<Option<usize>>,
     /// Per node: the linear that computes this one's rows (the inverse of `partner`).
     pub merged_into: Vec<Option<usize>>,
+    /// Per node: for an rms_norm whose output a quantized linear quantizes first, that linear;
+    /// the norm writes the quantized rows into the linear's scratch (allocated at the norm) where
+    /// the linear takes them packed (`ops::prequantized`), saving a dispatch on the decode path.
+    pub quant_into: Vec<Option<usize>>,
+    /// The inverse of `quant_into`: per linear, the norm that quantizes its input.
+    pub quant_by: Vec<Option<usize>>,
     pub buffers: Vec<BufferSpec>,
 }
 
@@ -141,6 +147,7 @@ impl MemoryPlan {
         max_binding: u64,
         merge: bool,
         f16_kv: bool,
+        fuse_quant: bool,
     ) -> (MemoryPlan, Vec<String>) {
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -441,7 +448,23 @@ impl MemoryPlan {
         // first one's scratch serves the others until the input is written again.
         let mut quant_from: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut last_sharer: Vec<usize> = (0..g.nodes.len()).collect();
+        let mut quant_into: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut quant_by: Vec<Option<usize>> = vec![None; g.nodes.len()];
         {
+            // The rms_norm (plain or with a chain; not rotated) that writes a tensor, by root.
+            let mut norm_of: Vec<Option<usize>> = vec![None; nt];
+            for (n, node) in g.nodes.iter().enumerate() {
+                if let Node::Op(op) = node {
+                    if matches!(
+                        op.kind,
+                        OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. }
+                    ) {
+                        for &o in &op.outputs {
+                            norm_of[root[o]] = Some(n);
+                        }
+                    }
+                }
+            }
             let mut owners: Vec<((TensorId, String), usize)> = Vec::new();
             for (n, node) in g.nodes.iter().enumerate() {
                 let Node::Op(op) = node else { continue };
@@ -458,7 +481,18 @@ impl MemoryPlan {
                                 quant_from[n] = Some(m);
                                 last_sharer[m] = n;
                             }
-                            None => owners.push((key, n)),
+                            None => {
+                                owners.push((key, n));
+                                let by = norm_of[root[op.inputs[0]]];
+                                if let Some(pn) = by.filter(|&pn| {
+                                    fuse_quant
+                                        && quant_into[pn].is_none()
+                                        && !matches!(weight, crate::ir::Weight::F32)
+                                }) {
+                                    quant_into[pn] = Some(n);
+                                    quant_by[n] = Some(pn);
+                                }
+                            }
                         }
                     }
                 }
@@ -504,6 +538,14 @@ impl MemoryPlan {
                     place[t].push(take(bytes[t], &mut buffers, &mut free));
                 }
             }
+            // A norm quantizing for a linear writes that linear's scratch: it lives from here.
+            if let Some(l) = quant_into[n] {
+                if let Node::Op(lop) = &g.nodes[l] {
+                    for s in ops::scratch_bytes(g, lop) {
+                        scratch[l].push(take(s, &mut buffers, &mut free));
+                    }
+                }
+            }
             match quant_from[n] {
                 Some(m) => {
                     scratch[n] = scratch[m].clone();
@@ -512,8 +554,10 @@ impl MemoryPlan {
                     }
                 }
                 None => {
-                    for s in ops::scratch_bytes(g, op) {
-                        scratch[n].push(take(s, &mut buffers, &mut free));
+                    if quant_by[n].is_none() {
+                        for s in ops::scratch_bytes(g, op) {
+                            scratch[n].push(take(s, &mut buffers, &mut free));
+                        }
                     }
                     if last_sharer[n] == n {
                         free.extend(scratch[n].iter().copied());
@@ -536,6 +580,8 @@ impl MemoryPlan {
             quant_from,
             partner,
             merged_into,
+            quant_into,
+            quant_by,
             buffers,
         };
         (plan, errors)

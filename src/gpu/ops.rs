@@ -27,6 +27,8 @@ pub(crate) enum Res {
     Chunk(TensorId, usize),
     /// Scratch buffer `k` of the op being built.
     Scratch(usize),
+    /// Scratch buffer `k` of another node (a linear whose input this op quantizes).
+    ScratchOf(usize, usize),
     Dummy,
 }
 
@@ -671,7 +673,9 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             None,
             convert(env, x, out, true),
         ),
-        OpKind::RmsNorm { eps } => rms_norm(env, op, *eps, op.inputs.len() > 1, NormThen::Store)?,
+        OpKind::RmsNorm { eps } => {
+            rms_norm(env, node, op, *eps, op.inputs.len() > 1, NormThen::Store)?
+        }
         OpKind::RmsNormChain {
             eps,
             weighted,
@@ -679,7 +683,7 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             steps,
         } => {
             let then = NormThen::Chain(*norm_input, steps);
-            rms_norm(env, op, *eps, *weighted, then)?
+            rms_norm(env, node, op, *eps, *weighted, then)?
         }
         OpKind::RmsNormRope {
             eps,
@@ -690,7 +694,7 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             start,
         } => {
             let then = NormThen::Rope(*style, *rotary, *seq_dim, *start);
-            rms_norm(env, op, *eps, *weighted, then)?
+            rms_norm(env, node, op, *eps, *weighted, then)?
         }
         OpKind::Softmax => {
             let d = *oshape.last().ok_or("softmax of a scalar")?;
@@ -1097,6 +1101,7 @@ enum NormThen<'a> {
 /// other inputs or the cos/sin tables.
 fn rms_norm(
     env: &Env,
+    node: usize,
     op: &Op,
     eps: f32,
     has_w: bool,
@@ -1187,7 +1192,7 @@ fn rms_norm(
     let mut inputs = vec![Res::Tensor(op.inputs[0]), w];
     inputs.extend(others.iter().map(|&t| Res::Tensor(t)));
     inputs.resize(2 + CHAIN_INPUTS - 1, Res::Dummy);
-    Ok(vec![step(
+    let mut s = step(
         "rms_norm",
         if vec4 { "main4" } else { "main" },
         consts,
@@ -1195,11 +1200,72 @@ fn rms_norm(
         Res::Tensor(out),
         inputs,
         env.grid(rows, 1),
-    )])
+    );
+    // The quantized linear reading this norm's rows takes them packed from here (quant.wgsl).
+    if let Some((l, quant)) =
+        env.mem.quant_into[node].and_then(|l| Some((l, prequantized(env, l)?)))
+    {
+        s.constants.extend([
+            ("QUANT", if quant.nibble_order { 1.0 } else { 2.0 }),
+            ("XNN_ROUNDING", b(quant.xnn)),
+        ]);
+        s.writes = vec![Res::ScratchOf(l, 0)];
+        s.entry = "main4_quant";
+    }
+    Ok(vec![s])
 }
 
 /// Rows of x up to which the mat-vec kernel (weights re-read per row) beats the tiled one.
 const MATVEC_MAX_M: usize = 8;
+
+/// Whether a linear with activation quantization reads its input as `act_quant_packed` int8
+/// words (the decode mat-vec and XNNPACK's exact GEMM) rather than quantize-dequantized floats.
+fn int_x(weight: Weight, act_quant: crate::ir::ActQuant, k: usize, n: usize, m: usize) -> bool {
+    let kind_q = !matches!(weight, Weight::F32);
+    let matvec = m <= MATVEC_MAX_M && matvec_aligned(weight, k);
+    let xnn_exact = act_quant == crate::ir::ActQuant::Xnnpack && kind_q;
+    act_quant != crate::ir::ActQuant::None
+        && kind_q
+        && ((matvec && quad_matvec(weight, k, n).is_some())
+            || (xnn_exact && matvec_aligned(weight, k)))
+}
+
+/// How the norm that produces linear `l`'s input (`MemoryPlan::quant_into`) packs it for `l`.
+struct Prequant {
+    /// 4-bit weights: each 8 elements in a weight word's nibble order.
+    nibble_order: bool,
+    xnn: bool,
+}
+
+/// Whether linear `l` takes its input already quantized by the rms_norm that produced it: for
+/// these shapes `l` reads packed int8 words, and the norm's rows are `l`'s rows in whole 16-byte
+/// words (8 elements for 4-bit). Both the norm and the linear ask, so they agree.
+fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
+    let pn = env.mem.quant_by.get(l).copied().flatten()?;
+    let (crate::ir::Node::Op(lop), crate::ir::Node::Op(nop)) =
+        (&env.graph.nodes[l], &env.graph.nodes[pn])
+    else {
+        return None;
+    };
+    let OpKind::Linear {
+        weight, act_quant, ..
+    } = lop.kind
+    else {
+        return None;
+    };
+    let x = lop.inputs[0];
+    let k = *env.shape(x).last()?;
+    let n = *env.shape(lop.outputs[0]).last()?;
+    let m = env.numel(x).checked_div(k)?;
+    let d = *env.shape(nop.outputs[0]).last()?;
+    let nibble_order = matches!(weight, Weight::Q4 { .. });
+    let whole = d % if nibble_order { 8 } else { 4 } == 0;
+    (int_x(weight, act_quant, k, n, m) && d == k && env.numel(nop.outputs[0]) == m * k && whole)
+        .then_some(Prequant {
+            nibble_order,
+            xnn: act_quant == crate::ir::ActQuant::Xnnpack,
+        })
+}
 
 fn linear(
     env: &Env,
@@ -1257,11 +1323,11 @@ fn linear(
         ));
     }
     // Dynamic int8 activations meet 4/8-bit weights in integer dot products on the decode path.
-    let int_x = act_quant != crate::ir::ActQuant::None
-        && kind != 0
-        && ((matvec && quad_matvec(weight, k, nn).is_some()) || xnn_exact);
-    // An earlier linear of the same input left its quantized rows in the scratch we share.
-    let shared = env.mem.quant_from.get(node).copied().flatten().is_some();
+    let int_x = int_x(weight, act_quant, k, nn, m);
+    // An earlier linear of the same input left its quantized rows in the scratch we share, or
+    // the norm that produced the input quantized it into ours.
+    let shared = env.mem.quant_from.get(node).copied().flatten().is_some()
+        || prequantized(env, node).is_some();
     if act_quant != crate::ir::ActQuant::None && shared {
         xsrc = Res::Scratch(0);
     } else if act_quant != crate::ir::ActQuant::None {

@@ -1,0 +1,140 @@
+// Dynamic per-row int8 activation quantization (the 8da4w linears' `act_quant`), shared by
+// linear.wgsl's act_quant entries and the rms_norm kernel, which quantizes the row it has just
+// normed for the quantized linear that reads it (no act_quant dispatch on the decode path).
+// The including kernel has `WG` and `SG_LANES` overrides.
+
+// XNNPACK's qd8 rounding (x · (255 / range)) instead of torchao's (x / (range / 255)).
+override XNN_ROUNDING: bool = false;
+
+// a / b correctly rounded (to nearest, ties to even), as the CPU reference divides: WGSL's
+// division may be off by ulps (it is on NVIDIA), which moves values sitting on rounding ties, and
+// fma is not fused everywhere (lavapipe), so a residual step cannot fix it. Long division of the
+// 24-bit significands in integers, 7 quotient bits per u32 division (4 dependent steps, where
+// one bit per step took 25 on every quantization's critical path); zeros, subnormals,
+// infinities and NaN take plain division.
+fn div_rn(a: f32, b: f32) -> f32 {
+    let ua = bitcast<u32>(a);
+    let ub = bitcast<u32>(b);
+    let ea = (ua >> 23u) & 0xffu;
+    let eb = (ub >> 23u) & 0xffu;
+    if ea == 0u || eb == 0u || ea == 255u || eb == 255u {
+        return a / b;
+    }
+    let ma = (ua & 0x7fffffu) | 0x800000u;
+    let mb = (ub & 0x7fffffu) | 0x800000u;
+    var e = i32(ea) - i32(eb) + 127;
+    var rem = ma;
+    if rem < mb {
+        rem = rem << 1u;
+        e -= 1;
+    }
+    // rem in [mb, 2 mb): the leading quotient bit is 1. Then 28 more (rem < 2^24, so rem << 7
+    // fits): 23 for the significand, a guard bit, and 4 that join the remainder in deciding ties.
+    rem -= mb;
+    var q = 1u;
+    for (var i = 0u; i < 4u; i++) {
+        rem = rem << 7u;
+        let d = rem / mb;
+        rem -= d * mb;
+        q = (q << 7u) | d;
+    }
+    let guard = (q >> 4u) & 1u;
+    let sticky = (q & 0xfu) != 0u || rem != 0u;
+    q = q >> 5u;
+    if guard == 1u && (sticky || (q & 1u) == 1u) {
+        q += 1u;
+    }
+    if q == 0x1000000u {
+        q = q >> 1u;
+        e += 1;
+    }
+    if e <= 0 || e >= 255 {
+        return a / b;
+    }
+    return bitcast<f32>(((ua ^ ub) & 0x80000000u) | (u32(e) << 23u) | (q & 0x7fffffu));
+}
+
+var<workgroup> red_lo: array<f32, WG>;
+var<workgroup> red_hi: array<f32, WG>;
+
+// The row's quantization: x ≈ s · (q - zp) with q an integer in [-128, 127].
+struct RowQuant {
+    // torchao: 1 / scale is not used; XNNPACK: mul = 255 / range.
+    mul: f32,
+    s: f32,
+    zp: f32,
+}
+
+// The quantization of a row whose elements this invocation saw span [lo, hi] (each
+// invocation's range includes 0, as both rules' does). Every invocation of the workgroup must
+// call it (barriers).
+fn row_params(lo_t: f32, hi_t: f32, t: u32) -> RowQuant {
+    var lo = lo_t;
+    var hi = hi_t;
+    // Runs of SG_LANES lanes by subgroup shuffles, then their first lanes through shared memory
+    // (min and max are exact: any order gives the same range).
+    // #if subgroups
+    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
+        lo = min(lo, subgroupShuffleXor(lo, d));
+        hi = max(hi, subgroupShuffleXor(hi, d));
+    }
+    // #endif
+    let lanes = max(SG_LANES, 1u);
+    if t % lanes == 0u {
+        red_lo[t / lanes] = lo;
+        red_hi[t / lanes] = hi;
+    }
+    workgroupBarrier();
+    for (var s = WG / lanes / 2u; s > 0u; s = s / 2u) {
+        if t < s {
+            red_lo[t] = min(red_lo[t], red_lo[t + s]);
+            red_hi[t] = max(red_hi[t], red_hi[t + s]);
+        }
+        workgroupBarrier();
+    }
+    let lo_all = red_lo[0];
+    let hi_all = red_hi[0];
+    if XNN_ROUNDING {
+        // XNNPACK multiplies by 255 / range and picks the zero point from whichever end of the
+        // range it represents with less error; ties round differently from torchao's divide.
+        var mul = 1.0;
+        if lo_all != hi_all {
+            mul = div_rn(255.0, hi_all - lo_all);
+        }
+        let lo_m = lo_all * mul;
+        let hi_m = hi_all * mul;
+        var zp = 127.0 - hi_m;
+        if (-128.0 + lo_m) + (127.0 + hi_m) > 0.0 {
+            zp = -128.0 - lo_m;
+        }
+        return RowQuant(mul, div_rn(1.0, mul), round(clamp(zp, -128.0, 127.0)));
+    }
+    let scale = max(div_rn(hi_all - lo_all, 255.0), 1.1920929e-7);
+    return RowQuant(0.0, scale, clamp(-128.0 - round(div_rn(lo_all, scale)), -128.0, 127.0));
+}
+
+// q of one element (an integer-valued float in [-128, 127]).
+fn quantize(v: f32, r: RowQuant) -> f32 {
+    if XNN_ROUNDING {
+        return round(clamp(v * r.mul, -128.0 - r.zp, 127.0 - r.zp)) + r.zp;
+    }
+    // Only a quotient near a rounding tie needs the exact (slow) division.
+    var d = v / r.s;
+    if abs(abs(fract(d)) - 0.5) < 1e-3 {
+        d = div_rn(v, r.s);
+    }
+    return clamp(round(d) + r.zp, -128.0, 127.0);
+}
+
+fn pack4(v: vec4<f32>, r: RowQuant) -> u32 {
+    let q = vec4<i32>(i32(quantize(v.x, r)), i32(quantize(v.y, r)), i32(quantize(v.z, r)),
+                      i32(quantize(v.w, r)));
+    return pack4xI8(q);
+}
+
+// Elements 0..8 of a row (words a, c) packed as a 4-bit weight word's nibbles pair them once
+// masked with 0x0f0f0f0f: (0, 2, 4, 6), (1, 3, 5, 7). The packed layout (linear.wgsl
+// `act_quant_packed`): each row's K / 4 words of signed bytes, then (s, zp) per row.
+fn pack8_nibble_order(a: vec4<f32>, c: vec4<f32>, r: RowQuant) -> vec2<u32> {
+    return vec2<u32>(pack4(vec4<f32>(a.x, a.z, c.x, c.z), r), pack4(vec4<f32>(a.y, a.w, c.y, c.w), r));
+}
