@@ -3,7 +3,7 @@
 // (src/gpu/memory.rs); each chunk is one dispatch writing output columns [n0, n0 + n).
 //   act_quant  per-row dynamic int8 quantize-dequantize of x into a scratch buffer (8da4w), by
 //              torchao's or XNNPACK's rounding (XNN_ROUNDING), as the CPU reference does.
-//   matvec     few rows of x (decode): teams of invocations own 4 rows each and read 16-byte
+//   matvec     few rows of x (decode): teams of invocations own 1-4 rows each and read 16-byte
 //              weight quads (needs a quad inside one group: group % 32 for 4-bit, % 16 for
 //              8-bit, K % 4 for f32); team sums by subgroup shuffles or shared memory.
 //   matvec_q   the same for smaller groups: 8 rows per workgroup, single packed words; needs
@@ -247,14 +247,18 @@ fn matvec_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 }
 
 // ---- matvec: the decode path ----
-// A team of TEAM consecutive invocations owns 4 rows; each invocation walks the rows' 16-byte
+// A team of TEAM consecutive invocations owns RPT rows; each invocation walks the rows' 16-byte
 // weight quads (32 nibbles, 16 bytes or 4 floats, all in one group) TEAM apart, so one load of x
-// serves 4 rows and a team reads its rows contiguously. Teams are as wide as it takes to keep
+// serves RPT rows and a team reads its rows contiguously. Teams are as wide as it takes to keep
 // enough loads in flight: a few hundred rows of a long K need whole workgroups per row.
 // Nibbles become floats by the exponent trick (or-ing 0x4B000000 makes 2^23 + n, exact):
 // integer-to-float conversion runs at a fraction of the FMA rate on most GPUs.
 // Needs K % (elements per quad) == 0 and, quantized, GROUP % (elements per quad) == 0.
 override TEAM: u32 = 16u;
+// Rows a team owns (4, 2 or 1): fewer where there are few rows, so that more warps share the
+// work (a decode mat-vec of a few hundred rows is otherwise a handful of warps per SM, each with
+// a long chain of dependent instructions).
+override RPT: u32 = 4u;
 // Lanes summed by subgroup shuffles (a power of two up to the subgroup size; 1: none), the
 // rest of the team through shared memory.
 override SG_LANES: u32 = 1u;
@@ -377,7 +381,7 @@ fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) 
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
     let lane = t % TEAM;
-    let row0 = ((wg.x + wg.y * nwg.x) * (WG / TEAM) + t / TEAM) * 4u;
+    let row0 = ((wg.x + wg.y * nwg.x) * (WG / TEAM) + t / TEAM) * RPT;
     let m = wg.z;
     // x vec4s per quad: 8 (4-bit), 4 (8-bit), 1 (f32).
     let xq = select(select(1u, 4u, KIND == 2u), 8u, KIND == 1u);
@@ -409,8 +413,14 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
                 + dot4I8Packed(xa.z, ones) + dot4I8Packed(xa.w, ones)
                 + dot4I8Packed(xb.x, ones) + dot4I8Packed(xb.y, ones)
                 + dot4I8Packed(xb.z, ones) + dot4I8Packed(xb.w, ones));
-            acc += vec4<f32>(int_dot(r0, quads, i, xa, xb, sq), int_dot(r1, quads, i, xa, xb, sq),
-                             int_dot(r2, quads, i, xa, xb, sq), int_dot(r3, quads, i, xa, xb, sq));
+            acc.x += int_dot(r0, quads, i, xa, xb, sq);
+            if RPT > 1u {
+                acc.y += int_dot(r1, quads, i, xa, xb, sq);
+            }
+            if RPT > 2u {
+                acc.z += int_dot(r2, quads, i, xa, xb, sq);
+                acc.w += int_dot(r3, quads, i, xa, xb, sq);
+            }
         }
     }
     for (var i = lane; i < quads && !INT_X; i += TEAM) {
@@ -432,12 +442,18 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             sum4 += xs[4] + xs[5] + xs[6] + xs[7];
         }
         let sx = dot(sum4, vec4<f32>(1.0));
-        acc += vec4<f32>(quad_dot(r0, quads, i, xs, sx), quad_dot(r1, quads, i, xs, sx),
-                         quad_dot(r2, quads, i, xs, sx), quad_dot(r3, quads, i, xs, sx));
+        acc.x += quad_dot(r0, quads, i, xs, sx);
+        if RPT > 1u {
+            acc.y += quad_dot(r1, quads, i, xs, sx);
+        }
+        if RPT > 2u {
+            acc.z += quad_dot(r2, quads, i, xs, sx);
+            acc.w += quad_dot(r3, quads, i, xs, sx);
+        }
     }
     let s = team_sum(acc, t, lane);
     let row = row0 + lane;
-    if lane < 4u && row < p.n {
+    if lane < RPT && row < p.n {
         var v = s[lane];
         if INT_X {
             v *= s_x;

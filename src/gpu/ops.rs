@@ -1000,12 +1000,14 @@ fn matvec_aligned(weight: Weight, k: usize) -> bool {
     }
 }
 
-/// `(TEAM, WG)` of the `matvec` kernel for a weight of `n` rows of `k`, or `None` where its
-/// 16-byte quads would straddle a group (or K). A team of lanes shares 4 rows and walks about 4
-/// quads each; workgroups shrink (down to 64 invocations) until there are a few hundred of them,
-/// so small N still spreads over the device. `PTERIA_MATVEC_TUNE=TEAM,WG` overrides both, for
+/// `(TEAM, WG, RPT)` of the `matvec` kernel for a weight of `n` rows of `k`, or `None` where
+/// its 16-byte quads would straddle a group (or K). A team of lanes shares RPT rows and walks
+/// the quads TEAM apart. A decode mat-vec is latency-bound unless it reads hundreds of MB: so
+/// teams widen until each lane has one quad (or the team is 256 wide) while the grid is small,
+/// and teams own fewer rows (4, 2 or 1) until about 64k invocations share the work. A row's
+/// arithmetic depends on TEAM, not RPT. `PTERIA_MATVEC_TUNE=TEAM,WG[,RPT]` overrides, for
 /// benchmark sweeps.
-fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize)> {
+fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize, usize)> {
     let per_quad = match weight {
         Weight::F32 => 4,
         Weight::Q4 { group } if group % 32 == 0 => 32,
@@ -1015,30 +1017,36 @@ fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize)> {
     if k % per_quad != 0 {
         return None;
     }
-    static TUNE: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
+    static TUNE: std::sync::OnceLock<Option<(usize, usize, usize)>> = std::sync::OnceLock::new();
     let tune = TUNE.get_or_init(|| {
         let v = std::env::var("PTERIA_MATVEC_TUNE").ok()?;
-        let (t, w) = v.split_once(',')?;
-        let (t, w) = (
-            t.trim().parse::<usize>().ok()?,
-            w.trim().parse::<usize>().ok()?,
-        );
-        let ok = t.is_power_of_two() && (4..=256).contains(&t) && w.is_power_of_two();
-        (ok && w >= t && w <= 256).then_some((t, w))
+        let mut it = v.split(',').map(|t| t.trim().parse::<usize>().ok());
+        let (t, w) = (it.next()??, it.next()??);
+        let r = it.next().flatten().unwrap_or(4);
+        let ok = t.is_power_of_two()
+            && (4..=256).contains(&t)
+            && w.is_power_of_two()
+            && matches!(r, 1 | 2 | 4);
+        (ok && w >= t && w <= 256).then_some((t, w, r))
     });
     if let Some(t) = *tune {
         return Some(t);
     }
     let quads = k / per_quad;
-    // Widen teams until about 128k invocations share the rows (enough loads in flight to
-    // cover memory latency; a few hundred rows of a long K need teams of 256) and no lane walks
-    // more than 8 quads, but never past the quads a row has. Measured on an H100: 64-wide
-    // workgroups do as well as larger ones for narrow teams.
+    // Measured on an H100: lanes with one quad each beat two (5.0 against 6.0 us per link of a
+    // chain of dependent 1536x1536 4-bit mat-vecs); then fewer rows per team until 128k
+    // invocations (E2B-shaped decode step 4.86 -> 4.77 ms of GPU time; 64k: 4.80, 256k: 4.78).
+    // 64-wide workgroups do as well as larger ones for narrow teams. Many rows (the LM head)
+    // keep narrower teams: it is bandwidth-bound.
     let mut team = 4;
-    while team < 256 && team * 2 <= quads && (n.div_ceil(4) * team < 131072 || quads > 8 * team) {
+    while team < 256 && team < quads && (n.div_ceil(4) * team < 131072 || quads > 8 * team) {
         team *= 2;
     }
-    Some((team, team.max(64)))
+    let mut rpt = 4;
+    while rpt > 1 && n.div_ceil(rpt) * team < 131072 {
+        rpt /= 2;
+    }
+    Some((team, team.max(64), rpt))
 }
 
 /// Outputs per workgroup of `matvec_q` (its `ROWS`).
@@ -1439,10 +1447,11 @@ fn linear(
                 inputs,
                 env.grid(nc.div_ceil(xr), m.div_ceil(xm)),
             ));
-        } else if let Some((team, wg)) = quad {
+        } else if let Some((team, wg, rpt)) = quad {
             consts.extend([
                 ("TEAM", team as f64),
                 ("WG", wg as f64),
+                ("RPT", rpt as f64),
                 ("INT_X", b(int_x)),
                 (
                     "SG_LANES",
@@ -1456,7 +1465,7 @@ fn linear(
                 p,
                 Res::Tensor(out),
                 inputs,
-                env.grid(nc.div_ceil(wg / team * 4), m),
+                env.grid(nc.div_ceil(wg / team * rpt), m),
             ));
         } else if matvec && kind == 0 {
             consts.extend([
