@@ -33,6 +33,7 @@ fn kernel_bench_reports_every_shape_and_format() {
     assert!(ok, "{err}");
     let v = json(&out);
     assert!(v["stream_gb_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["dependent_dispatch_us"].as_f64().unwrap() > 0.0, "{v}");
     let rows = v["matvec"].as_array().unwrap();
     assert_eq!(rows.len(), 6, "{v}");
     for r in rows {
@@ -99,6 +100,14 @@ fn check_program_report(v: &Value, gpu: bool) {
     if gpu {
         // The tiny model's weights alone are a few hundred KiB.
         assert!(v["gpu_bytes"].as_u64().unwrap() > 100 << 10, "{v}");
+        // The step's replay against the floor its dispatch chain sets, from the parts reported.
+        let (us, n, d) = (
+            v["decode_replay_gpu_us"].as_f64().unwrap(),
+            v["dispatches_per_token"].as_f64().unwrap(),
+            v["dependent_dispatch_us"].as_f64().unwrap(),
+        );
+        let f = v["decode_vs_dispatch_floor"].as_f64().unwrap();
+        assert!(d > 0.0 && (f - us / (n * d)).abs() <= 1e-9 * f, "{v}");
         let ops = v["decode_ops"].as_array().unwrap();
         if let Some(total) = v["decode_gpu_us"].as_f64() {
             assert!(ops

@@ -116,6 +116,11 @@ struct ProgramReport {
     stream_gb_per_s: Option<f64>,
     /// decode_replay_gpu_us over (decode_weight_bytes / stream bandwidth).
     decode_vs_bandwidth_floor: Option<f64>,
+    /// GPU time of a dispatch that waits for the one before, µs (`gpu::bench::dependent_dispatch`).
+    dependent_dispatch_us: Option<f64>,
+    /// decode_replay_gpu_us over (dispatches_per_token × dependent_dispatch_us): how far a step is
+    /// from the floor its chain of dispatches sets.
+    decode_vs_dispatch_floor: Option<f64>,
 }
 
 fn program(a: &Args, file: &std::path::Path) -> Result<()> {
@@ -134,6 +139,20 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         bail!("--kv f16 needs the GPU executor (--device gpu)");
     }
     let gpu_ctx = gpu_ctx.map(Arc::new);
+    // The yardsticks, before the model's gigabytes are allocated.
+    let stream = match &gpu_ctx {
+        Some(ctx) if a.decode > 0 => Some(
+            pteria::gpu::bench::stream_bandwidth(ctx, 256 << 20, 0.3)
+                .map_err(anyhow::Error::msg)?,
+        ),
+        _ => None,
+    };
+    let dependent = match &gpu_ctx {
+        Some(ctx) if a.decode > 0 => {
+            Some(pteria::gpu::bench::dependent_dispatch(ctx, 0.2).map_err(anyhow::Error::msg)?)
+        }
+        _ => None,
+    };
     let (make, handles, device_name) = match &gpu_ctx {
         Some(ctx) => {
             let name = ctx.adapter().to_string();
@@ -262,13 +281,6 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             ops.sort_by(|x, y| y.us.total_cmp(&x.us));
         }
     }
-    let stream = match &gpu_ctx {
-        Some(ctx) if a.decode > 0 => Some(
-            pteria::gpu::bench::stream_bandwidth(ctx, 256 << 20, 0.3)
-                .map_err(anyhow::Error::msg)?,
-        ),
-        _ => None,
-    };
     let floor = match (replay_us, weight_bytes, stream) {
         (Some(us), Some(b), Some(bw)) if b > 0 => Some(us * 1e-6 / (b as f64 / bw)),
         _ => None,
@@ -297,6 +309,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         decode_weight_bytes: weight_bytes,
         stream_gb_per_s: stream.map(|b| b / 1e9),
         decode_vs_bandwidth_floor: floor,
+        dependent_dispatch_us: dependent.map(|s| s * 1e6),
+        decode_vs_dispatch_floor: match (replay_us, dispatches, dependent) {
+            (Some(us), Some(n), Some(d)) if n > 0 => Some(us * 1e-6 / (n as f64 * d)),
+            _ => None,
+        },
         file: file.display().to_string(),
         device: device_name,
         load_s,
@@ -372,6 +389,17 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
              {bw:.0} GB/s copy bandwidth = {:.1} us floor; ratio {f:.2}x",
             b as f64 / 1048576.0,
             b as f64 / (bw * 1e9) * 1e6
+        );
+    }
+    if let (Some(d), Some(n), Some(f)) = (
+        report.dependent_dispatch_us,
+        report.dispatches_per_token,
+        report.decode_vs_dispatch_floor,
+    ) {
+        println!(
+            "a dispatch that waits for the one before: {d:.2} us; {n} of them = {:.1} us floor; \
+             ratio {f:.2}x",
+            n as f64 * d
         );
     }
     if let Some(us) = report.decode_gpu_us {
@@ -455,6 +483,10 @@ fn kernels(a: &Args) -> Result<()> {
             report.stream_gb_per_s,
             report.stream_bytes >> 20,
             report.timestamps
+        );
+        println!(
+            "a dispatch that waits for the one before: {:.2} us",
+            report.dependent_dispatch_us
         );
     }
     Ok(())

@@ -136,6 +136,8 @@ pub struct KernelReport {
     /// Streaming copy, read plus write bytes per second, in GB/s.
     pub stream_gb_per_s: f64,
     pub stream_bytes: u64,
+    /// GPU time of a dispatch that waits for the one before (`dependent_dispatch`), in µs.
+    pub dependent_dispatch_us: f64,
     pub matvec: Vec<MatVecResult>,
 }
 
@@ -169,7 +171,9 @@ fn shared(bytes: Vec<u8>) -> Blob {
     Blob::whole(Arc::new(Bytes::Owned(bytes)))
 }
 
-/// Seconds per replay, with enough replays to span about `seconds` of GPU time.
+/// Seconds per replay, with enough replays to span about `seconds` of GPU time, after as many
+/// unmeasured: an idle GPU runs at low clocks at first (on an H100 the same copy measured 1377
+/// or 2486 GB/s, and a dependent dispatch 2.2 or 6.4 us, as the first thing a process timed).
 fn measure(
     gpu: &mut GpuExecutor,
     inputs: &[InputValue],
@@ -177,6 +181,7 @@ fn measure(
 ) -> Result<(f64, bool), GpuError> {
     let first = gpu.time_replays(inputs, 1)?;
     let reps = (seconds / first.seconds.max(1e-7)).clamp(2.0, 500.0) as u32;
+    gpu.time_replays(inputs, reps)?;
     let t = gpu.time_replays(inputs, reps)?;
     Ok((t.seconds, t.timestamps))
 }
@@ -198,6 +203,32 @@ pub fn stream_bandwidth(ctx: &Arc<Context>, bytes: u64, seconds: f64) -> Result<
     let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
     let (s, _) = measure(&mut gpu, &inputs, seconds)?;
     Ok(2.0 * n as f64 * 4.0 / s)
+}
+
+/// GPU time of one dispatch that must wait for the one before (a barrier between them), in
+/// seconds: a chain of 256 element-wise negations of 1536 floats, each reading the last one's
+/// output. A decode step is such a chain, so this times its dispatch count is its floor however
+/// few bytes its kernels move.
+pub fn dependent_dispatch(ctx: &Arc<Context>, seconds: f64) -> Result<f64, GpuError> {
+    let (links, d) = (256, 1536);
+    let mut g = Graph::default();
+    let x = g.add_tensor("x", DType::F32, vec![1, d], Role::Input(0));
+    g.inputs.push(Io::Tensor(x));
+    let mut t = x;
+    for i in 0..links {
+        let y = g.add_tensor(format!("t{i}"), DType::F32, vec![1, d], Role::Activation);
+        g.op(OpKind::Unary(crate::ir::UnaryOp::Neg), vec![t], vec![y]);
+        t = y;
+    }
+    g.outputs.push(t);
+    let data = floats(d, 7, -1.0, 2.0);
+    let inputs = [InputValue::Tensor {
+        shape: vec![1, d],
+        data: &data,
+    }];
+    let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
+    let (s, _) = measure(&mut gpu, &inputs, seconds)?;
+    Ok(s / links as f64)
 }
 
 /// One case: `layers` mat-vecs 1×K → N, each with its own weight buffers, in one graph.
@@ -308,6 +339,7 @@ pub fn kernel_bench(
 ) -> Result<KernelReport, GpuError> {
     let copy_bytes = opts.copy_bytes.min(ctx.max_storage_binding());
     let stream = stream_bandwidth(ctx, copy_bytes, opts.seconds)?;
+    let dependent = dependent_dispatch(ctx, opts.seconds)?;
     let mut rows = Vec::new();
     for &case in &opts.weights {
         for &(k, n) in &opts.shapes {
@@ -333,6 +365,7 @@ pub fn kernel_bench(
         subgroups: ctx.adapter().subgroup_sizes,
         stream_gb_per_s: stream / 1e9,
         stream_bytes: copy_bytes,
+        dependent_dispatch_us: dependent * 1e6,
         matvec: rows,
     })
 }
