@@ -6,6 +6,9 @@
 // power of two).
 
 // RmsNormRope: the normed row rotated (`rotated`) instead of stored as it is.
+// NORM off (main4_quant only): no norm, the row is the chain of x and the other inputs: an
+// ElementwiseChain (the per-layer input's gelu · gate) whose short rows a quantized linear reads
+// runs here, where a workgroup owns a row and can take its range for the quantization.
 // QUANT (main4_quant, not ROPE): the stored row also quantized to int8 for the linear that reads it,
 // packed as linear.wgsl's `act_quant_packed` packs it into that linear's scratch (binding 7),
 // which then skips its own quantization dispatch (src/gpu/ops.rs `prequantized`).
@@ -40,6 +43,7 @@ override HAS_W: bool = false;
 // Lanes summed by subgroup shuffles (a power of two up to the subgroup size; 1: none).
 override SG_LANES: u32 = 1u;
 override CHAIN: bool = false;
+override NORM: bool = true;
 // The chain's other inputs: how many; whether one differs in shape from x (and is not a
 // single element, which OP<k>_ONE says).
 override N_OPS: u32 = 0u;
@@ -250,7 +254,10 @@ fn norm_row4(row: u32, t: u32) -> vec2<f32> {
         let v = x4[base + j];
         s += dot(v, v);
     }
-    let r = 1.0 / sqrt(workgroup_sum(s, t) / f32(p.d) + p.eps);
+    var r = 1.0;
+    if NORM {
+        r = 1.0 / sqrt(workgroup_sum(s, t) / f32(p.d) + p.eps);
+    }
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
     if t < d4 {

@@ -803,8 +803,9 @@ fn linears_of_one_input_share_its_quantization() {
     }
 }
 
-/// An rms_norm, plain or with its residual chain, whose rows a quantized linear reads packed
-/// quantizes them itself (no act_quant dispatch): the same bits as the separate quantization,
+/// An rms_norm, plain or with its residual chain, or an element-wise chain of short rows, whose
+/// rows a quantized linear reads packed quantizes them itself (no act_quant dispatch; the chain
+/// then runs as a row kernel): the same bits as the separate quantization,
 /// by torchao's and XNNPACK's rounding, for 4- and 8-bit weights, with and without subgroups.
 /// Prefill rows the tiled kernel takes (dequantized floats) keep the separate dispatch.
 #[test]
@@ -828,7 +829,7 @@ fn norms_quantize_for_the_linears_they_feed() {
         (Weight::Q4 { group: 32 }, ActQuant::Xnnpack),
         (Weight::Q8 { group: 16 }, ActQuant::Xnnpack),
     ];
-    for (m, k) in [(1usize, 256usize), (3, 1536), (20, 96)] {
+    for (m, k) in [(1usize, 256usize), (3, 1536), (20, 96), (1, 4096)] {
         for (w, aq) in formats {
             let mut t = T::default();
             let f = DType::F32;
@@ -846,6 +847,11 @@ fn norms_quantize_for_the_linears_they_feed() {
             let a2 = t.op(OpKind::Binary(BinaryOp::Add), vec![m2, r], f, &sh);
             t.out(a2);
             linears_of(&mut t, &mut rng, a2, [m, k], &[(w, aq, 17)]);
+            // The per-layer input's gelu(gate) · input (an ElementwiseChain once fused) feeding
+            // its projection.
+            let ge = t.op(OpKind::Unary(UnaryOp::GeluTanh), vec![x], f, &sh);
+            let gm = t.op(OpKind::Binary(BinaryOp::Mul), vec![ge, r], f, &sh);
+            linears_of(&mut t, &mut rng, gm, [m, k], &[(w, aq, 29)]);
             pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
             assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 1);
             let xnn = aq == ActQuant::Xnnpack;
@@ -863,8 +869,10 @@ fn norms_quantize_for_the_linears_they_feed() {
                     got == want,
                     "{what}: differs from the separate quantization"
                 );
-                // Packed rows (decode mat-vecs, XNNPACK's GEMM at any M) save both quantizations.
-                let saved = if m <= 8 || xnn { 2 } else { 0 };
+                // Packed rows (decode mat-vecs, XNNPACK's GEMM at any M) save all three
+                // quantizations, short chain rows included.
+                let chain = (k <= 2048) as usize;
+                let saved = if m <= 8 || xnn { 2 + chain } else { 0 };
                 let (a, b) = (gpu.stats().last_dispatches, one.stats().last_dispatches);
                 assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
             }

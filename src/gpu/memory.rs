@@ -72,11 +72,12 @@ pub(crate) struct MemoryPlan {
     pub partner: Vec<Option<usize>>,
     /// Per node: the linear that computes this one's rows (the inverse of `partner`).
     pub merged_into: Vec<Option<usize>>,
-    /// Per node: for an rms_norm whose output a quantized linear quantizes first, that linear;
-    /// the norm writes the quantized rows into the linear's scratch (allocated at the norm) where
-    /// the linear takes them packed (`ops::prequantized`), saving a dispatch on the decode path.
+    /// Per node: for an rms_norm or element-wise chain whose output a quantized linear quantizes
+    /// first, that linear; the producer writes the quantized rows into the linear's scratch
+    /// (allocated at the producer) where the linear takes them packed (`ops::prequantized`),
+    /// saving a dispatch on the decode path.
     pub quant_into: Vec<Option<usize>>,
-    /// The inverse of `quant_into`: per linear, the norm that quantizes its input.
+    /// The inverse of `quant_into`: per linear, the producer that quantizes its input.
     pub quant_by: Vec<Option<usize>>,
     pub buffers: Vec<BufferSpec>,
 }
@@ -451,13 +452,16 @@ impl MemoryPlan {
         let mut quant_into: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut quant_by: Vec<Option<usize>> = vec![None; g.nodes.len()];
         {
-            // The rms_norm (plain or with a chain; not rotated) that writes a tensor, by root.
+            // The row-wise producer (an rms_norm, plain or with a chain but not rotated, or an
+            // element-wise chain) that writes a tensor, by root.
             let mut norm_of: Vec<Option<usize>> = vec![None; nt];
             for (n, node) in g.nodes.iter().enumerate() {
                 if let Node::Op(op) = node {
                     if matches!(
                         op.kind,
-                        OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. }
+                        OpKind::RmsNorm { .. }
+                            | OpKind::RmsNormChain { .. }
+                            | OpKind::ElementwiseChain { .. }
                     ) {
                         for &o in &op.outputs {
                             norm_of[root[o]] = Some(n);

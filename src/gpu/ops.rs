@@ -616,6 +616,18 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
                 vec![Res::Tensor(c), Res::Tensor(a), Res::Tensor(bb)],
             )
         }
+        // Rows a quantized linear reads packed: the row kernel chains and quantizes them.
+        OpKind::ElementwiseChain { steps }
+            if env.mem.quant_into[node]
+                .and_then(|l| prequantized(env, l))
+                .is_some() =>
+        {
+            let mut s = rms_norm(env, node, op, 0.0, false, NormThen::Chain(0, steps))?;
+            for st in &mut s {
+                st.constants.push(("NORM", 0.0));
+            }
+            s
+        }
         OpKind::ElementwiseChain { steps } => {
             let shapes: Vec<&[usize]> = op.inputs.iter().map(|&t| env.shape(t)).collect();
             let bcast = shapes.iter().any(|s| *s != oshape.as_slice());
@@ -1238,6 +1250,9 @@ fn int_x(weight: Weight, act_quant: crate::ir::ActQuant, k: usize, n: usize, m: 
             || (xnn_exact && matvec_aligned(weight, k)))
 }
 
+/// The longest element-wise chain row that quantizes for its linear (`prequantized`).
+const MAX_CHAIN_ROW: usize = 2048;
+
 /// How the norm that produces linear `l`'s input (`MemoryPlan::quant_into`) packs it for `l`.
 struct Prequant {
     /// 4-bit weights: each 8 elements in a weight word's nibble order.
@@ -1266,6 +1281,14 @@ fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
     let n = *env.shape(lop.outputs[0]).last()?;
     let m = env.numel(x).checked_div(k)?;
     let d = *env.shape(nop.outputs[0]).last()?;
+    // A chain's rows are read as its first input's (rms_norm.wgsl with NORM off), and only
+    // short ones: one workgroup walking a long row costs more than the dispatch it saves (E2B's
+    // 6144- and 12288-wide gelu · up rows: 4.76 -> 4.84 ms of GPU time per decode step).
+    if matches!(nop.kind, OpKind::ElementwiseChain { .. })
+        && (env.shape(nop.inputs[0]) != env.shape(nop.outputs[0]) || d > MAX_CHAIN_ROW)
+    {
+        return None;
+    }
     let nibble_order = matches!(weight, Weight::Q4 { .. });
     let whole = d % if nibble_order { 8 } else { 4 } == 0;
     (int_x(weight, act_quant, k, n, m) && d == k && env.numel(nop.outputs[0]) == m * k && whole)
