@@ -1875,6 +1875,61 @@ fn unit_permutes_as_reshapes_match_cpu() {
     check("unit permute as a reshape", &t, TOL, 1e-3);
 }
 
+/// A permute that moves only dims of size 1 in a call (a decode step's attention output,
+/// [1, H, 1, D] -> [1, 1, H, D]) is skipped there and its readers read its input, which stays
+/// live until they have (other ops allocate in between): the same results as the CPU at S = 1,
+/// one dispatch fewer, and the copy still runs at S = 3.
+#[test]
+fn permutes_that_are_views_in_a_call_are_skipped() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(28);
+    let (h, s_max, d) = (3usize, 6usize, 8usize);
+    let mut t = T::default();
+    let f = DType::F32;
+    let x = t.input(f, &[1, h, s_max, d], &[1, h, 1, d], Vec::new());
+    let r = t.input(f, &[1, s_max, h, d], &[1, 1, h, d], Vec::new());
+    let e = t.op(OpKind::Unary(UnaryOp::Exp), vec![x], f, &[1, h, s_max, d]);
+    let perm = OpKind::Permute {
+        perm: vec![0, 2, 1, 3],
+    };
+    let y = t.op(perm, vec![e], f, &[1, s_max, h, d]);
+    // Tensors allocated while y is live, then two readers of y.
+    let a = t.op(OpKind::Unary(UnaryOp::Neg), vec![r], f, &[1, s_max, h, d]);
+    let b = t.op(OpKind::Unary(UnaryOp::Exp), vec![a], f, &[1, s_max, h, d]);
+    let z = t.op(
+        OpKind::Binary(BinaryOp::Mul),
+        vec![y, b],
+        f,
+        &[1, s_max, h, d],
+    );
+    let z2 = t.op(
+        OpKind::Binary(BinaryOp::Add),
+        vec![z, y],
+        f,
+        &[1, s_max, h, d],
+    );
+    t.out(z2);
+    let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+    let mut gpu = GpuExecutor::new(ctx, t.g.clone()).unwrap();
+    let mut dispatches = Vec::new();
+    for s in [1usize, 3, 1] {
+        t.inputs[0] = Val::Tensor(vec![1, h, s, d], f32_bytes(&rng.floats(h * s * d, 1.0)));
+        t.inputs[1] = Val::Tensor(vec![1, s, h, d], f32_bytes(&rng.floats(h * s * d, 1.0)));
+        let vals = values(&t.inputs);
+        let what = format!("permute at S = {s}");
+        compare(
+            &what,
+            &gpu.run(&vals).unwrap(),
+            &cpu.run(&vals).unwrap(),
+            TOL,
+            1e-3,
+        );
+        dispatches.push(gpu.stats().last_dispatches);
+    }
+    assert_eq!(dispatches[0] + 1, dispatches[1], "{dispatches:?}");
+    assert_eq!(dispatches[0], dispatches[2], "{dispatches:?}");
+}
+
 fn decode_graph(layout: AttnLayout, cache: usize, h: usize, d: usize, s_max: usize) -> T {
     let mut t = T::default();
     let xs = attn_shape(layout, 1, s_max, h, d);

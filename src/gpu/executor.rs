@@ -111,6 +111,8 @@ pub struct GpuExecutor {
     syms: usize,
     literals: Vec<i64>,
     literal_slot: HashMap<i64, u32>,
+    /// Per tensor root, whose storage it reads in the call being recorded (`ops::permute_views`).
+    view_of: Vec<crate::ir::TensorId>,
     params: Vec<wgpu::Buffer>,
     param_slots: HashMap<Vec<u32>, (usize, u64)>,
     param_used: u64,
@@ -269,6 +271,7 @@ impl GpuExecutor {
             buffers,
             literals,
             literal_slot,
+            view_of: Vec::new(),
             params: Vec::new(),
             param_slots: HashMap::new(),
             param_used: 0,
@@ -645,6 +648,7 @@ impl GpuExecutor {
 
     fn record(&mut self, plan: &Plan) -> Result<Recording, GpuError> {
         let mut steps: Vec<(usize, Step)> = Vec::new();
+        self.view_of = ops::permute_views(&self.graph, &self.mem, &plan.shapes);
         {
             let slot = |i: Int| -> u32 {
                 match i {
@@ -660,6 +664,7 @@ impl GpuExecutor {
                 max_groups: self.ctx.max_workgroups(),
                 subgroup: self.ctx.subgroup_min(),
                 max_invocations: self.ctx.limits().max_compute_invocations_per_workgroup,
+                view_of: &self.view_of,
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {
                 let Node::Op(op) = node else { continue };
@@ -728,7 +733,8 @@ impl GpuExecutor {
                 .copied()
                 .ok_or_else(|| missing(format!("node {n}'s scratch {k}"))),
             Res::Tensor(t) => {
-                let place = &self.mem.place[self.mem.root[t]];
+                let r = self.mem.root[t];
+                let place = &self.mem.place[self.view_of.get(r).copied().unwrap_or(r)];
                 match place.as_slice() {
                     [b] => Ok(*b),
                     _ => Err(missing(format!(

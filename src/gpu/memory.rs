@@ -79,6 +79,9 @@ pub(crate) struct MemoryPlan {
     pub quant_into: Vec<Option<usize>>,
     /// The inverse of `quant_into`: per linear, the producer that quantizes its input.
     pub quant_by: Vec<Option<usize>>,
+    /// Per node: a permute whose input is kept live as long as its output, so that where it is
+    /// a view for a call's shapes the executor skips it and reads its input instead.
+    pub view_permute: Vec<bool>,
     pub buffers: Vec<BufferSpec>,
 }
 
@@ -282,6 +285,7 @@ impl MemoryPlan {
         let mut first_write = vec![never; nt];
         let mut last_read = vec![0usize; nt];
         let mut used = vec![false; nt];
+        let mut writers = vec![0usize; nt];
         for (n, node) in g.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };
             let weights = ops::weight_tensors(op);
@@ -301,6 +305,7 @@ impl MemoryPlan {
                 let r = root[t];
                 used[r] = true;
                 first_write[r] = first_write[r].min(n);
+                writers[r] += 1;
             }
         }
         for (k, &t) in g.outputs.iter().enumerate() {
@@ -309,6 +314,26 @@ impl MemoryPlan {
             last_read[r] = never;
             if split[r].is_some() && !matches!(g.tensors[r].role, Role::Constant(_)) {
                 errors.push(format!("output {k} is too large to bind"));
+            }
+        }
+        // A permute that moves only dims of size 1 for a call's shapes (a decode step's attention
+        // heads) is a view for that call (`ops::permute_is_view`): its input then lives as long
+        // as its output, so that the executor can read the input in its place and skip the copy.
+        // (Latest first, so that a chain of such permutes keeps its first input.)
+        let mut view_permute = vec![false; g.nodes.len()];
+        for (n, node) in g.nodes.iter().enumerate().rev() {
+            let Node::Op(op) = node else { continue };
+            if let (OpKind::Permute { .. }, Some(&x), Some(&y)) =
+                (&op.kind, op.inputs.first(), op.outputs.first())
+            {
+                let (i, o) = (root[x], root[y]);
+                let act = |t: TensorId| matches!(g.tensors[t].role, Role::Activation);
+                // (Not a graph output: those are read back from their own storage.)
+                let one_writer = writers[o] == 1 && last_read[o] != never;
+                if i != o && act(i) && act(o) && repr[i] == repr[o] && one_writer {
+                    view_permute[n] = true;
+                    last_read[i] = last_read[i].max(last_read[o]);
+                }
             }
         }
         for t in 0..nt {
@@ -586,6 +611,7 @@ impl MemoryPlan {
             merged_into,
             quant_into,
             quant_by,
+            view_permute,
             buffers,
         };
         (plan, errors)

@@ -58,6 +58,39 @@ pub(crate) struct Env<'a> {
     pub subgroup: Option<u32>,
     /// Invocations a workgroup may have.
     pub max_invocations: u32,
+    /// Per tensor root: the root whose storage holds its values in this call (a view permute's
+    /// output reads its input's; `permute_views`), else itself.
+    pub view_of: &'a [TensorId],
+}
+
+/// Whether permuting a tensor of `shape` by `perm` leaves its elements in memory order: the dims
+/// it moves have size 1.
+pub(crate) fn permute_is_view(shape: &[usize], perm: &[usize]) -> bool {
+    let kept: Vec<usize> = perm
+        .iter()
+        .copied()
+        .filter(|&d| shape.get(d) != Some(&1))
+        .collect();
+    kept.windows(2).all(|w| w[0] < w[1])
+}
+
+/// Per tensor root, where its values live in a call of these shapes: view permutes
+/// (`MemoryPlan::view_permute`) read their input's storage.
+pub(crate) fn permute_views(g: &Graph, mem: &MemoryPlan, shapes: &[Vec<usize>]) -> Vec<TensorId> {
+    let mut view: Vec<TensorId> = (0..g.tensors.len()).collect();
+    for (n, node) in g.nodes.iter().enumerate() {
+        let crate::ir::Node::Op(op) = node else {
+            continue;
+        };
+        if let OpKind::Permute { perm } = &op.kind {
+            if mem.view_permute.get(n).copied().unwrap_or(false)
+                && permute_is_view(&shapes[op.inputs[0]], perm)
+            {
+                view[mem.root[op.outputs[0]]] = view[mem.root[op.inputs[0]]];
+            }
+        }
+    }
+    view
 }
 
 impl Env<'_> {
@@ -856,6 +889,8 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
                 gather(env, x, out, &[n], &[1], &[1], 0, None, conv)
             }
         }
+        // A view in this call: its readers read x (`permute_views`).
+        OpKind::Permute { .. } if env.view_of[env.mem.root[out]] != env.mem.root[out] => Vec::new(),
         OpKind::Permute { perm } => {
             let st = strides(env.shape(x));
             let src: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
