@@ -289,6 +289,8 @@ impl MemoryPlan {
         for (n, node) in g.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };
             let weights = ops::weight_tensors(op);
+            // A reshape that shares its input's storage reads it but writes nothing.
+            let view = matches!(op.kind, OpKind::Reshape { .. }) && ops::alias(g, op).is_some();
             for &t in &op.inputs {
                 let r = root[t];
                 used[r] = true;
@@ -305,7 +307,7 @@ impl MemoryPlan {
                 let r = root[t];
                 used[r] = true;
                 first_write[r] = first_write[r].min(n);
-                writers[r] += 1;
+                writers[r] += !view as usize;
             }
         }
         for (k, &t) in g.outputs.iter().enumerate() {
