@@ -516,27 +516,91 @@ fn weight(n: u32, k: u32) -> f32 {
     return scales[g] * q + biases[g];
 }
 
+// tiled: the next K slice's x and W are loaded into registers while this slice's products run
+// (loading, then computing, cost one memory latency per 16-deep slice), and quantized W by whole
+// words where K and the group allow (WORDS): one load of a word and of its group's scale and
+// bias per 8 (4-bit) or 4 (8-bit) weights, where `weight` loads all three per weight.
+override WORDS: bool = false;
+
+var<private> px: array<f32, 4>;
+var<private> pw: array<f32, 4>;
+var<private> pword: u32;
+var<private> pscale: f32;
+var<private> pbias: f32;
+
+// Weights a packed word holds, and the words of one row in a K slice.
+fn per_word() -> u32 {
+    return select(4u, 8u, KIND == 1u);
+}
+
+fn load_slice(m0: u32, n0: u32, k0: u32, t: u32) {
+    for (var j = 0u; j < 4u; j++) {
+        // Consecutive invocations read consecutive k of one row: coalesced in x and W.
+        let e = t + j * 256u;
+        let r = e / BK;
+        let k = k0 + e % BK;
+        let m = m0 + r;
+        px[j] = 0.0;
+        if m < p.m && k < p.k {
+            px[j] = x[m * p.k + k];
+        }
+        if !WORDS {
+            pw[j] = weight(n0 + r, k);
+        }
+    }
+    let per = per_word();
+    if WORDS && t < BN * (BK / per) {
+        let n = n0 + t / (BK / per);
+        let k = k0 + (t % (BK / per)) * per;
+        pword = 0u;
+        pscale = 0.0;
+        pbias = 0.0;
+        if n < p.n && k < p.k {
+            pword = w[(n * p.k + k) / per];
+            let g = n * p.groups + k / GROUP;
+            pscale = scales[g];
+            pbias = biases[g];
+        }
+    }
+}
+
+fn store_slice(t: u32) {
+    for (var j = 0u; j < 4u; j++) {
+        let e = t + j * 256u;
+        xs[(e % BK) * BM + e / BK] = px[j];
+        if !WORDS {
+            ws[(e % BK) * BN + e / BK] = pw[j];
+        }
+    }
+    let per = per_word();
+    if WORDS && t < BN * (BK / per) {
+        let r = t / (BK / per);
+        let kk = (t % (BK / per)) * per;
+        for (var i = 0u; i < per; i++) {
+            var q: f32;
+            if KIND == 1u {
+                q = f32((pword >> (4u * i)) & 0xfu);
+            } else {
+                q = f32(extractBits(i32(pword), 8u * i, 8u));
+            }
+            ws[(kk + i) * BN + r] = pscale * q + pbias;
+        }
+    }
+}
+
 @compute @workgroup_size(16, 16)
 fn tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
          @builtin(local_invocation_index) t: u32) {
     let m0 = wg.y * BM;
     let n0 = wg.x * BN;
     var acc: array<vec4<f32>, 4>;
+    load_slice(m0, n0, 0u, t);
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        for (var e = t; e < BM * BK; e += 256u) {
-            // Consecutive invocations read consecutive k of one row: coalesced in x and W.
-            let r = e / BK;
-            let kk = e % BK;
-            let m = m0 + r;
-            let k = k0 + kk;
-            var xv = 0.0;
-            if m < p.m && k < p.k {
-                xv = x[m * p.k + k];
-            }
-            xs[kk * BM + r] = xv;
-            ws[kk * BN + r] = weight(n0 + r, k);
-        }
+        store_slice(t);
         workgroupBarrier();
+        if k0 + BK < p.k {
+            load_slice(m0, n0, k0 + BK, t);
+        }
         for (var kk = 0u; kk < BK; kk++) {
             let a = vec4<f32>(xs[kk * BM + lid.y * 4u], xs[kk * BM + lid.y * 4u + 1u],
                               xs[kk * BM + lid.y * 4u + 2u], xs[kk * BM + lid.y * 4u + 3u]);

@@ -617,6 +617,10 @@ fn linear_variants_match_cpu() {
         (Weight::Q8 { group: 128 }, 2, 128, 9, false, false),
         (Weight::Q4 { group: 8 }, 1, 40, 19, true, false),
         (Weight::Q8 { group: 4 }, 2, 12, 7, false, false),
+        // Prefill rows (tiled): weights by whole words with K past the last 16-deep slice, and
+        // by single weights where a group is smaller than a word.
+        (Weight::Q8 { group: 4 }, 9, 12, 7, true, false),
+        (Weight::Q4 { group: 4 }, 12, 36, 21, false, false),
         (Weight::Q4 { group: 32 }, 1, 256, 100, false, true),
         (Weight::Q4 { group: 32 }, 17, 128, 33, true, true),
         (Weight::Q8 { group: 32 }, 4, 64, 31, false, true),

@@ -1564,6 +1564,7 @@ fn linear(
                     "linear of {m}x{k} by {nn} rows needs too many workgroups"
                 ));
             }
+            consts.push(("WORDS", b(kind != 0 && matvec_aligned(weight, k))));
             steps.push(step(
                 "linear",
                 "tiled",
