@@ -490,8 +490,9 @@ const BM = 64u;
 const BN = 64u;
 const BK = 16u;
 
-var<workgroup> xs: array<f32, 1024>; // [BK][BM]
-var<workgroup> ws: array<f32, 1024>; // [BK][BN]
+// 16-byte words, so that an invocation's 4 rows (or columns) of a k are one shared-memory load.
+var<workgroup> xs: array<vec4<f32>, 256>; // [BK][BM / 4]
+var<workgroup> ws: array<vec4<f32>, 256>; // [BK][BN / 4]
 
 fn byte_at(b: u32) -> u32 {
     return (w[b / 4u] >> ((b % 4u) * 8u)) & 0xffu;
@@ -567,9 +568,9 @@ fn load_slice(m0: u32, n0: u32, k0: u32, t: u32) {
 fn store_slice(t: u32) {
     for (var j = 0u; j < 4u; j++) {
         let e = t + j * 256u;
-        xs[(e % BK) * BM + e / BK] = px[j];
+        xs[(e % BK) * (BM / 4u) + e / BK / 4u][(e / BK) % 4u] = px[j];
         if !WORDS {
-            ws[(e % BK) * BN + e / BK] = pw[j];
+            ws[(e % BK) * (BN / 4u) + e / BK / 4u][(e / BK) % 4u] = pw[j];
         }
     }
     let per = per_word();
@@ -583,7 +584,7 @@ fn store_slice(t: u32) {
             } else {
                 q = f32(extractBits(i32(pword), 8u * i, 8u));
             }
-            ws[(kk + i) * BN + r] = pscale * q + pbias;
+            ws[(kk + i) * (BN / 4u) + r / 4u][r % 4u] = pscale * q + pbias;
         }
     }
 }
@@ -602,10 +603,8 @@ fn tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
             load_slice(m0, n0, k0 + BK, t);
         }
         for (var kk = 0u; kk < BK; kk++) {
-            let a = vec4<f32>(xs[kk * BM + lid.y * 4u], xs[kk * BM + lid.y * 4u + 1u],
-                              xs[kk * BM + lid.y * 4u + 2u], xs[kk * BM + lid.y * 4u + 3u]);
-            let b = vec4<f32>(ws[kk * BN + lid.x * 4u], ws[kk * BN + lid.x * 4u + 1u],
-                              ws[kk * BN + lid.x * 4u + 2u], ws[kk * BN + lid.x * 4u + 3u]);
+            let a = xs[kk * (BM / 4u) + lid.y];
+            let b = ws[kk * (BN / 4u) + lid.x];
             acc[0] += a.x * b;
             acc[1] += a.y * b;
             acc[2] += a.z * b;
@@ -613,17 +612,23 @@ fn tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let m = m0 + lid.y * 4u + i;
-        for (var j = 0u; j < 4u; j++) {
-            let n = n0 + lid.x * 4u + j;
-            if m < p.m && n < p.n {
-                var v = acc[i][j];
-                if HAS_BIAS {
-                    v += bias[p.n0 + n];
-                }
-                put(m, n, v);
+    // Constant indices into acc: indexed by a loop variable it may leave registers.
+    put_row(m0 + lid.y * 4u, n0 + lid.x * 4u, acc[0]);
+    put_row(m0 + lid.y * 4u + 1u, n0 + lid.x * 4u, acc[1]);
+    put_row(m0 + lid.y * 4u + 2u, n0 + lid.x * 4u, acc[2]);
+    put_row(m0 + lid.y * 4u + 3u, n0 + lid.x * 4u, acc[3]);
+}
+
+// Outputs (m, n0..n0 + 4) of the tiled kernel.
+fn put_row(m: u32, n0: u32, v: vec4<f32>) {
+    for (var j = 0u; j < 4u; j++) {
+        let n = n0 + j;
+        if m < p.m && n < p.n {
+            var o = v[j];
+            if HAS_BIAS {
+                o += bias[p.n0 + n];
             }
+            put(m, n, o);
         }
     }
 }
