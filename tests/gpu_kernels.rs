@@ -807,6 +807,41 @@ fn linears_of_one_input_share_its_quantization() {
     }
 }
 
+/// Devices for tests that a planner fusion changes no bit: the default one and one planned with
+/// `apart` (the fusion off), with and without subgroups. Absent devices are left out.
+fn fused_and_apart(apart: ContextOptions) -> Vec<(Arc<Context>, Arc<Context>, &'static str)> {
+    let off = |no_subgroups: bool| {
+        open(ContextOptions {
+            no_subgroups,
+            ..apart.clone()
+        })
+    };
+    [
+        (ctx(), off(false), ""),
+        (no_subgroup_ctx(), off(true), " (no subgroups)"),
+    ]
+    .into_iter()
+    .filter_map(|(a, b, name)| Some((a?, b?, name)))
+    .collect()
+}
+
+/// Runs `t` on both devices, checks the fused run against the CPU and that both give the same
+/// bits; returns their dispatch counts (fused, apart).
+fn same_bits_fused_and_apart(
+    fused: &Arc<Context>,
+    apart: &Arc<Context>,
+    what: &str,
+    t: &T,
+) -> (usize, usize) {
+    let mut gpu = check_on(fused.clone(), what, t, TOL, 0.05);
+    let mut one = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
+    let vals = values(&t.inputs);
+    let got = gpu.run(&vals).unwrap();
+    let want = one.run(&vals).unwrap();
+    assert!(got == want, "{what}: the fused and separate results differ");
+    (gpu.stats().last_dispatches, one.stats().last_dispatches)
+}
+
 /// An rms_norm, plain or with its residual chain, or an element-wise chain of short rows, whose
 /// rows a quantized linear reads packed quantizes them itself (no act_quant dispatch; the chain
 /// then runs as a row kernel): the same bits as the separate quantization,
@@ -815,17 +850,10 @@ fn linears_of_one_input_share_its_quantization() {
 #[test]
 fn norms_quantize_for_the_linears_they_feed() {
     use pteria::ir::ActQuant;
-    let separate = |no_subgroups: bool| {
-        open(ContextOptions {
-            no_subgroups,
-            separate_quant: true,
-            ..Default::default()
-        })
-    };
-    let pairs = [
-        (ctx(), separate(false), ""),
-        (no_subgroup_ctx(), separate(true), " (no subgroups)"),
-    ];
+    let pairs = fused_and_apart(ContextOptions {
+        separate_quant: true,
+        ..Default::default()
+    });
     let mut rng = Rng::new(27);
     let formats = [
         (Weight::Q4 { group: 32 }, ActQuant::Torchao),
@@ -860,24 +888,12 @@ fn norms_quantize_for_the_linears_they_feed() {
             assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 1);
             let xnn = aq == ActQuant::Xnnpack;
             for (fused, apart, name) in &pairs {
-                let (Some(fused), Some(apart)) = (fused.clone(), apart.clone()) else {
-                    continue;
-                };
                 let what = format!("{m}x{k} norms quantizing for {w:?}/{aq:?}{name}");
-                let mut gpu = check_on(fused, &what, &t, TOL, 0.05);
-                let mut one = GpuExecutor::new(apart, t.g.clone()).unwrap();
-                let vals = values(&t.inputs);
-                let got = gpu.run(&vals).unwrap();
-                let want = one.run(&vals).unwrap();
-                assert!(
-                    got == want,
-                    "{what}: differs from the separate quantization"
-                );
+                let (a, b) = same_bits_fused_and_apart(fused, apart, &what, &t);
                 // Packed rows (decode mat-vecs, XNNPACK's GEMM at any M) save all three
                 // quantizations, short chain rows included.
                 let chain = (k <= 2048) as usize;
                 let saved = if m <= 8 || xnn { 2 + chain } else { 0 };
-                let (a, b) = (gpu.stats().last_dispatches, one.stats().last_dispatches);
                 assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
             }
         }
@@ -890,17 +906,10 @@ fn norms_quantize_for_the_linears_they_feed() {
 #[test]
 fn paired_linears_match_separate_ones() {
     use pteria::ir::ActQuant;
-    let separate = |no_subgroups: bool| {
-        open(ContextOptions {
-            no_subgroups,
-            separate_linears: true,
-            ..Default::default()
-        })
-    };
-    let pairs = [
-        (ctx(), separate(false), ""),
-        (no_subgroup_ctx(), separate(true), " (no subgroups)"),
-    ];
+    let pairs = fused_and_apart(ContextOptions {
+        separate_linears: true,
+        ..Default::default()
+    });
     let mut rng = Rng::new(26);
     for m in [1usize, 3, 20] {
         let k = 256;
@@ -922,19 +931,11 @@ fn paired_linears_match_separate_ones() {
         ];
         linears_of(&mut t, &mut rng, x, [m, k], &cases);
         for (merged, apart, name) in &pairs {
-            let (Some(merged), Some(apart)) = (merged.clone(), apart.clone()) else {
-                continue;
-            };
             let what = format!("paired linears, {m} rows{name}");
-            let mut gpu = check_on(merged, &what, &t, TOL, 0.05);
-            let mut one = GpuExecutor::new(apart, t.g.clone()).unwrap();
-            let vals = values(&t.inputs);
-            let got = gpu.run(&vals).unwrap();
-            let want = one.run(&vals).unwrap();
-            assert!(got == want, "{what}: paired and separate results differ");
+            let (a, b) = same_bits_fused_and_apart(merged, apart, &what, &t);
             // 9 linears in 5 pairs and one alone (the third q4/torchao), 2 quantizations.
-            assert_eq!(gpu.stats().last_dispatches, 7, "{what}");
-            assert_eq!(one.stats().last_dispatches, 11, "{what}");
+            assert_eq!(a, 7, "{what}");
+            assert_eq!(b, 11, "{what}");
         }
         // With a 64 KiB binding the 600-row q4 weight is split (its pair runs apart, in 1 + 2
         // dispatches) and the f32 pair (60 KiB + 7 KiB) cannot share one binding.
@@ -2121,17 +2122,6 @@ fn indexed_cache_update_scatters_rows_and_keeps_the_cache() {
 /// is 2.6e-4.
 const F16_KV_TOL: f64 = 1e-3;
 
-/// ||a - b|| / ||b||.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
-
 /// Runs `t`'s calls (`steps` rewrites its inputs for call i) on the CPU, on the GPU with f32
 /// caches and with f16 caches. The f32 GPU run matches the CPU to TOL; the f16 one within f16's
 /// rounding (rel-L2 per output) but not bit for bit (the caches really are f16); its State
@@ -2166,7 +2156,7 @@ fn check_f16_kv(what: &str, t: &mut T, calls: usize, mut steps: impl FnMut(&mut 
         compare(&format!("{what} call {i} (f32)"), &got32, &want, TOL, 1e-2);
         for (k, (a, b)) in got16.iter().zip(&want).enumerate() {
             assert_eq!(a.sizes, b.sizes, "{what} call {i} output {k}");
-            let e = rel_l2(&a.to_f32().unwrap(), &b.to_f32().unwrap());
+            let e = pteria::runtime::rel_l2(&a.to_f32().unwrap(), &b.to_f32().unwrap());
             assert!(
                 e <= F16_KV_TOL,
                 "{what} call {i} output {k}: rel-L2 {e:.2e}"

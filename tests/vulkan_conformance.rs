@@ -196,11 +196,6 @@ fn logits_on(
     (logits, mem)
 }
 
-fn rel_l2_f32(a: &[f32], b: &[f32]) -> f64 {
-    let b: Vec<f64> = b.iter().map(|&x| x as f64).collect();
-    common::rel_l2(a, &b)
-}
-
 /// `--kv f16` on the stock export (the benchmark program's path: caches written by `index_put`,
 /// read by q·Kᵀ and p·V matmuls): its 8 caches take half the bytes, and its logits stay within a
 /// bound of the f32 caches' on every call. Measured on lavapipe: rel-L2 5.2e-2 to 9.1e-2. That
@@ -228,7 +223,7 @@ fn f16_kv_caches_halve_the_stock_exports_caches_within_a_measured_error() {
         "only the caches shrink"
     );
     for (i, (a, b)) in l16.iter().zip(&l32).enumerate() {
-        let e = rel_l2_f32(a, b);
+        let e = pteria::runtime::rel_l2(a, b);
         println!("call {i}: f16 vs f32 KV caches, rel-L2 {e:.2e}");
         assert!(e > 0.0 && e <= 0.15, "call {i}: rel-L2 {e:.3e}");
     }
@@ -284,7 +279,10 @@ fn f16_kv_cache_error_is_f16_rounding_without_activation_quantization() {
             run(g32.run(&inputs).unwrap()),
             run(g16.run(&inputs).unwrap()),
         );
-        let (e32, e16) = (rel_l2_f32(&l32, &want), rel_l2_f32(&l16, &l32));
+        let (e32, e16) = (
+            pteria::runtime::rel_l2(&l32, &want),
+            pteria::runtime::rel_l2(&l16, &l32),
+        );
         println!("call {i}: f32 caches vs CPU {e32:.2e}, f16 vs f32 caches {e16:.2e}");
         assert!(e32 <= 1e-4, "call {i}: f32 caches vs the CPU: {e32:.3e}");
         assert!(

@@ -295,7 +295,12 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         let backends = pteria::frontend::backends(delegate::gpu_executor(ctx));
         let mut reference = Method::load(&program, &a.method, &backends)?;
         let f32 = super::logits::run_steps(&mut reference, &prompt, &decode)?;
-        kv_err = Some(f16.iter().zip(&f32).map(|(x, y)| rel_l2(x, y)).collect());
+        kv_err = Some(
+            f16.iter()
+                .zip(&f32)
+                .map(|(x, y)| pteria::runtime::rel_l2(x, y))
+                .collect(),
+        );
     }
     let report = ProgramReport {
         execution: match method.whole_note() {
@@ -412,17 +417,6 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// ||a - b|| / ||b||.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
 }
 
 fn kernels(a: &Args) -> Result<()> {

@@ -12,6 +12,18 @@ pub mod whole;
 
 pub use tensor::{DType, HostTensor, Storage, Tensor, TensorIn};
 
+/// ||a - b|| / ||b||, in f64: how far one run's outputs are from another's (the conformance
+/// suites' and `pteria bench --kv f16`'s measure).
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
 use crate::pte::{
     self, BackendDelegate, EValue, ExecutionPlan, Instruction, NamedData, Program, TensorData,
 };
