@@ -481,7 +481,7 @@ impl MemoryPlan {
         {
             // The row-wise producer (an rms_norm, plain or with a chain but not rotated, or an
             // element-wise chain) that writes a tensor, by root.
-            let mut norm_of: Vec<Option<usize>> = vec![None; nt];
+            let mut row_producer: Vec<Option<usize>> = vec![None; nt];
             for (n, node) in g.nodes.iter().enumerate() {
                 if let Node::Op(op) = node {
                     if matches!(
@@ -491,7 +491,7 @@ impl MemoryPlan {
                             | OpKind::ElementwiseChain { .. }
                     ) {
                         for &o in &op.outputs {
-                            norm_of[root[o]] = Some(n);
+                            row_producer[root[o]] = Some(n);
                         }
                     }
                 }
@@ -514,7 +514,7 @@ impl MemoryPlan {
                             }
                             None => {
                                 owners.push((key, n));
-                                let by = norm_of[root[op.inputs[0]]];
+                                let by = row_producer[root[op.inputs[0]]];
                                 if let Some(pn) = by.filter(|&pn| {
                                     fuse_quant
                                         && quant_into[pn].is_none()
