@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Result};
 use pteria::gpu::bench::{kernel_bench, KernelBenchOptions, MatVecResult};
+use pteria::gpu::HostTimes;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -106,6 +107,15 @@ struct ProgramReport {
     execution: String,
     /// GPU submits per decode step.
     submits_per_token: Option<f64>,
+    /// Of `decode_ms`, the executors' host phases per step: shape inference and recording
+    /// lookup, input writes and encoding (or submitting what was encoded ahead), encoding the
+    /// next step's commands ahead while the GPU runs, waiting for the GPU, and the outputs' copy; `decode_other_ms` is the rest (the runtime around the executors).
+    decode_prepare_ms: Option<f64>,
+    decode_encode_ms: Option<f64>,
+    decode_ahead_ms: Option<f64>,
+    decode_wait_ms: Option<f64>,
+    decode_outputs_ms: Option<f64>,
+    decode_other_ms: Option<f64>,
     /// Dispatches per decode step.
     dispatches_per_token: Option<usize>,
     /// GPU time of a decode step's dispatches replayed back to back in one pass (no host work).
@@ -195,20 +205,24 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     let prompt: Vec<i64> = (0..a.prompt_len as i64).map(|i| 2 + i % 100).collect();
     let cold = call(&prompt, 0)?;
     let ttft = call(&prompt, 0)?;
-    let submits = |h: &Option<delegate::ProfiledHandles>| -> Option<usize> {
+    // Submits and host phase times summed over the executors.
+    let counters = |h: &Option<delegate::ProfiledHandles>| -> Option<(usize, HostTimes)> {
         let list = h.as_ref()?.lock().ok()?;
-        Some(
-            list.iter()
-                .filter_map(|e| e.lock().ok().map(|e| e.stats().submits))
-                .sum(),
-        )
+        let mut host = HostTimes::default();
+        let mut submits = 0;
+        for e in list.iter() {
+            let s = e.lock().ok()?.stats();
+            submits += s.submits;
+            host.add(&s.host);
+        }
+        Some((submits, host))
     };
     let mut first = 0.0;
     let mut decode_total = 0.0;
-    let mut submits0 = None;
+    let mut counters0 = None;
     for i in 0..a.decode {
         if i == 1 {
-            submits0 = submits(&handles);
+            counters0 = counters(&handles);
         }
         let dt = call(&[7], (a.prompt_len + i) as i64)?;
         if i == 0 {
@@ -217,16 +231,29 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             decode_total += dt;
         }
     }
-    let submits_per_token = match (submits0, submits(&handles)) {
-        (Some(a0), Some(a1)) if a.decode > 1 => Some((a1 - a0) as f64 / (a.decode - 1) as f64),
-        _ => None,
-    };
     let timed = a.decode.saturating_sub(1).max(1) as f64;
     let decode_ms = if a.decode > 1 {
         decode_total / timed * 1e3
     } else {
         first * 1e3
     };
+    let (submits_per_token, host) = match (counters0, counters(&handles)) {
+        (Some((s0, h0)), Some((s1, h1))) if a.decode > 1 => {
+            (Some((s1 - s0) as f64 / timed), Some(h1.since(&h0)))
+        }
+        _ => (None, None),
+    };
+    let per_step = |ns: u64| ns as f64 / timed / 1e6;
+    let host_ms = host.map(|h| {
+        [
+            h.prepare_ns,
+            h.encode_ns,
+            h.ahead_ns,
+            h.wait_ns,
+            h.outputs_ns,
+        ]
+        .map(per_step)
+    });
     let mut ops: Vec<OpShare> = Vec::new();
     let mut gpu_bytes = None;
     let mut kv_mem = pteria::gpu::MemoryReport::default();
@@ -309,6 +336,12 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             None => "per delegate".into(),
         },
         submits_per_token,
+        decode_prepare_ms: host_ms.map(|h| h[0]),
+        decode_encode_ms: host_ms.map(|h| h[1]),
+        decode_ahead_ms: host_ms.map(|h| h[2]),
+        decode_wait_ms: host_ms.map(|h| h[3]),
+        decode_outputs_ms: host_ms.map(|h| h[4]),
+        decode_other_ms: host_ms.map(|h| decode_ms - h.iter().sum::<f64>()),
         dispatches_per_token: dispatches,
         decode_replay_gpu_us: replay_us,
         decode_weight_bytes: weight_bytes,
@@ -382,6 +415,20 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     }
     if let (Some(s), Some(d)) = (report.submits_per_token, report.dispatches_per_token) {
         println!("decode step: {s:.1} submits, {d} dispatches");
+    }
+    if let (Some(p), Some(e), Some(x), Some(w), Some(o), Some(r)) = (
+        report.decode_prepare_ms,
+        report.decode_encode_ms,
+        report.decode_ahead_ms,
+        report.decode_wait_ms,
+        report.decode_outputs_ms,
+        report.decode_other_ms,
+    ) {
+        println!(
+            "decode step on the host: prepare {p:.3} ms, inputs + submit {e:.3} ms, next step \
+             encoded ahead {x:.3} ms, wait for the GPU {w:.3} ms, outputs {o:.3} ms, rest of the \
+             runtime {r:.3} ms"
+        );
     }
     if let (Some(us), Some(b), Some(bw), Some(f)) = (
         report.decode_replay_gpu_us,

@@ -1,5 +1,5 @@
 //! Runs a graph on the GPU. At load: plan memory, upload constants once, zero the states. Per
-//! call: plan shapes (`ir::infer_shapes`); the first call with a shape signature records every
+//! call: plan shapes (`ir::PlanCache`); the first call with a shape signature records every
 //! dispatch (pipeline, bind group, grid), later calls replay the recording. Host symbols reach
 //! kernels through one small syms buffer written each call, so decode steps at different positions
 //! replay the same recording. One call is a few submits of growing size (the first starts the
@@ -14,7 +14,7 @@ use super::context::{Context, Slot};
 use super::memory::{elem_bytes, padded, BufferKind, MemoryPlan, MemoryReport, Repr};
 use super::ops::{self, Env, Res, Step};
 use super::GpuError;
-use crate::ir::{infer_shapes, Graph, InputValue, Int, Io, IrError, Node, OpKind, Plan, Role};
+use crate::ir::{Graph, InputValue, Int, Io, IrError, Node, OpKind, Plan, PlanCache, Role};
 use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
 use crate::runtime::{DType, HostTensor};
 use std::collections::HashMap;
@@ -44,6 +44,12 @@ struct Dispatch {
     groups: [u32; 3],
 }
 
+/// A recording's dispatches and output copies encoded ahead of the call that submits them.
+struct Ready {
+    rec: usize,
+    commands: wgpu::CommandBuffer,
+}
+
 struct Recording {
     dispatches: Vec<Dispatch>,
     /// (source buffer, bytes, offset in `readback`).
@@ -71,6 +77,44 @@ pub struct ExecutorStats {
     pub last_upload_bytes: u64,
     /// Bytes the last call read back (the outputs).
     pub last_readback_bytes: u64,
+    /// Host time spent by calls so far, by phase (a token's host cost beside its GPU time).
+    pub host: HostTimes,
+}
+
+/// Nanoseconds that calls spent on the host, summed over calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostTimes {
+    /// Shape inference and finding (or making) the call's recording.
+    pub prepare_ns: u64,
+    /// Writing the inputs and encoding and submitting the dispatches.
+    pub encode_ns: u64,
+    /// Encoding the next call's commands ahead, while the GPU runs this call's.
+    pub ahead_ns: u64,
+    /// Waiting for the GPU after that, until the outputs are mapped.
+    pub wait_ns: u64,
+    /// Copying the outputs out and converting them to host tensors.
+    pub outputs_ns: u64,
+}
+
+impl HostTimes {
+    /// The phases' difference from an earlier reading.
+    pub fn since(&self, earlier: &HostTimes) -> HostTimes {
+        HostTimes {
+            prepare_ns: self.prepare_ns.saturating_sub(earlier.prepare_ns),
+            encode_ns: self.encode_ns.saturating_sub(earlier.encode_ns),
+            ahead_ns: self.ahead_ns.saturating_sub(earlier.ahead_ns),
+            wait_ns: self.wait_ns.saturating_sub(earlier.wait_ns),
+            outputs_ns: self.outputs_ns.saturating_sub(earlier.outputs_ns),
+        }
+    }
+
+    pub fn add(&mut self, other: &HostTimes) {
+        self.prepare_ns += other.prepare_ns;
+        self.encode_ns += other.encode_ns;
+        self.ahead_ns += other.ahead_ns;
+        self.wait_ns += other.wait_ns;
+        self.outputs_ns += other.outputs_ns;
+    }
 }
 
 /// How long the GPU took over a call's dispatches.
@@ -117,7 +161,14 @@ pub struct GpuExecutor {
     param_slots: HashMap<Vec<u32>, (usize, u64)>,
     param_used: u64,
     bind_groups: HashMap<BindKey, wgpu::BindGroup>,
-    recordings: HashMap<Vec<Vec<usize>>, Recording>,
+    /// Recordings by the shapes they were made for.
+    recordings: Vec<(Vec<Vec<usize>>, Recording)>,
+    /// The recording the last call ran (index into `recordings`).
+    last_rec: Option<usize>,
+    plans: PlanCache,
+    /// The next call's commands, encoded ahead (see `run`), unless PTERIA_ENCODE_AHEAD=0.
+    ready: Option<Ready>,
+    encode_ahead: bool,
     clock: u64,
     stats: ExecutorStats,
 }
@@ -262,6 +313,7 @@ impl GpuExecutor {
         };
         buffers.push(small("dummy"));
         buffers.push(small("syms"));
+        let plans = PlanCache::new(&graph);
         let mut ex = GpuExecutor {
             dummy: buffers.len() - 2,
             syms: buffers.len() - 1,
@@ -276,7 +328,11 @@ impl GpuExecutor {
             param_slots: HashMap::new(),
             param_used: 0,
             bind_groups: HashMap::new(),
-            recordings: HashMap::new(),
+            recordings: Vec::new(),
+            last_rec: None,
+            plans,
+            ready: None,
+            encode_ahead: std::env::var("PTERIA_ENCODE_AHEAD").map_or(true, |v| v != "0"),
             clock: 0,
             stats: ExecutorStats::default(),
         };
@@ -374,32 +430,52 @@ impl GpuExecutor {
     pub fn run(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>, GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
-        let plan = infer_shapes(&self.graph, inputs)?;
+        let t_start = std::time::Instant::now();
+        let (plan, same) = self.plans.plan(&self.graph, inputs)?;
         self.clock += 1;
-        if self.recordings.contains_key(&plan.shapes) {
-            self.stats.replays += 1;
-        } else {
-            if self.param_used > PARAM_BUDGET {
-                self.recordings.clear();
-                self.bind_groups.clear();
-                self.param_slots.clear();
-                self.param_used = 0;
+        let syms: Vec<i32> = plan
+            .syms
+            .iter()
+            .chain(&self.literals)
+            .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+            .collect();
+        // Same shapes as the last call (a decode step): its recording, found without comparing
+        // every tensor's shape.
+        let found = match self.last_rec {
+            Some(i) if same => Some(i),
+            _ => self.recordings.iter().position(|(k, _)| *k == plan.shapes),
+        };
+        let idx = match found {
+            Some(i) => {
+                self.stats.replays += 1;
+                i
             }
-            if self.recordings.len() >= MAX_RECORDINGS {
-                let oldest = self
-                    .recordings
-                    .iter()
-                    .min_by_key(|(_, r)| r.last_used)
-                    .map(|(k, _)| k.clone());
-                if let Some(k) = oldest {
-                    self.recordings.remove(&k);
+            None => {
+                let plan = plan.clone();
+                // Indices into `recordings` change below.
+                self.ready = None;
+                if self.param_used > PARAM_BUDGET {
+                    self.recordings.clear();
+                    self.bind_groups.clear();
+                    self.param_slots.clear();
+                    self.param_used = 0;
                 }
+                if self.recordings.len() >= MAX_RECORDINGS {
+                    let oldest =
+                        (0..self.recordings.len()).min_by_key(|&i| self.recordings[i].1.last_used);
+                    if let Some(i) = oldest {
+                        self.recordings.swap_remove(i);
+                    }
+                }
+                let rec = self.record(&plan)?;
+                self.recordings.push((plan.shapes, rec));
+                self.stats.recordings += 1;
+                self.recordings.len() - 1
             }
-            let rec = self.record(&plan)?;
-            self.recordings.insert(plan.shapes.clone(), rec);
-            self.stats.recordings += 1;
-        }
+        };
+        self.last_rec = Some(idx);
 
+        let t_encode = std::time::Instant::now();
         let queue = &self.ctx.queue;
         let mut uploaded = 0u64;
         for (io, v) in self.graph.inputs.iter().zip(inputs) {
@@ -421,58 +497,47 @@ impl GpuExecutor {
                 }
             }
         }
-        let syms: Vec<i32> = plan
-            .syms
-            .iter()
-            .chain(&self.literals)
-            .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
-            .collect();
         if !syms.is_empty() {
             queue.write_buffer(&self.buffers[self.syms], 0, bytemuck::cast_slice(&syms));
         }
 
-        let Some(rec) = self.recordings.get_mut(&plan.shapes) else {
-            return Err(GpuError::Device("recording missing after insert".into()));
-        };
+        let rec = &mut self.recordings[idx].1;
         rec.last_used = self.clock;
         self.stats.last_dispatches = rec.dispatches.len();
-        let device = &self.ctx.device;
-        // Growing pieces, each submitted as soon as it is encoded: the GPU starts on the first
-        // while the host encodes the rest (a whole-model call has thousands of dispatches).
-        let mut piece = FIRST_PIECE;
-        let mut rest = rec.dispatches.as_slice();
-        loop {
-            let (now, later) = rest.split_at(piece.min(rest.len()));
-            rest = later;
-            let mut enc =
-                device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: None,
-                    timestamp_writes: None,
-                });
-                for d in now {
-                    pass.set_pipeline(&d.pipeline);
-                    pass.set_bind_group(0, &d.bind_group, &[]);
-                    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        let rec = &self.recordings[idx].1;
+        match self.ready.take().filter(|r| r.rec == idx) {
+            Some(r) => {
+                queue.submit([r.commands]);
+                self.stats.submits += 1;
+            }
+            None => {
+                // Growing pieces, each submitted as soon as it is encoded: the GPU starts on the
+                // first while the host encodes the rest (a whole-model call has hundreds of
+                // dispatches).
+                let mut piece = FIRST_PIECE;
+                let mut rest = rec.dispatches.as_slice();
+                while !rest.is_empty() {
+                    let (now, later) = rest.split_at(piece.min(rest.len()));
+                    rest = later;
+                    queue.submit([self.encode(rec, now, rest.is_empty())]);
+                    self.stats.submits += 1;
+                    piece *= 4;
                 }
             }
-            if rest.is_empty() {
-                if let Some(rb) = &rec.readback {
-                    for &(src, bytes, off) in &rec.copies {
-                        enc.copy_buffer_to_buffer(&self.buffers[src], 0, rb, off, bytes);
-                    }
-                }
-            }
-            queue.submit([enc.finish()]);
-            self.stats.submits += 1;
-            if rest.is_empty() {
-                break;
-            }
-            piece *= 4;
+        }
+        let t_ahead = std::time::Instant::now();
+        // The next call's commands, encoded while the GPU runs this call's: a decode step
+        // replays the same recording, so it then only writes its inputs and submits.
+        if self.encode_ahead {
+            self.ready = Some(Ready {
+                rec: idx,
+                commands: self.encode(rec, &rec.dispatches, true),
+            });
         }
         self.stats.last_upload_bytes = uploaded;
         self.stats.last_readback_bytes = rec.readback_size;
+        let t_wait = std::time::Instant::now();
+        let mut t_outputs = t_wait;
 
         let mut host = vec![0u8; rec.readback_size as usize];
         if let Some(rb) = &rec.readback {
@@ -481,9 +546,11 @@ impl GpuExecutor {
             slice.map_async(wgpu::MapMode::Read, move |r| {
                 let _ = tx.send(r);
             });
-            device
+            self.ctx
+                .device
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| GpuError::Device(e.to_string()))?;
+            t_outputs = std::time::Instant::now();
             match rx.recv() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(GpuError::Device(format!("reading outputs back: {e}"))),
@@ -511,6 +578,13 @@ impl GpuExecutor {
                 data: from_repr(self.mem.repr[t], def.dtype, bytes, numel),
             });
         }
+        let ns = |a: std::time::Instant, b: std::time::Instant| (b - a).as_nanos() as u64;
+        let host = &mut self.stats.host;
+        host.prepare_ns += ns(t_start, t_encode);
+        host.encode_ns += ns(t_encode, t_ahead);
+        host.ahead_ns += ns(t_ahead, t_wait);
+        host.wait_ns += ns(t_wait, t_outputs);
+        host.outputs_ns += ns(t_outputs, std::time::Instant::now());
         Ok(outs)
     }
 
@@ -526,10 +600,10 @@ impl GpuExecutor {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
         let reps = reps.max(1);
-        let shapes = infer_shapes(&self.graph, inputs)?.shapes;
         let rec = self
-            .recordings
-            .get(&shapes)
+            .last_rec
+            .and_then(|i| self.recordings.get(i))
+            .map(|(_, r)| r)
             .ok_or_else(|| GpuError::Device("recording missing after a run".into()))?;
         let ctx = &self.ctx;
         let stamps = ctx.has_timestamps().then(|| Stamps::new(ctx, 2));
@@ -599,10 +673,10 @@ impl GpuExecutor {
         self.run(inputs)?;
         let turn_ctx = self.ctx.clone();
         let _turn = turn_ctx.turn();
-        let shapes = infer_shapes(&self.graph, inputs)?.shapes;
         let rec = self
-            .recordings
-            .get(&shapes)
+            .last_rec
+            .and_then(|i| self.recordings.get(i))
+            .map(|(_, r)| r)
             .ok_or_else(|| GpuError::Device("recording missing after a run".into()))?;
         let ctx = &self.ctx;
         let period = ctx.queue.get_timestamp_period() as f64 * 1e-9;
@@ -644,6 +718,32 @@ impl GpuExecutor {
             }
         }
         Ok(Some(out))
+    }
+
+    /// One command buffer with `dispatches` of `rec`, then, when `last`, the copies of the
+    /// outputs into its readback buffer.
+    fn encode(&self, rec: &Recording, dispatches: &[Dispatch], last: bool) -> wgpu::CommandBuffer {
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
+            });
+            for d in dispatches {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, &d.bind_group, &[]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+        }
+        if let (true, Some(rb)) = (last, &rec.readback) {
+            for &(src, bytes, off) in &rec.copies {
+                enc.copy_buffer_to_buffer(&self.buffers[src], 0, rb, off, bytes);
+            }
+        }
+        enc.finish()
     }
 
     fn record(&mut self, plan: &Plan) -> Result<Recording, GpuError> {

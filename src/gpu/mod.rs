@@ -13,7 +13,7 @@ mod memory;
 mod ops;
 
 pub use context::{AdapterSummary, Context, ContextOptions};
-pub use executor::{ExecutorStats, GpuExecutor, OpTime, ReplayTiming};
+pub use executor::{ExecutorStats, GpuExecutor, HostTimes, OpTime, ReplayTiming};
 pub use memory::MemoryReport;
 
 #[derive(Debug, thiserror::Error)]

@@ -212,8 +212,29 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
     }])
 }
 
-/// Evaluates symbols and shapes for a call.
-pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
+/// Whether `op_shapes` reads a symbol for this op (the plan cache re-runs only these ops).
+pub fn shape_reads_syms(kind: &OpKind) -> bool {
+    let sym = |v: &Int| matches!(v, Int::Sym(_));
+    match kind {
+        OpKind::Arange { start, end, .. } | OpKind::Slice { start, end, .. } => {
+            sym(start) || sym(end)
+        }
+        OpKind::Reshape { shape } | OpKind::Expand { shape } | OpKind::Full { shape, .. } => {
+            shape.iter().any(sym)
+        }
+        OpKind::Select { index, .. } => sym(index),
+        _ => false,
+    }
+}
+
+/// Checks the inputs against the graph, sets the input tensors' shapes and the input symbols,
+/// and returns the input tensors' bytes (symbols may read them).
+fn bind_inputs<'a>(
+    g: &Graph,
+    inputs: &[InputValue<'a>],
+    shapes: &mut [Vec<usize>],
+    syms: &mut [i64],
+) -> Result<Vec<(TensorId, &'a [u8])>, IrError> {
     if inputs.len() != g.inputs.len() {
         return Err(IrError::Invalid(format!(
             "graph takes {} inputs, got {}",
@@ -221,9 +242,7 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
             inputs.len()
         )));
     }
-    let mut shapes: Vec<Vec<usize>> = g.tensors.iter().map(|t| t.max_shape.clone()).collect();
-    let mut syms = vec![0i64; g.sym_names.len()];
-    let mut input_data: Vec<Option<&[u8]>> = vec![None; g.tensors.len()];
+    let mut data_of = Vec::new();
     for (k, (io, v)) in g.inputs.iter().zip(inputs).enumerate() {
         match (io, v) {
             (Io::Tensor(t), InputValue::Tensor { shape, data }) => {
@@ -242,8 +261,10 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
                         data.len()
                     )));
                 }
-                shapes[*t] = shape.clone();
-                input_data[*t] = Some(data);
+                if shapes[*t] != *shape {
+                    shapes[*t].clone_from(shape);
+                }
+                data_of.push((*t, *data));
             }
             (Io::Sym(s), InputValue::Sym(v)) => syms[*s] = *v,
             _ => {
@@ -253,59 +274,91 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
             }
         }
     }
+    Ok(data_of)
+}
+
+/// Evaluates sym node `n`.
+fn eval_sym(
+    g: &Graph,
+    n: usize,
+    s: &SymOp,
+    shapes: &[Vec<usize>],
+    syms: &mut [i64],
+    data_of: &[(TensorId, &[u8])],
+) -> Result<(), IrError> {
+    let err = |msg: String| IrError::Node {
+        node: n,
+        op: "sym".into(),
+        msg,
+    };
+    match s {
+        SymOp::Size { out, tensor, dim } => {
+            syms[*out] = *shapes[*tensor].get(*dim).ok_or_else(|| {
+                err(format!(
+                    "dim {dim} of a rank-{} tensor",
+                    shapes[*tensor].len()
+                ))
+            })? as i64;
+        }
+        SymOp::ReadInput { out, tensor, index } => {
+            let data = data_of
+                .iter()
+                .find(|(t, _)| t == tensor)
+                .map(|(_, d)| *d)
+                .ok_or_else(|| err("reads a tensor that is not an input".into()))?;
+            let dt = g.tensors[*tensor].dtype;
+            let vals = crate::runtime::tensor::to_i64(dt, data);
+            syms[*out] = *vals.get(*index).ok_or_else(|| {
+                err(format!(
+                    "index {index} past the input's {} elements",
+                    vals.len()
+                ))
+            })?;
+        }
+        SymOp::Arith { out, op, a, b } => {
+            let (x, y) = (a.eval(syms), b.eval(syms));
+            syms[*out] = match op {
+                SymArith::Add => x.wrapping_add(y),
+                SymArith::Sub => x.wrapping_sub(y),
+                SymArith::Mul => x.wrapping_mul(y),
+                SymArith::FloorDiv if y != 0 => {
+                    x.div_euclid(y) - i64::from(x.rem_euclid(y) != 0 && y < 0)
+                }
+                SymArith::Mod if y != 0 => ((x % y) + y) % y,
+                SymArith::Max => x.max(y),
+                SymArith::Min => x.min(y),
+                _ => return Err(err("division by zero in a symbol".into())),
+            };
+        }
+    }
+    Ok(())
+}
+
+/// The output shapes of op node `n` from the current shapes.
+fn node_shapes(
+    n: usize,
+    o: &Op,
+    shapes: &[Vec<usize>],
+    syms: &[i64],
+) -> Result<Vec<Vec<usize>>, IrError> {
+    let ins: Vec<&[usize]> = o.inputs.iter().map(|&t| shapes[t].as_slice()).collect();
+    op_shapes(&o.kind, &ins, syms).map_err(|msg| IrError::Node {
+        node: n,
+        op: o.kind.label(),
+        msg,
+    })
+}
+
+/// Evaluates symbols and shapes for a call.
+pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
+    let mut shapes: Vec<Vec<usize>> = g.tensors.iter().map(|t| t.max_shape.clone()).collect();
+    let mut syms = vec![0i64; g.sym_names.len()];
+    let data_of = bind_inputs(g, inputs, &mut shapes, &mut syms)?;
     for (n, node) in g.nodes.iter().enumerate() {
         match node {
-            Node::Sym(s) => {
-                let err = |msg: String| IrError::Node {
-                    node: n,
-                    op: "sym".into(),
-                    msg,
-                };
-                match s {
-                    SymOp::Size { out, tensor, dim } => {
-                        syms[*out] = *shapes[*tensor].get(*dim).ok_or_else(|| {
-                            err(format!(
-                                "dim {dim} of a rank-{} tensor",
-                                shapes[*tensor].len()
-                            ))
-                        })? as i64;
-                    }
-                    SymOp::ReadInput { out, tensor, index } => {
-                        let data = input_data[*tensor]
-                            .ok_or_else(|| err("reads a tensor that is not an input".into()))?;
-                        let dt = g.tensors[*tensor].dtype;
-                        let vals = crate::runtime::tensor::to_i64(dt, data);
-                        syms[*out] = *vals.get(*index).ok_or_else(|| {
-                            err(format!(
-                                "index {index} past the input's {} elements",
-                                vals.len()
-                            ))
-                        })?;
-                    }
-                    SymOp::Arith { out, op, a, b } => {
-                        let (x, y) = (a.eval(&syms), b.eval(&syms));
-                        syms[*out] = match op {
-                            SymArith::Add => x.wrapping_add(y),
-                            SymArith::Sub => x.wrapping_sub(y),
-                            SymArith::Mul => x.wrapping_mul(y),
-                            SymArith::FloorDiv if y != 0 => {
-                                x.div_euclid(y) - i64::from(x.rem_euclid(y) != 0 && y < 0)
-                            }
-                            SymArith::Mod if y != 0 => ((x % y) + y) % y,
-                            SymArith::Max => x.max(y),
-                            SymArith::Min => x.min(y),
-                            _ => return Err(err("division by zero in a symbol".into())),
-                        };
-                    }
-                }
-            }
+            Node::Sym(s) => eval_sym(g, n, s, &shapes, &mut syms, &data_of)?,
             Node::Op(o) => {
-                let ins: Vec<&[usize]> = o.inputs.iter().map(|&t| shapes[t].as_slice()).collect();
-                let outs = op_shapes(&o.kind, &ins, &syms).map_err(|msg| IrError::Node {
-                    node: n,
-                    op: o.kind.label(),
-                    msg,
-                })?;
+                let outs = node_shapes(n, o, &shapes, &syms)?;
                 for (&t, s) in o.outputs.iter().zip(outs) {
                     if numel(&s) > g.tensors[t].max_numel() {
                         return Err(IrError::Node {
@@ -323,4 +376,76 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
         }
     }
     Ok(Plan { shapes, syms })
+}
+
+/// Plans calls, reusing the last plan's shapes when a call provably has the same ones: the same
+/// input shapes, and every op whose shape reads a symbol giving the same shape under this call's
+/// symbols (every other op's shape follows from its inputs' alone). Decode steps differ only in
+/// symbol values (the position), so a step evaluates its symbols and a few ops, not the graph.
+pub struct PlanCache {
+    /// Sym nodes and the ops whose shapes read symbols, in graph order.
+    steps: Vec<usize>,
+    last: Option<Plan>,
+}
+
+impl PlanCache {
+    pub fn new(g: &Graph) -> PlanCache {
+        let steps = g
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| match node {
+                Node::Sym(_) => true,
+                Node::Op(o) => shape_reads_syms(&o.kind),
+            })
+            .map(|(n, _)| n)
+            .collect();
+        PlanCache { steps, last: None }
+    }
+
+    /// This call's plan, and whether its shapes equal the previous call's.
+    pub fn plan(&mut self, g: &Graph, inputs: &[InputValue]) -> Result<(&Plan, bool), IrError> {
+        if let Some(last) = self.last.take() {
+            if let Some(p) = self.replan(g, inputs, last)? {
+                return Ok((self.last.insert(p), true));
+            }
+        }
+        let p = infer_shapes(g, inputs)?;
+        Ok((self.last.insert(p), false))
+    }
+
+    /// `last` with this call's symbols, if its shapes hold for this call.
+    fn replan(
+        &self,
+        g: &Graph,
+        inputs: &[InputValue],
+        mut last: Plan,
+    ) -> Result<Option<Plan>, IrError> {
+        let same_inputs = inputs.len() == g.inputs.len()
+            && g.inputs.iter().zip(inputs).all(|(io, v)| match (io, v) {
+                (Io::Tensor(t), InputValue::Tensor { shape, .. }) => last.shapes[*t] == *shape,
+                (Io::Sym(_), InputValue::Sym(_)) => true,
+                _ => false,
+            });
+        if !same_inputs {
+            return Ok(None);
+        }
+        let data_of = bind_inputs(g, inputs, &mut last.shapes, &mut last.syms)?;
+        for &n in &self.steps {
+            match &g.nodes[n] {
+                Node::Sym(s) => eval_sym(g, n, s, &last.shapes, &mut last.syms, &data_of)?,
+                Node::Op(o) => {
+                    let outs = node_shapes(n, o, &last.shapes, &last.syms)?;
+                    if o.outputs
+                        .iter()
+                        .zip(&outs)
+                        .any(|(&t, s)| last.shapes[t] != *s)
+                    {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Ok(Some(last))
+    }
 }
