@@ -539,45 +539,53 @@ impl GpuExecutor {
         let t_wait = std::time::Instant::now();
         let mut t_outputs = t_wait;
 
-        let mut host = vec![0u8; rec.readback_size as usize];
-        if let Some(rb) = &rec.readback {
-            let slice = rb.slice(..);
-            let (tx, rx) = std::sync::mpsc::channel();
-            slice.map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-            self.ctx
-                .device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| GpuError::Device(e.to_string()))?;
-            t_outputs = std::time::Instant::now();
-            match rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(GpuError::Device(format!("reading outputs back: {e}"))),
-                Err(_) => return Err(GpuError::Device("reading outputs back: no answer".into())),
+        // The outputs, converted straight from the mapped readback buffer.
+        let convert = |bytes: &[u8]| -> Vec<HostTensor> {
+            let mut outs = Vec::with_capacity(self.graph.outputs.len());
+            for (&t, (off, shape)) in self.graph.outputs.iter().zip(&rec.outputs) {
+                let def = &self.graph.tensors[t];
+                let numel: usize = shape.iter().product();
+                outs.push(HostTensor {
+                    dtype: def.dtype,
+                    sizes: shape.clone(),
+                    data: from_repr(self.mem.repr[t], def.dtype, &bytes[*off as usize..], numel),
+                });
             }
-            {
-                let view = slice
-                    .get_mapped_range()
-                    .map_err(|e| GpuError::Device(format!("reading outputs back: {e}")))?;
-                let n = host.len();
-                host.copy_from_slice(&view[..n]);
+            outs
+        };
+        let outs = match &rec.readback {
+            Some(rb) => {
+                let slice = rb.slice(..);
+                let (tx, rx) = std::sync::mpsc::channel();
+                slice.map_async(wgpu::MapMode::Read, move |r| {
+                    let _ = tx.send(r);
+                });
+                self.ctx
+                    .device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .map_err(|e| GpuError::Device(e.to_string()))?;
+                t_outputs = std::time::Instant::now();
+                match rx.recv() {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        return Err(GpuError::Device(format!("reading outputs back: {e}")))
+                    }
+                    Err(_) => {
+                        return Err(GpuError::Device("reading outputs back: no answer".into()))
+                    }
+                }
+                let outs = {
+                    let view = slice
+                        .get_mapped_range()
+                        .map_err(|e| GpuError::Device(format!("reading outputs back: {e}")))?;
+                    convert(&view)
+                };
+                rb.unmap();
+                outs
             }
-            rb.unmap();
-        }
+            None => convert(&[]),
+        };
         self.ctx.take_errors()?;
-
-        let mut outs = Vec::with_capacity(self.graph.outputs.len());
-        for (&t, (off, shape)) in self.graph.outputs.iter().zip(&rec.outputs) {
-            let def = &self.graph.tensors[t];
-            let numel: usize = shape.iter().product();
-            let bytes = &host[*off as usize..];
-            outs.push(HostTensor {
-                dtype: def.dtype,
-                sizes: shape.clone(),
-                data: from_repr(self.mem.repr[t], def.dtype, bytes, numel),
-            });
-        }
         let ns = |a: std::time::Instant, b: std::time::Instant| (b - a).as_nanos() as u64;
         let host = &mut self.stats.host;
         host.prepare_ns += ns(t_start, t_encode);

@@ -212,19 +212,22 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
     }])
 }
 
-/// Whether `op_shapes` reads a symbol for this op (the plan cache re-runs only these ops).
-pub fn shape_reads_syms(kind: &OpKind) -> bool {
-    let sym = |v: &Int| matches!(v, Int::Sym(_));
-    match kind {
-        OpKind::Arange { start, end, .. } | OpKind::Slice { start, end, .. } => {
-            sym(start) || sym(end)
-        }
+/// The symbols `op_shapes` reads for this op (the plan cache re-runs an op when one changes).
+pub fn shape_syms(kind: &OpKind) -> Vec<SymId> {
+    let ints: Vec<Int> = match kind {
+        OpKind::Arange { start, end, .. } | OpKind::Slice { start, end, .. } => vec![*start, *end],
         OpKind::Reshape { shape } | OpKind::Expand { shape } | OpKind::Full { shape, .. } => {
-            shape.iter().any(sym)
+            shape.clone()
         }
-        OpKind::Select { index, .. } => sym(index),
-        _ => false,
-    }
+        OpKind::Select { index, .. } => vec![*index],
+        _ => Vec::new(),
+    };
+    ints.into_iter()
+        .filter_map(|v| match v {
+            Int::Sym(s) => Some(s),
+            Int::Lit(_) => None,
+        })
+        .collect()
 }
 
 /// Checks the inputs against the graph, sets the input tensors' shapes and the input symbols,
@@ -379,12 +382,12 @@ pub fn infer_shapes(g: &Graph, inputs: &[InputValue]) -> Result<Plan, IrError> {
 }
 
 /// Plans calls, reusing the last plan's shapes when a call provably has the same ones: the same
-/// input shapes, and every op whose shape reads a symbol giving the same shape under this call's
-/// symbols (every other op's shape follows from its inputs' alone). Decode steps differ only in
+/// input shapes, and every op whose shape reads a symbol that changed giving the same shape
+/// (every other op's shape follows from its inputs' shapes alone). Decode steps differ only in
 /// symbol values (the position), so a step evaluates its symbols and a few ops, not the graph.
 pub struct PlanCache {
-    /// Sym nodes and the ops whose shapes read symbols, in graph order.
-    steps: Vec<usize>,
+    /// Sym nodes, and the ops whose shapes read symbols with those symbols, in graph order.
+    steps: Vec<(usize, Vec<SymId>)>,
     last: Option<Plan>,
 }
 
@@ -394,11 +397,13 @@ impl PlanCache {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, node)| match node {
-                Node::Sym(_) => true,
-                Node::Op(o) => shape_reads_syms(&o.kind),
+            .filter_map(|(n, node)| match node {
+                Node::Sym(_) => Some((n, Vec::new())),
+                Node::Op(o) => {
+                    let syms = shape_syms(&o.kind);
+                    (!syms.is_empty()).then_some((n, syms))
+                }
             })
-            .map(|(n, _)| n)
             .collect();
         PlanCache { steps, last: None }
     }
@@ -430,10 +435,14 @@ impl PlanCache {
         if !same_inputs {
             return Ok(None);
         }
+        let before = last.syms.clone();
         let data_of = bind_inputs(g, inputs, &mut last.shapes, &mut last.syms)?;
-        for &n in &self.steps {
+        for (n, reads) in &self.steps {
+            let n = *n;
             match &g.nodes[n] {
                 Node::Sym(s) => eval_sym(g, n, s, &last.shapes, &mut last.syms, &data_of)?,
+                // Its symbols as in the last call: its shapes too.
+                Node::Op(_) if reads.iter().all(|&s| last.syms[s] == before[s]) => {}
                 Node::Op(o) => {
                     let outs = node_shapes(n, o, &last.shapes, &last.syms)?;
                     if o.outputs

@@ -11,7 +11,7 @@ mod infer;
 pub mod passes;
 
 pub use crate::runtime::DType;
-pub use infer::{infer_shapes, op_shapes, shape_reads_syms, InputValue, Plan, PlanCache};
+pub use infer::{infer_shapes, op_shapes, shape_syms, InputValue, Plan, PlanCache};
 
 use crate::pte::Blob;
 use std::fmt;
