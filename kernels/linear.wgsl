@@ -23,6 +23,8 @@ struct Params {
     // its weights follow in the same buffers and its outputs go to y2 (N - split columns).
     split: u32,
     _pad1: u32,
+    // GLU: the chain's step words (chain.wgsl `apply_chain`).
+    words: array<vec4<u32>, 3>,
 }
 
 // 0: f32, 1: 4-bit, 2: 8-bit.
@@ -266,6 +268,12 @@ override SG_LANES: u32 = 1u;
 // weights (dot4I8Packed, DP4A where the GPU has it) replace the per-element dequantization:
 // Σ x·w over a group = s · (sc · (Σ q·n - zp Σ n) + b · (Σ q - zp · G)).
 override INT_X: bool = false;
+// The rows are a paired linear's two halves (gate/up) whose only reader is an element-wise chain
+// of the two (gelu(gate) · up, chain.wgsl): a team owns rows of both, RPT / 2 each, and stores
+// the chain's value at the first half's row (y, N / 2 columns) instead of either output.
+// GLU_FIRST: the chain's input 0 is the first half.
+override GLU: bool = false;
+override GLU_FIRST: bool = true;
 
 var<workgroup> red4: array<vec4<f32>, WG>;
 
@@ -381,7 +389,8 @@ fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) 
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
     let lane = t % TEAM;
-    let row0 = ((wg.x + wg.y * nwg.x) * (WG / TEAM) + t / TEAM) * RPT;
+    let team = (wg.x + wg.y * nwg.x) * (WG / TEAM) + t / TEAM;
+    let row0 = team * RPT;
     let m = wg.z;
     // x vec4s per quad: 8 (4-bit), 4 (8-bit), 1 (f32).
     let xq = select(select(1u, 4u, KIND == 2u), 8u, KIND == 1u);
@@ -390,10 +399,25 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     // Rows past the chunk repeat its last row (no branch in the loop); only valid rows are
     // written. Teams past the end still take part in the reduction's barriers.
     let last = p.n - 1u;
-    let r0 = min(row0, last);
-    let r1 = min(row0 + 1u, last);
-    let r2 = min(row0 + 2u, last);
-    let r3 = min(row0 + 3u, last);
+    var r0 = min(row0, last);
+    var r1 = min(row0 + 1u, last);
+    var r2 = min(row0 + 2u, last);
+    var r3 = min(row0 + 3u, last);
+    // GLU: rows g0.. of the first half (p.split rows) in the first RPT / 2 slots, the same rows
+    // of the second half in the others.
+    let g0 = team * (RPT / 2u);
+    if GLU {
+        let hl = p.split - 1u;
+        if RPT == 2u {
+            r0 = min(g0, hl);
+            r1 = p.split + r0;
+        } else {
+            r0 = min(g0, hl);
+            r1 = min(g0 + 1u, hl);
+            r2 = p.split + r0;
+            r3 = p.split + r1;
+        }
+    }
     var acc = vec4<f32>(0.0);
     if INT_X {
         // 16 x bytes per vec4 word: 2 words per 4-bit quad, 1 per 8-bit quad.
@@ -452,6 +476,20 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
     }
     let s = team_sum(acc, t, lane);
+    if GLU {
+        let half = RPT / 2u;
+        if lane < half && g0 + lane < p.split {
+            var a = s[lane];
+            var z = s[lane + half];
+            if INT_X {
+                a *= s_x;
+                z *= s_x;
+            }
+            let ins = vec3<f32>(select(z, a, GLU_FIRST), select(a, z, GLU_FIRST), 0.0);
+            y[m * p.ldy + g0 + lane] = apply_chain(ins.x, ins, p.words);
+        }
+        return;
+    }
     let row = row0 + lane;
     if lane < RPT && row < p.n {
         var v = s[lane];

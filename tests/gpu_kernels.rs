@@ -947,6 +947,65 @@ fn paired_linears_match_separate_ones() {
     }
 }
 
+/// A paired gate/up linear whose two outputs only gelu(one) · the other reads stores that chain
+/// itself where it runs as a mat-vec (decode rows): one dispatch fewer and the same bits as the
+/// chain apart, for 4- and 8-bit weights with and without int8 activations and f32 weights,
+/// whichever of the two the gelu takes, with and without subgroups. Prefill rows (the tiled
+/// kernel) keep the chain's own dispatch.
+#[test]
+fn paired_gate_up_linears_store_their_chain() {
+    use pteria::ir::ActQuant;
+    let pairs = fused_and_apart(ContextOptions {
+        separate_glu: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(28);
+    let formats = [
+        (Weight::Q4 { group: 128 }, ActQuant::Torchao),
+        (Weight::Q8 { group: 64 }, ActQuant::Torchao),
+        (Weight::Q4 { group: 128 }, ActQuant::None),
+        (Weight::F32, ActQuant::None),
+    ];
+    for (m, k, n) in [(1usize, 256usize, 67usize), (3, 1536, 2560), (20, 256, 40)] {
+        for (w, aq) in formats {
+            for gelu_second in [false, true] {
+                let mut t = T::default();
+                let f = DType::F32;
+                let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+                let mut halves = Vec::new();
+                for _ in 0..2 {
+                    let mut ins = vec![x];
+                    ins.extend(quant_weight(&mut t, &mut rng, w, n, k));
+                    let kind = OpKind::Linear {
+                        weight: w,
+                        act_quant: aq,
+                        has_bias: false,
+                    };
+                    halves.push(t.op(kind, ins, f, &[m, n]));
+                }
+                let (g, u) = if gelu_second {
+                    (halves[1], halves[0])
+                } else {
+                    (halves[0], halves[1])
+                };
+                let ge = t.op(OpKind::Unary(UnaryOp::GeluTanh), vec![g], f, &[m, n]);
+                let y = t.op(OpKind::Binary(BinaryOp::Mul), vec![ge, u], f, &[m, n]);
+                t.out(y);
+                assert_eq!(pteria::ir::passes::fuse_elementwise_chains(&mut t.g), 1);
+                for (fused, apart, name) in &pairs {
+                    let what = format!(
+                        "{m}x{k} gate/up of {n} {w:?}/{aq:?}, gelu of the {}{name}",
+                        if gelu_second { "second" } else { "first" }
+                    );
+                    let (a, b) = same_bits_fused_and_apart(fused, apart, &what, &t);
+                    let saved = (m <= 8) as usize;
+                    assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
+                }
+            }
+        }
+    }
+}
+
 /// Identity weights make the linear return its quantize-dequantized activations, so a single
 /// tie rounded the other way shows as a whole quantization step.
 #[test]

@@ -21,7 +21,9 @@ fn kernel_source(name: &str) -> Option<&'static str> {
             include_str!("../../kernels/rms_norm.wgsl")
         ),
         // Activation quantization (quant.wgsl) is shared with rms_norm, which can do it too.
+        // A paired linear can store a chain of its two outputs (chain.wgsl; `GLU`).
         "linear" => concat!(
+            include_str!("../../kernels/chain.wgsl"),
             include_str!("../../kernels/quant.wgsl"),
             include_str!("../../kernels/linear.wgsl")
         ),
@@ -81,6 +83,9 @@ pub struct ContextOptions {
     /// Quantize a linear's activations in their own dispatch, never in the rms_norm that
     /// produces them (tests compare).
     pub separate_quant: bool,
+    /// Run the element-wise chain of a paired gate/up linear's outputs in its own dispatch,
+    /// never in the linear's (tests compare).
+    pub separate_glu: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -144,6 +149,7 @@ pub struct Context {
     separate_linears: bool,
     f16_kv_cache: bool,
     separate_quant: bool,
+    separate_glu: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -264,6 +270,7 @@ impl Context {
             separate_linears: opts.separate_linears,
             f16_kv_cache: opts.f16_kv_cache,
             separate_quant: opts.separate_quant,
+            separate_glu: opts.separate_glu,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -346,6 +353,10 @@ impl Context {
 
     pub(crate) fn fuse_quant(&self) -> bool {
         !self.separate_quant
+    }
+
+    pub(crate) fn fuse_glu(&self) -> bool {
+        !self.separate_glu
     }
 
     pub(crate) fn max_workgroups(&self) -> u32 {

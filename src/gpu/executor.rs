@@ -235,6 +235,7 @@ impl GpuExecutor {
             ctx.merge_linears(),
             ctx.f16_kv_cache(),
             ctx.fuse_quant(),
+            ctx.fuse_glu(),
         );
         for (n, node) in graph.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };

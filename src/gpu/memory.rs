@@ -79,6 +79,11 @@ pub(crate) struct MemoryPlan {
     pub quant_into: Vec<Option<usize>>,
     /// The inverse of `quant_into`: per linear, the producer that quantizes its input.
     pub quant_by: Vec<Option<usize>>,
+    /// Per node: for the lead of a paired linear, the element-wise chain of its two outputs that
+    /// it can store instead of them (the gate/up and gelu(gate) · up of an MLP); `glu_lead` is the
+    /// inverse. Whether a call does is `ops::glu_fused`.
+    pub glu_chain: Vec<Option<usize>>,
+    pub glu_lead: Vec<Option<usize>>,
     /// Per node: a permute whose input is kept live as long as its output, so that where it is
     /// a view for a call's shapes the executor skips it and reads its input instead.
     pub view_permute: Vec<bool>,
@@ -152,6 +157,7 @@ impl MemoryPlan {
         merge: bool,
         f16_kv: bool,
         fuse_quant: bool,
+        fuse_glu: bool,
     ) -> (MemoryPlan, Vec<String>) {
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -424,6 +430,60 @@ impl MemoryPlan {
             }
         }
 
+        // A paired linear whose two outputs are read only by one element-wise chain of the two
+        // (gate/up, then gelu(gate) · up) can store the chain's result itself where it runs as
+        // a mat-vec: the team that computes a row of the first computes the same row of the
+        // second (`ops::glu_fused`), and the chain is not dispatched. Its output is then
+        // written at the linear's node. Such a chain never quantizes for a linear (the calls
+        // that run it apart would need it to).
+        let mut glu_chain: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut glu_lead: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        if merge && fuse_glu {
+            let mut reads: Vec<Vec<usize>> = vec![Vec::new(); nt];
+            for (n, node) in g.nodes.iter().enumerate() {
+                if let Node::Op(op) = node {
+                    for &t in &op.inputs {
+                        reads[root[t]].push(n);
+                    }
+                }
+            }
+            let out_of = |n: usize| match &g.nodes[n] {
+                Node::Op(op) => op.outputs.first().copied(),
+                Node::Sym(_) => None,
+            };
+            for m in 0..g.nodes.len() {
+                let Some(n) = partner[m] else { continue };
+                let (Some(o1), Some(o2)) = (out_of(m), out_of(n)) else {
+                    continue;
+                };
+                let Some(&c) = reads[o1].first() else {
+                    continue;
+                };
+                let Node::Op(chain) = &g.nodes[c] else {
+                    continue;
+                };
+                let Some(&cout) = chain.outputs.first() else {
+                    continue;
+                };
+                let shape = &g.tensors[o1].max_shape;
+                let ok = matches!(chain.kind, OpKind::ElementwiseChain { .. })
+                    && reads[o1] == [c]
+                    && reads[o2] == [c]
+                    && (chain.inputs == [o1, o2] || chain.inputs == [o2, o1])
+                    && !g.outputs.contains(&o1)
+                    && !g.outputs.contains(&o2)
+                    && root[cout] == cout
+                    && matches!(g.tensors[cout].role, Role::Activation)
+                    && g.tensors[o2].max_shape == *shape
+                    && g.tensors[cout].max_shape == *shape;
+                if ok {
+                    glu_chain[m] = Some(c);
+                    glu_lead[c] = Some(m);
+                    first_write[cout] = first_write[cout].min(m);
+                }
+            }
+        }
+
         let mut buffers = Vec::new();
         let mut place: Vec<Vec<usize>> = vec![Vec::new(); nt];
         let mut pooled = Vec::new();
@@ -484,12 +544,14 @@ impl MemoryPlan {
             let mut row_producer: Vec<Option<usize>> = vec![None; nt];
             for (n, node) in g.nodes.iter().enumerate() {
                 if let Node::Op(op) = node {
-                    if matches!(
-                        op.kind,
-                        OpKind::RmsNorm { .. }
-                            | OpKind::RmsNormChain { .. }
-                            | OpKind::ElementwiseChain { .. }
-                    ) {
+                    if glu_lead[n].is_none()
+                        && matches!(
+                            op.kind,
+                            OpKind::RmsNorm { .. }
+                                | OpKind::RmsNormChain { .. }
+                                | OpKind::ElementwiseChain { .. }
+                        )
+                    {
                         for &o in &op.outputs {
                             row_producer[root[o]] = Some(n);
                         }
@@ -613,6 +675,8 @@ impl MemoryPlan {
             merged_into,
             quant_into,
             quant_by,
+            glu_chain,
+            glu_lead,
             view_permute,
             buffers,
         };

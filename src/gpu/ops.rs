@@ -649,6 +649,12 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
                 vec![Res::Tensor(c), Res::Tensor(a), Res::Tensor(bb)],
             )
         }
+        // The paired linear that produces both inputs stores this chain itself (`glu_fused`).
+        OpKind::ElementwiseChain { .. }
+            if env.mem.glu_lead[node].is_some_and(|l| glu_fused(env, l).is_some()) =>
+        {
+            Vec::new()
+        }
         // Rows a quantized linear reads packed: the row kernel chains and quantizes them.
         OpKind::ElementwiseChain { steps }
             if env.mem.quant_into[node]
@@ -1275,6 +1281,34 @@ const MATVEC_MAX_M: usize = 8;
 
 /// Whether a linear with activation quantization reads its input as `act_quant_packed` int8
 /// words (the decode mat-vec and XNNPACK's exact GEMM) rather than quantize-dequantized floats.
+/// For the lead of a paired linear whose outputs only a chain of the two reads
+/// (`MemoryPlan::glu_chain`): that chain's node and steps, and whether its input 0 is the lead's
+/// output, where this call runs the pair as one quad mat-vec (decode) that stores the chain's
+/// result instead of the two outputs.
+pub(crate) fn glu_fused<'a>(env: &'a Env, lead: usize) -> Option<(usize, &'a [ChainStep], bool)> {
+    let c = env.mem.glu_chain.get(lead).copied().flatten()?;
+    let second = env.mem.partner.get(lead).copied().flatten()?;
+    use crate::ir::Node;
+    let (Node::Op(op), Node::Op(op2), Node::Op(chain)) = (
+        &env.graph.nodes[lead],
+        &env.graph.nodes[second],
+        &env.graph.nodes[c],
+    ) else {
+        return None;
+    };
+    let (OpKind::Linear { weight, .. }, OpKind::ElementwiseChain { steps }) =
+        (&op.kind, &chain.kind)
+    else {
+        return None;
+    };
+    let k = *env.shape(op.inputs[0]).last()?;
+    let m = env.numel(op.inputs[0]).checked_div(k)?;
+    let rows = env.shape(op.outputs[0]).last()? + env.shape(op2.outputs[0]).last()?;
+    let fused =
+        m <= MATVEC_MAX_M && matvec_aligned(*weight, k) && quad_matvec(*weight, k, rows).is_some();
+    fused.then_some((c, steps.as_slice(), chain.inputs[0] == op.outputs[0]))
+}
+
 fn int_x(weight: Weight, act_quant: crate::ir::ActQuant, k: usize, n: usize, m: usize) -> bool {
     let kind_q = !matches!(weight, Weight::F32);
     let matvec = m <= MATVEC_MAX_M && matvec_aligned(weight, k);
@@ -1505,7 +1539,21 @@ fn linear(
                 inputs,
                 env.grid(nc.div_ceil(xr), m.div_ceil(xm)),
             ));
-        } else if let Some((team, wg, rpt)) = quad {
+        } else if let Some((team, wg, mut rpt)) = quad {
+            // Storing a chain of the pair's two outputs: a team owns rows of both halves.
+            let glu = second.and_then(|_| glu_fused(env, node));
+            let (mut p, mut y) = (p, Res::Tensor(out));
+            if let Some((c, chain, first)) = glu {
+                rpt = rpt.max(2);
+                let (q, cc) = chain_steps(p.u(0), chain);
+                p = q;
+                consts.extend(cc);
+                consts.extend([("GLU", 1.0), ("GLU_FIRST", b(first))]);
+                let crate::ir::Node::Op(cop) = &env.graph.nodes[c] else {
+                    return Err("a fused chain is not an op".into());
+                };
+                y = Res::Tensor(cop.outputs[0]);
+            }
             consts.extend([
                 ("TEAM", team as f64),
                 ("WG", wg as f64),
@@ -1521,7 +1569,7 @@ fn linear(
                 "matvec",
                 consts,
                 p,
-                Res::Tensor(out),
+                y,
                 inputs,
                 env.grid(nc.div_ceil(wg / team * rpt), m),
             ));
