@@ -1279,8 +1279,6 @@ fn rms_norm(
 /// Rows of x up to which the mat-vec kernel (weights re-read per row) beats the tiled one.
 const MATVEC_MAX_M: usize = 8;
 
-/// Whether a linear with activation quantization reads its input as `act_quant_packed` int8
-/// words (the decode mat-vec and XNNPACK's exact GEMM) rather than quantize-dequantized floats.
 /// For the lead of a paired linear whose outputs only a chain of the two reads
 /// (`MemoryPlan::glu_chain`): that chain's node and steps, and whether its input 0 is the lead's
 /// output, where this call runs the pair as one quad mat-vec (decode) that stores the chain's
@@ -1309,6 +1307,8 @@ pub(crate) fn glu_fused<'a>(env: &'a Env, lead: usize) -> Option<(usize, &'a [Ch
     fused.then_some((c, steps.as_slice(), chain.inputs[0] == op.outputs[0]))
 }
 
+/// Whether a linear with activation quantization reads its input as `act_quant_packed` int8
+/// words (the decode mat-vec and XNNPACK's exact GEMM) rather than quantize-dequantized floats.
 fn int_x(weight: Weight, act_quant: crate::ir::ActQuant, k: usize, n: usize, m: usize) -> bool {
     let kind_q = !matches!(weight, Weight::F32);
     let matvec = m <= MATVEC_MAX_M && matvec_aligned(weight, k);
