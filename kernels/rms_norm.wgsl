@@ -36,6 +36,12 @@ struct Params {
     seq_len: u32,
     start_slot: u32,
     table_rows: u32,
+    // main4_cache: the cache's length along the update's axis, the rows' (value's) length
+    // along it, the syms slot of the update's start, and whether cache_idx names the rows.
+    cache_len: u32,
+    value_len: u32,
+    cache_start: u32,
+    cache_indexed: u32,
 }
 
 override WG: u32 = 256u;
@@ -69,6 +75,8 @@ override QUANT: u32 = 0u;
 @group(0) @binding(5) var<storage, read> op0: array<f32>;
 @group(0) @binding(6) var<storage, read> op1: array<f32>;
 @group(0) @binding(7) var<storage, read_write> qy: array<u32>;
+// main4_cache: the cache rows of the value's rows (an update's indices), when it has them.
+@group(0) @binding(7) var<storage, read> cache_idx: array<i32>;
 
 var<workgroup> red: array<f32, WG>;
 
@@ -204,7 +212,39 @@ fn main4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if row >= p.rows {
         return;
     }
-    norm_row4(row, t);
+    norm_row4(row, t, row * (p.d / 4u));
+}
+
+// main4 with the rows stored into a KV cache (bound as y) where the cache update that reads them
+// would have put them (cache_update.wgsl): value row r of each block of value_len goes to cache
+// row cache_idx[r] (negative counts from the end; a row outside the cache is not stored) or
+// start + r (an update that does not fit stores nothing). src/gpu/memory.rs `norm_cache`.
+@compute @workgroup_size(WG)
+fn main4_cache(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) t: u32) {
+    let row = wg.x + wg.y * nwg.x;
+    if row >= p.rows {
+        return;
+    }
+    let block = row / p.value_len;
+    let r = row % p.value_len;
+    var dst: i32;
+    if p.cache_indexed != 0u {
+        dst = cache_idx[r];
+        if dst < 0 {
+            dst += i32(p.cache_len);
+        }
+    } else {
+        let start = syms[p.cache_start];
+        if start < 0 || u32(start) + p.value_len > p.cache_len {
+            return;
+        }
+        dst = start + i32(r);
+    }
+    if dst < 0 || u32(dst) >= p.cache_len {
+        return;
+    }
+    norm_row4(row, t, (block * p.cache_len + u32(dst)) * (p.d / 4u));
 }
 
 // main4, then the stored row quantized (QUANT). Its own entry point: a module variable that an
@@ -216,7 +256,7 @@ fn main4_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     if row >= p.rows {
         return;
     }
-    let range = norm_row4(row, t);
+    let range = norm_row4(row, t, row * (p.d / 4u));
     // The stored row is read back (visible to the workgroup after the barrier) rather than
     // kept in registers: the 4-bit order pairs two invocations' words.
     storageBarrier();
@@ -240,9 +280,9 @@ fn main4_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-// Row `row` normed by 16-byte words and stored (or rotated); returns the range (lo, hi) of this
-// invocation's stored values, with 0 (as quant.wgsl wants).
-fn norm_row4(row: u32, t: u32) -> vec2<f32> {
+// Row `row` normed by 16-byte words and stored (or rotated) from word `obase` of y on; returns
+// the range (lo, hi) of this invocation's stored values, with 0 (as quant.wgsl wants).
+fn norm_row4(row: u32, t: u32, obase: u32) -> vec2<f32> {
     let d4 = p.d / 4u;
     let base = row * d4;
     var first = vec4<f32>();
@@ -269,7 +309,7 @@ fn norm_row4(row: u32, t: u32) -> vec2<f32> {
             stash4(t, v);
         } else {
             let o = chained4(v, 4u * (base + t));
-            y4[base + t] = o;
+            y4[obase + t] = o;
             lo = min(lo, o);
             hi = max(hi, o);
         }
@@ -283,7 +323,7 @@ fn norm_row4(row: u32, t: u32) -> vec2<f32> {
             stash4(j, v);
         } else {
             let o = chained4(v, 4u * (base + j));
-            y4[base + j] = o;
+            y4[obase + j] = o;
             lo = min(lo, o);
             hi = max(hi, o);
         }
@@ -293,7 +333,7 @@ fn norm_row4(row: u32, t: u32) -> vec2<f32> {
         for (var j = t; j < d4; j += WG) {
             let e = 4u * j;
             let b = 4u * base;
-            y4[base + j] = vec4<f32>(rotated(e, b), rotated(e + 1u, b), rotated(e + 2u, b),
+            y4[obase + j] = vec4<f32>(rotated(e, b), rotated(e + 1u, b), rotated(e + 2u, b),
                                      rotated(e + 3u, b));
         }
     }

@@ -2176,6 +2176,93 @@ fn indexed_cache_update_scatters_rows_and_keeps_the_cache() {
     assert!(err.contains("outside a cache of 10 rows"), "{err}");
 }
 
+/// An rms_norm whose rows only an update of an f32 KV cache reads stores them straight into the
+/// cache (one dispatch fewer): call after call the cache holds the same bits as with the update
+/// apart and matches the CPU, for indexed and start-position updates, plain and rotated norms,
+/// two heads, prompt and decode rows, with and without subgroups. A row an index puts outside the
+/// cache is not stored either way (the CPU reference reports it). An op reading the cache between
+/// the norm and the update keeps them apart.
+#[test]
+fn norms_store_their_rows_into_the_kv_cache() {
+    let pairs = fused_and_apart(ContextOptions {
+        separate_cache_update: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(29);
+    let (h, d, cache, max_t, max_pos) = (2usize, 16usize, 12usize, 4usize, 16usize);
+    let f = DType::F32;
+    for indexed in [true, false] {
+        for rope in [false, true] {
+            for peek in [false, true] {
+                let mut t = T::default();
+                let xs = [1, h, max_t, d];
+                let x = t.input(f, &xs, &xs, vec![0; 4 * h * max_t * d]);
+                let idx = t.input(DType::I64, &[max_t], &[max_t], vec![0; 8 * max_t]);
+                let start = t.sym("start", 0);
+                let w = t.const_f(&[d], &rng.floats(d, 1.5));
+                let normed = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![x, w], f, &xs);
+                let rows = if rope {
+                    let half = d / 2;
+                    let cos = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+                    let sin = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+                    let kind = OpKind::Rope {
+                        style: RopeStyle::Half,
+                        rotary: d,
+                        seq_dim: 2,
+                        start: Int::Sym(start),
+                    };
+                    t.op(kind, vec![normed, cos, sin], f, &xs)
+                } else {
+                    normed
+                };
+                let cs = [1, h, cache, d];
+                let c = t.g.add_tensor("cache", f, cs.to_vec(), Role::State(None));
+                if peek {
+                    let seen = t.op(OpKind::Unary(UnaryOp::Neg), vec![c], f, &cs);
+                    t.out(seen);
+                }
+                let (ins, at) = if indexed {
+                    (vec![c, rows, idx], Int::Lit(0))
+                } else {
+                    (vec![c, rows], Int::Sym(start))
+                };
+                let u = t.op(OpKind::CacheUpdate { axis: 2, start: at }, ins, f, &cs);
+                t.out(u);
+                if rope {
+                    assert_eq!(pteria::ir::passes::fuse_norm_ropes(&mut t.g), 1);
+                }
+                let what = format!("indexed {indexed}, rope {rope}, peek {peek}");
+                for (fused, apart, name) in &pairs {
+                    let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+                    let mut gf = GpuExecutor::new(fused.clone(), t.g.clone()).unwrap();
+                    let mut ga = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
+                    for (n, at) in [(3usize, 0i64), (1, 3), (1, 4), (2, 5), (1, 12)] {
+                        let xv = rng.floats(h * n * d, 2.0);
+                        t.inputs[0] = Val::Tensor(vec![1, h, n, d], f32_bytes(&xv));
+                        let pos: Vec<i64> = (at..at + n as i64).collect();
+                        t.inputs[1] = Val::Tensor(vec![n], i64_bytes(&pos));
+                        t.inputs[2] = Val::Sym(at);
+                        let vals = values(&t.inputs);
+                        let what = format!("{what}, {n} rows at {at}{name}");
+                        let (got, want) = (gf.run(&vals).unwrap(), ga.run(&vals).unwrap());
+                        assert!(got == want, "{what}: fused and apart differ");
+                        let (a, b) = (gf.stats().last_dispatches, ga.stats().last_dispatches);
+                        assert_eq!(
+                            a + (!peek) as usize,
+                            b,
+                            "{what}: {a} dispatches against {b}"
+                        );
+                        match cpu.run(&vals) {
+                            Ok(reference) => compare(&what, &got, &reference, TOL, 1e-3),
+                            Err(e) => assert!(at + n as i64 > cache as i64, "{what}: {e}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Rel-L2 allowed for an output computed from f16 KV caches: f16 keeps 11 significant bits (a
 /// cached value is off by up to 2^-12 of itself); measured on lavapipe, the worst output below
 /// is 2.6e-4.

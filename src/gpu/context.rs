@@ -86,6 +86,9 @@ pub struct ContextOptions {
     /// Run the element-wise chain of a paired gate/up linear's outputs in its own dispatch,
     /// never in the linear's (tests compare).
     pub separate_glu: bool,
+    /// Run KV cache updates in their own dispatch, never in the rms_norm that produces their
+    /// rows (tests compare).
+    pub separate_cache_update: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -150,6 +153,7 @@ pub struct Context {
     f16_kv_cache: bool,
     separate_quant: bool,
     separate_glu: bool,
+    separate_cache_update: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -271,6 +275,7 @@ impl Context {
             f16_kv_cache: opts.f16_kv_cache,
             separate_quant: opts.separate_quant,
             separate_glu: opts.separate_glu,
+            separate_cache_update: opts.separate_cache_update,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -357,6 +362,10 @@ impl Context {
 
     pub(crate) fn fuse_glu(&self) -> bool {
         !self.separate_glu
+    }
+
+    pub(crate) fn fuse_cache_update(&self) -> bool {
+        !self.separate_cache_update
     }
 
     pub(crate) fn max_workgroups(&self) -> u32 {

@@ -236,6 +236,7 @@ impl GpuExecutor {
             ctx.f16_kv_cache(),
             ctx.fuse_quant(),
             ctx.fuse_glu(),
+            ctx.fuse_cache_update(),
         );
         for (n, node) in graph.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };

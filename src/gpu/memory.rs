@@ -84,6 +84,10 @@ pub(crate) struct MemoryPlan {
     /// inverse. Whether a call does is `ops::glu_fused`.
     pub glu_chain: Vec<Option<usize>>,
     pub glu_lead: Vec<Option<usize>>,
+    /// Per node: for an rms_norm that stores its rows straight into a KV cache, the cache update
+    /// that then is not dispatched; `cache_filled` is the inverse.
+    pub norm_cache: Vec<Option<usize>>,
+    pub cache_filled: Vec<Option<usize>>,
     /// Per node: a permute whose input is kept live as long as its output, so that where it is
     /// a view for a call's shapes the executor skips it and reads its input instead.
     pub view_permute: Vec<bool>,
@@ -158,6 +162,7 @@ impl MemoryPlan {
         f16_kv: bool,
         fuse_quant: bool,
         fuse_glu: bool,
+        fuse_cache: bool,
     ) -> (MemoryPlan, Vec<String>) {
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -595,6 +600,72 @@ impl MemoryPlan {
             }
         }
 
+        // An rms_norm (plain or rotated, rows in 16-byte words, not quantizing for a linear)
+        // whose output only an in-place update of an f32 cache reads, as the rows it writes
+        // along the axis before the last, stores its rows straight into the cache (rms_norm.wgsl
+        // `main4_cache`) and the update is not dispatched: the k and v of a decode layer. Its
+        // rows then land at the norm's node, so nothing between the two may touch the cache,
+        // and the update's indices must exist by then.
+        let mut norm_cache: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut cache_filled: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        if fuse_cache {
+            let mut touch: Vec<Vec<usize>> = vec![Vec::new(); nt];
+            let mut produced = vec![usize::MAX; nt];
+            for (n, node) in g.nodes.iter().enumerate() {
+                if let Node::Op(op) = node {
+                    for &t in op.inputs.iter().chain(&op.outputs) {
+                        touch[root[t]].push(n);
+                    }
+                    for &t in &op.outputs {
+                        produced[root[t]] = produced[root[t]].min(n);
+                    }
+                }
+            }
+            for (n, node) in g.nodes.iter().enumerate() {
+                let Node::Op(op) = node else { continue };
+                if !matches!(op.kind, OpKind::RmsNorm { .. } | OpKind::RmsNormRope { .. })
+                    || quant_into[n].is_some()
+                {
+                    continue;
+                }
+                let Some(&o) = op.outputs.first() else {
+                    continue;
+                };
+                let readers: Vec<usize> =
+                    touch[root[o]].iter().copied().filter(|&u| u != n).collect();
+                let [u] = readers[..] else { continue };
+                let Node::Op(up) = &g.nodes[u] else { continue };
+                let OpKind::CacheUpdate { axis, .. } = up.kind else {
+                    continue;
+                };
+                let (Some(&cache), Some(&value), Some(&cout)) =
+                    (up.inputs.first(), up.inputs.get(1), up.outputs.first())
+                else {
+                    continue;
+                };
+                let vshape = &g.tensors[value].max_shape;
+                let c = root[cache];
+                let ok = value == o
+                    && root[o] == o
+                    && cache != o
+                    && !g.outputs.contains(&o)
+                    && vshape.len() >= 2
+                    && axis + 2 == vshape.len()
+                    && vshape.last().is_some_and(|d| d % 4 == 0)
+                    && repr[c] == Repr::F32
+                    && aliases(g, &up.kind, cout, cache)
+                    && touch[c].iter().all(|&v| v <= n || v >= u)
+                    && up
+                        .inputs
+                        .get(2)
+                        .is_none_or(|&i| produced[root[i]] == usize::MAX || produced[root[i]] < n);
+                if ok {
+                    norm_cache[n] = Some(u);
+                    cache_filled[u] = Some(n);
+                }
+            }
+        }
+
         // Liveness-ordered pool: at each node, allocate what it writes (and its scratch), then
         // release what it read last.
         let mut scratch: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
@@ -677,6 +748,8 @@ impl MemoryPlan {
             quant_by,
             glu_chain,
             glu_lead,
+            norm_cache,
+            cache_filled,
             view_permute,
             buffers,
         };

@@ -844,6 +844,8 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             softcap,
             start,
         } => sdpa(env, op, *layout, *scale, *causal, *window, *softcap, *start)?,
+        // The rms_norm producing the rows stored them in the cache (`MemoryPlan::norm_cache`).
+        OpKind::CacheUpdate { .. } if env.mem.cache_filled[node].is_some() => Vec::new(),
         OpKind::CacheUpdate { axis, start } => {
             let (cache, value) = (op.inputs[0], op.inputs[1]);
             let (cs, vs) = (env.shape(cache).to_vec(), env.shape(value).to_vec());
@@ -1262,6 +1264,34 @@ fn rms_norm(
         inputs,
         env.grid(rows, 1),
     );
+    // The rows go straight into the KV cache that their only reader, an update, writes: at the
+    // cache rows the update's indices (or its start) name, as cache_update.wgsl places them.
+    if let Some(u) = env.mem.norm_cache[node] {
+        let crate::ir::Node::Op(up) = &env.graph.nodes[u] else {
+            return Err("a fused cache update is not an op".into());
+        };
+        let OpKind::CacheUpdate { axis, start } = up.kind else {
+            return Err("a fused cache update is not one".into());
+        };
+        let cache = up.inputs[0];
+        let (cs, vs) = (env.shape(cache), env.shape(out));
+        if !vec4 || axis + 2 != vs.len() || cs.len() != vs.len() {
+            return Err(format!("rows of {vs:?} cannot go into cache {cs:?}"));
+        }
+        // Words 49.. of rms_norm.wgsl's `Params`, after the rotation's.
+        s.params.resize(49, 0);
+        s.params.extend([
+            cs[axis] as u32,
+            vs[axis] as u32,
+            (env.slot)(start),
+            (up.inputs.len() > 2) as u32,
+        ]);
+        s.out = Res::Tensor(cache);
+        s.inputs
+            .push(up.inputs.get(2).map_or(Res::Dummy, |&i| Res::Tensor(i)));
+        s.entry = "main4_cache";
+        return Ok(vec![s]);
+    }
     // The quantized linear reading this norm's rows takes them packed from here (quant.wgsl).
     if let Some((l, quant)) =
         env.mem.quant_into[node].and_then(|l| Some((l, prequantized(env, l)?)))
