@@ -346,26 +346,19 @@ impl Context {
         self.max_binding
     }
 
-    /// Whether linears of one input and format may share one dispatch.
-    pub(crate) fn merge_linears(&self) -> bool {
-        !self.separate_linears
+    /// Which of the planner's fusions are on (`ContextOptions` turns each off for tests).
+    pub(crate) fn fusions(&self) -> super::memory::Fusions {
+        super::memory::Fusions {
+            pair_linears: !self.separate_linears,
+            quant: !self.separate_quant,
+            glu: !self.separate_glu,
+            cache_update: !self.separate_cache_update,
+        }
     }
 
     /// Whether executors hold KV caches as f16 (`ContextOptions::f16_kv_cache`).
     pub fn f16_kv_cache(&self) -> bool {
         self.f16_kv_cache
-    }
-
-    pub(crate) fn fuse_quant(&self) -> bool {
-        !self.separate_quant
-    }
-
-    pub(crate) fn fuse_glu(&self) -> bool {
-        !self.separate_glu
-    }
-
-    pub(crate) fn fuse_cache_update(&self) -> bool {
-        !self.separate_cache_update
     }
 
     pub(crate) fn max_workgroups(&self) -> u32 {

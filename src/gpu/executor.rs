@@ -232,11 +232,8 @@ impl GpuExecutor {
         let (mem, mut problems) = MemoryPlan::new(
             &graph,
             ctx.max_storage_binding(),
-            ctx.merge_linears(),
             ctx.f16_kv_cache(),
-            ctx.fuse_quant(),
-            ctx.fuse_glu(),
-            ctx.fuse_cache_update(),
+            ctx.fusions(),
         );
         for (n, node) in graph.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };

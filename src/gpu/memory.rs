@@ -94,6 +94,16 @@ pub(crate) struct MemoryPlan {
     pub buffers: Vec<BufferSpec>,
 }
 
+/// Which fusions the plan may make: linears of one input paired, norms quantizing for their
+/// linears, gate/up linears storing their chain, norms storing into KV caches.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fusions {
+    pub pair_linears: bool,
+    pub quant: bool,
+    pub glu: bool,
+    pub cache_update: bool,
+}
+
 /// Bytes per element of a representation, given the IR dtype's size.
 pub(crate) fn elem_bytes(repr: Repr, dtype_size: usize) -> u64 {
     match repr {
@@ -158,12 +168,15 @@ impl MemoryPlan {
     pub fn new(
         g: &Graph,
         max_binding: u64,
-        merge: bool,
         f16_kv: bool,
-        fuse_quant: bool,
-        fuse_glu: bool,
-        fuse_cache: bool,
+        fusions: Fusions,
     ) -> (MemoryPlan, Vec<String>) {
+        let Fusions {
+            pair_linears: merge,
+            quant: fuse_quant,
+            glu: fuse_glu,
+            cache_update: fuse_cache,
+        } = fusions;
         let nt = g.tensors.len();
         let mut errors = Vec::new();
         let mut root: Vec<TensorId> = (0..nt).collect();
