@@ -235,15 +235,11 @@ fn f16_kv_caches_halve_the_stock_exports_caches_within_a_measured_error() {
 /// to 1.03e-3), and the f32 caches still match the CPU executor.
 #[test]
 fn f16_kv_cache_error_is_f16_rounding_without_activation_quantization() {
-    use pteria::ir::{ActQuant, InputValue, Node, OpKind};
+    use pteria::ir::{ActQuant, Node, OpKind};
     let (Some(c32), Some(c16)) = (common::gpu_context(), f16_kv_context()) else {
         return;
     };
-    let path = common::fixtures().join("gemma4_tiny_vulkan_stock_8da4w_emb4.pte");
-    let program = Program::open(&path, &[]).unwrap();
-    let plan = program.plans.iter().find(|p| p.name == "forward").unwrap();
-    let backends = pteria::frontend::backends(cpu_executor());
-    let mut g = pteria::runtime::whole::lower_method(plan, &program.named_data, &backends).unwrap();
+    let mut g = whole_graph("gemma4_tiny_vulkan_stock_8da4w_emb4.pte");
     let mut linears = 0;
     for node in &mut g.nodes {
         if let Node::Op(op) = node {
@@ -260,20 +256,9 @@ fn f16_kv_cache_error_is_f16_rounding_without_activation_quantization() {
     assert_eq!(g16.memory().f16_kv_caches, 8);
     let m = common::manifest();
     for (i, c) in m["inputs"]["calls"].as_array().unwrap().iter().enumerate() {
-        let bytes = |v: Vec<i64>| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         let (toks, pos) = (common::ints(&c["tokens"][0]), common::ints(&c["input_pos"]));
-        let (n, np) = (toks.len(), pos.len());
-        let (tb, pb) = (bytes(toks), bytes(pos));
-        let inputs = [
-            InputValue::Tensor {
-                shape: vec![1, n],
-                data: &tb,
-            },
-            InputValue::Tensor {
-                shape: vec![np],
-                data: &pb,
-            },
-        ];
+        let (tb, pb) = (i64_bytes(&toks), i64_bytes(&pos));
+        let inputs = call_inputs(toks.len(), &tb, pos.len(), &pb);
         let run = |out: Vec<HostTensor>| out[0].to_f32().unwrap();
         let want = run(cpu.run(&inputs).unwrap());
         let (l32, l16) = (
@@ -320,17 +305,13 @@ fn caches_the_f16_path_cannot_write_stay_f32_and_unchanged() {
 /// those does).
 #[test]
 fn plan_cache_matches_full_inference_on_every_call() {
-    use pteria::ir::{infer_shapes, op_shapes, shape_syms, InputValue, Node, PlanCache};
-    let bytes = |v: Vec<i64>| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    use pteria::ir::{infer_shapes, op_shapes, shape_syms, Node, PlanCache};
     for name in [
         "gemma4_tiny_vulkan_fp32.pte",
         "gemma4_tiny_vulkan_8da4w.pte",
         "gemma4_tiny_vulkan_stock_8da4w_emb4.pte",
     ] {
-        let program = Program::open(&common::fixtures().join(name), &[]).unwrap();
-        let plan = program.plans.iter().find(|p| p.name == "forward").unwrap();
-        let backends = pteria::frontend::backends(cpu_executor());
-        let g = pteria::runtime::whole::lower_method(plan, &program.named_data, &backends).unwrap();
+        let g = whole_graph(name);
         let mut cache = PlanCache::new(&g);
         // (tokens, first position): a prompt, decode steps, a shorter prompt, decode again.
         let calls = [
@@ -344,20 +325,9 @@ fn plan_cache_matches_full_inference_on_every_call() {
         ];
         let mut reused = Vec::new();
         for &(n, start) in &calls {
-            let (tb, pb) = (
-                bytes(vec![5; n]),
-                bytes((start..start + n as i64).collect()),
-            );
-            let inputs = [
-                InputValue::Tensor {
-                    shape: vec![1, n],
-                    data: &tb,
-                },
-                InputValue::Tensor {
-                    shape: vec![n],
-                    data: &pb,
-                },
-            ];
+            let pos: Vec<i64> = (start..start + n as i64).collect();
+            let (tb, pb) = (i64_bytes(&vec![5; n]), i64_bytes(&pos));
+            let inputs = call_inputs(n, &tb, n, &pb);
             let want = infer_shapes(&g, &inputs).unwrap();
             let (got, same) = cache.plan(&g, &inputs).unwrap();
             assert_eq!(*got, want, "{name}: the call at {start}");
@@ -388,17 +358,9 @@ fn plan_cache_matches_full_inference_on_every_call() {
             "{name}"
         );
         // A bad call after a reused plan is the same error as without the cache.
-        let (tb, pb) = (bytes(vec![5; 2]), bytes(vec![19]));
-        let bad = [
-            InputValue::Tensor {
-                shape: vec![1, 1],
-                data: &tb,
-            },
-            InputValue::Tensor {
-                shape: vec![1],
-                data: &pb,
-            },
-        ];
+        // Two tokens' bytes for a shape of one.
+        let (tb, pb) = (i64_bytes(&[5, 5]), i64_bytes(&[19]));
+        let bad = call_inputs(1, &tb, 1, &pb);
         let want = infer_shapes(&g, &bad).unwrap_err().to_string();
         assert_eq!(
             cache.plan(&g, &bad).unwrap_err().to_string(),
@@ -406,4 +368,35 @@ fn plan_cache_matches_full_inference_on_every_call() {
             "{name}"
         );
     }
+}
+
+/// Fixture `file`'s `forward` lowered to one IR graph (its delegates through the IR front ends).
+fn whole_graph(file: &str) -> pteria::ir::Graph {
+    let program = Program::open(&common::fixtures().join(file), &[]).unwrap();
+    let plan = program.plans.iter().find(|p| p.name == "forward").unwrap();
+    let backends = pteria::frontend::backends(cpu_executor());
+    pteria::runtime::whole::lower_method(plan, &program.named_data, &backends).unwrap()
+}
+
+fn i64_bytes(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A call's inputs: `tokens` token ids `[1, tokens]` and `positions` positions, from their bytes.
+fn call_inputs<'a>(
+    tokens: usize,
+    tb: &'a [u8],
+    positions: usize,
+    pb: &'a [u8],
+) -> [pteria::ir::InputValue<'a>; 2] {
+    [
+        pteria::ir::InputValue::Tensor {
+            shape: vec![1, tokens],
+            data: tb,
+        },
+        pteria::ir::InputValue::Tensor {
+            shape: vec![positions],
+            data: pb,
+        },
+    ]
 }
