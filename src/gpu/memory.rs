@@ -310,6 +310,9 @@ impl MemoryPlan {
         let mut last_read = vec![0usize; nt];
         let mut used = vec![false; nt];
         let mut writers = vec![0usize; nt];
+        // Per root, the nodes that read it (once per input) and that write it, in order.
+        let mut reads: Vec<Vec<usize>> = vec![Vec::new(); nt];
+        let mut writes: Vec<Vec<usize>> = vec![Vec::new(); nt];
         for (n, node) in g.nodes.iter().enumerate() {
             let Node::Op(op) = node else { continue };
             let weights = ops::weight_tensors(op);
@@ -319,6 +322,7 @@ impl MemoryPlan {
                 let r = root[t];
                 used[r] = true;
                 last_read[r] = last_read[r].max(n);
+                reads[r].push(n);
                 if split[r].is_some() && !weights.contains(&t) {
                     errors.push(format!(
                         "tensor {t} `{}` is split by rows (too large to bind) but {} reads it whole",
@@ -332,6 +336,7 @@ impl MemoryPlan {
                 used[r] = true;
                 first_write[r] = first_write[r].min(n);
                 writers[r] += !view as usize;
+                writes[r].push(n);
             }
         }
         for (k, &t) in g.outputs.iter().enumerate() {
@@ -381,12 +386,6 @@ impl MemoryPlan {
         let mut joined: Vec<Option<TensorId>> = vec![None; nt];
         let mut absorbed = vec![false; nt];
         if merge {
-            let mut readers = vec![0usize; nt];
-            for op in g.ops() {
-                for &t in &op.inputs {
-                    readers[root[t]] += 1;
-                }
-            }
             let key = |op: &crate::ir::Op| -> Option<(TensorId, String)> {
                 let OpKind::Linear {
                     weight,
@@ -402,7 +401,7 @@ impl MemoryPlan {
                     && op.inputs.len() == 1 + weight.tensor_count()
                     && ops::weight_tensors(op).iter().all(|&t| {
                         root[t] == t
-                            && readers[t] == 1
+                            && reads[t].len() == 1
                             && split[t].is_none()
                             && matches!(g.tensors[t].role, Role::Constant(_))
                     })
@@ -457,14 +456,6 @@ impl MemoryPlan {
         let mut glu_chain: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut glu_lead: Vec<Option<usize>> = vec![None; g.nodes.len()];
         if merge && fuse_glu {
-            let mut reads: Vec<Vec<usize>> = vec![Vec::new(); nt];
-            for (n, node) in g.nodes.iter().enumerate() {
-                if let Node::Op(op) = node {
-                    for &t in &op.inputs {
-                        reads[root[t]].push(n);
-                    }
-                }
-            }
             let out_of = |n: usize| match &g.nodes[n] {
                 Node::Op(op) => op.outputs.first().copied(),
                 Node::Sym(_) => None,
@@ -622,18 +613,6 @@ impl MemoryPlan {
         let mut norm_cache: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut cache_filled: Vec<Option<usize>> = vec![None; g.nodes.len()];
         if fuse_cache {
-            let mut touch: Vec<Vec<usize>> = vec![Vec::new(); nt];
-            let mut produced = vec![usize::MAX; nt];
-            for (n, node) in g.nodes.iter().enumerate() {
-                if let Node::Op(op) = node {
-                    for &t in op.inputs.iter().chain(&op.outputs) {
-                        touch[root[t]].push(n);
-                    }
-                    for &t in &op.outputs {
-                        produced[root[t]] = produced[root[t]].min(n);
-                    }
-                }
-            }
             for (n, node) in g.nodes.iter().enumerate() {
                 let Node::Op(op) = node else { continue };
                 if !matches!(op.kind, OpKind::RmsNorm { .. } | OpKind::RmsNormRope { .. })
@@ -644,9 +623,10 @@ impl MemoryPlan {
                 let Some(&o) = op.outputs.first() else {
                     continue;
                 };
-                let readers: Vec<usize> =
-                    touch[root[o]].iter().copied().filter(|&u| u != n).collect();
-                let [u] = readers[..] else { continue };
+                let ([u], [_]) = (&reads[root[o]][..], &writes[root[o]][..]) else {
+                    continue;
+                };
+                let u = *u;
                 let Node::Op(up) = &g.nodes[u] else { continue };
                 let OpKind::CacheUpdate { axis, .. } = up.kind else {
                     continue;
@@ -667,11 +647,9 @@ impl MemoryPlan {
                     && vshape.last().is_some_and(|d| d % 4 == 0)
                     && repr[c] == Repr::F32
                     && aliases(g, &up.kind, cout, cache)
-                    && touch[c].iter().all(|&v| v <= n || v >= u)
-                    && up
-                        .inputs
-                        .get(2)
-                        .is_none_or(|&i| produced[root[i]] == usize::MAX || produced[root[i]] < n);
+                    && (reads[c].iter().chain(&writes[c])).all(|&v| v <= n || v >= u)
+                    && (up.inputs.get(2))
+                        .is_none_or(|&i| writes[root[i]].first().is_none_or(|&w| w < n));
                 if ok {
                     norm_cache[n] = Some(u);
                     cache_filled[u] = Some(n);
