@@ -2,9 +2,11 @@
 //! call: plan shapes (`ir::PlanCache`); the first call with a shape signature records every
 //! dispatch (pipeline, bind group, grid), later calls replay the recording. Host symbols reach
 //! kernels through one small syms buffer written each call, so decode steps at different positions
-//! replay the same recording. One call is a few submits of growing size (the first starts the
-//! GPU while the host encodes the rest): input writes, all dispatches, the copies of the outputs
-//! into a mappable buffer, then one wait.
+//! replay the same recording. A call writes its inputs, submits its dispatches and the copies of
+//! its outputs into a mappable buffer, encodes the next call's commands while the GPU runs (a
+//! decode step replays the same recording, so it then submits once), then waits once. Commands
+//! not encoded ahead go in a few submits of growing size, the first starting the GPU while the
+//! host encodes the rest.
 //!
 //! wgpu has no reusable compute command buffers, so a replay still encodes one
 //! `set_pipeline`/`set_bind_group`/`dispatch` triple per kernel from the recording, without any
@@ -23,8 +25,8 @@ use std::sync::Arc;
 /// Recordings kept per executor (least recently used goes first): a decode signature, a few
 /// prefill lengths.
 const MAX_RECORDINGS: usize = 32;
-/// Dispatches in a call's first submit; each later one takes 4 times as many (so a call of
-/// 3000 dispatches is 4 submits, one of 400 is 3).
+/// Dispatches in a call's first submit when its commands were not encoded ahead; each later one
+/// takes 4 times as many (so a call of 3000 dispatches is 4 submits, one of 400 is 3).
 const FIRST_PIECE: usize = 64;
 /// Uniform parameter slots: 256 bytes is the largest offset alignment WebGPU allows.
 const PARAM_SLOT: u64 = 256;
@@ -70,7 +72,7 @@ pub struct ExecutorStats {
     pub replays: usize,
     /// Dispatches in the last call.
     pub last_dispatches: usize,
-    /// Queue submits made by calls (a few per call: see `FIRST_PIECE`).
+    /// Queue submits made by calls (one per call encoded ahead, else a few: see `FIRST_PIECE`).
     pub submits: usize,
     /// Bytes of input tensors the last call wrote to the GPU (host symbols not counted): States
     /// never travel, so a decode step uploads its token and position only.
