@@ -1,8 +1,15 @@
 // Attention of q over the first kv_len = start + S rows of the k/v caches, `start` read from the
-// syms buffer at run time (decode steps replay one recording). One workgroup per (query, head,
-// batch); keys are visited in blocks of WG with an online softmax (running max and sum), the
-// output accumulated in shared memory, so any kv_len runs in fixed memory. Layout, GQA and the
-// cache length come in as strides; causal, window, softcap and mask as constants.
+// syms buffer at run time (decode steps replay one recording), or over every row (ALL_ROWS, the
+// mask deciding). Keys the mask gives -inf cost neither a dot product nor a row of v: a decode
+// step at position p reads ~p cache rows, not the cache's capacity.
+//
+// `main`: one workgroup per (query, head, batch); keys are visited in blocks of WG with an online
+// softmax (running max and sum), the output accumulated in shared memory, so any kv_len runs in
+// fixed memory. `split` + `combine` (a few queries, as in decode): the keys are cut into chunks
+// of CK, one workgroup per (chunk, head, query) leaving its chunk's max, sum and unnormalised
+// output in a scratch buffer, which `combine` merges; that spreads one query over the GPU.
+// Layout, GQA and the cache length come in as strides; causal, window, softcap and mask as
+// constants.
 
 struct Params {
     s: u32,
@@ -17,7 +24,7 @@ struct Params {
     kv_strides: vec4<u32>, // batch, seq, head
     scale: f32,
     softcap: f32,
-    _pad0: u32,
+    chunks: u32, // split/combine: chunks per query and head
     _pad1: u32,
 }
 
@@ -27,6 +34,9 @@ override CAUSAL: bool = false;
 override WINDOW: bool = false;
 override SOFTCAP: bool = false;
 override HAS_MASK: bool = false;
+override ALL_ROWS: bool = false;
+// split: keys per workgroup (WG / CK threads share a key's dot product).
+override CK: u32 = 32u;
 // k / v are f16 KV caches read in place (two f16 a word, src/gpu/memory.rs `Repr::F16`).
 override K_F16: bool = false;
 override V_F16: bool = false;
@@ -38,10 +48,13 @@ override V_F16: bool = false;
 @group(0) @binding(4) var<storage, read> k: array<u32>;
 @group(0) @binding(5) var<storage, read> v: array<u32>;
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
+// combine's input: split's scratch, (m, l, acc[d]) per (batch, query, head, chunk).
+@group(0) @binding(3) var<storage, read> parts: array<f32>;
 
 var<workgroup> qs: array<f32, DMAX>;
 var<workgroup> acc: array<f32, DMAX>;
 var<workgroup> sc: array<f32, WG>;
+var<workgroup> pk: array<f32, CK>;
 
 fn k_at(i: u32) -> f32 {
     if K_F16 {
@@ -58,6 +71,49 @@ fn v_at(i: u32) -> f32 {
 }
 
 
+// Keys query i may see: [lo, hi).
+fn span(i: u32) -> vec2<i32> {
+    let start = syms[p.start_slot];
+    var hi = i32(p.cache_len);
+    if !ALL_ROWS {
+        hi = clamp(start + i32(p.s), 0, i32(p.cache_len));
+    }
+    let pos = start + i32(i);
+    if CAUSAL {
+        hi = min(hi, pos + 1);
+    }
+    var lo = 0;
+    if WINDOW {
+        lo = max(0, pos - i32(p.window) + 1);
+    }
+    return vec2<i32>(lo, hi);
+}
+
+fn mask_at(i: u32, j: u32) -> f32 {
+    if HAS_MASK {
+        return mask[i * p.mask_stride + j];
+    }
+    return 0.0;
+}
+
+// Part of q·k_j: dims first, first + stride, ...
+fn dot_part(kr: u32, first: u32, stride: u32) -> f32 {
+    var dotv = 0.0;
+    for (var e = first; e < p.d; e += stride) {
+        dotv += qs[e] * k_at(kr + e);
+    }
+    return dotv;
+}
+
+// The score from q·k_j and the mask's value, in the reference's order: scale, cap, mask.
+fn finish(dotv: f32, mk: f32) -> f32 {
+    var s = dotv * p.scale;
+    if SOFTCAP {
+        s = tanh(clamp(s / p.softcap, -15.0, 15.0)) * p.softcap;
+    }
+    return s + mk;
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
@@ -70,17 +126,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let h = flat % p.hq;
     let bb = wg.z;
     let kh = h / p.group;
-    let start = syms[p.start_slot];
-    let kv_len = clamp(start + i32(p.s), 0, i32(p.cache_len));
-    let pos = start + i32(i);
-    var hi = kv_len;
-    if CAUSAL {
-        hi = min(hi, pos + 1);
-    }
-    var lo = 0;
-    if WINDOW {
-        lo = max(0, pos - i32(p.window) + 1);
-    }
+    let r = span(i);
     let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
     let ko = bb * p.kv_strides.x + kh * p.kv_strides.z;
     for (var e = t; e < p.d; e += WG) {
@@ -90,21 +136,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     workgroupBarrier();
     var m = NEG_INF;
     var l = 0.0;
-    for (var j0 = lo; j0 < hi; j0 += i32(WG)) {
+    for (var j0 = r.x; j0 < r.y; j0 += i32(WG)) {
         let j = j0 + i32(t);
         var s = NEG_INF;
-        if j < hi {
-            let kr = ko + u32(j) * p.kv_strides.y;
-            var dotv = 0.0;
-            for (var e = 0u; e < p.d; e++) {
-                dotv += qs[e] * k_at(kr + e);
-            }
-            s = dotv * p.scale;
-            if SOFTCAP {
-                s = tanh(clamp(s / p.softcap, -15.0, 15.0)) * p.softcap;
-            }
-            if HAS_MASK {
-                s += mask[i * p.mask_stride + u32(j)];
+        if j < r.y {
+            let mk = mask_at(i, u32(j));
+            if mk != NEG_INF {
+                s = finish(dot_part(ko + u32(j) * p.kv_strides.y, 0u, 1u), mk);
             }
         }
         sc[t] = s;
@@ -124,11 +162,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             bsum += sc[e];
         }
         l = l * alpha + bsum;
-        let count = u32(min(i32(WG), hi - j0));
+        let count = u32(min(i32(WG), r.y - j0));
         for (var e = t; e < p.d; e += WG) {
             var a = acc[e] * alpha;
             for (var jj = 0u; jj < count; jj++) {
-                a += sc[jj] * v_at(ko + u32(j0 + i32(jj)) * p.kv_strides.y + e);
+                let w = sc[jj];
+                if w != 0.0 {
+                    a += w * v_at(ko + u32(j0 + i32(jj)) * p.kv_strides.y + e);
+                }
             }
             acc[e] = a;
         }
@@ -137,5 +178,116 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     for (var e = t; e < p.d; e += WG) {
         o[qo + e] = select(acc[e] / l, 0.0, l == 0.0);
+    }
+}
+
+// One chunk of CK keys for one (head, query, batch): grid (chunks, hq, s * batch). Writes the
+// chunk's max m, sum l of exp(score - m) and sum of exp(score - m) · v to `o` (the scratch).
+@compute @workgroup_size(WG)
+fn split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let NEG_INF = bitcast<f32>(0xff800000u);
+    let TPK = WG / CK;
+    let c = wg.x;
+    let h = wg.y;
+    let i = wg.z % p.s;
+    let bb = wg.z / p.s;
+    let kh = h / p.group;
+    let r = span(i);
+    let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
+    let ko = bb * p.kv_strides.x + kh * p.kv_strides.z;
+    for (var e = t; e < p.d; e += WG) {
+        qs[e] = q[qo + e];
+    }
+    workgroupBarrier();
+    let jl = t / TPK;
+    let lane = t % TPK;
+    let j = c * CK + jl;
+    var mk = NEG_INF;
+    if i32(j) >= r.x && i32(j) < r.y {
+        mk = mask_at(i, j);
+    }
+    var part = 0.0;
+    if mk != NEG_INF {
+        part = dot_part(ko + j * p.kv_strides.y, lane, TPK);
+    }
+    sc[t] = part;
+    workgroupBarrier();
+    if lane == 0u {
+        var s = NEG_INF;
+        if mk != NEG_INF {
+            var dotv = 0.0;
+            for (var e = 0u; e < TPK; e++) {
+                dotv += sc[t + e];
+            }
+            s = finish(dotv, mk);
+        }
+        pk[jl] = s;
+    }
+    workgroupBarrier();
+    var m = NEG_INF;
+    for (var e = 0u; e < CK; e++) {
+        m = max(m, pk[e]);
+    }
+    workgroupBarrier();
+    if t < CK {
+        pk[t] = select(exp(pk[t] - m), 0.0, pk[t] == NEG_INF);
+    }
+    workgroupBarrier();
+    var l = 0.0;
+    for (var e = 0u; e < CK; e++) {
+        l += pk[e];
+    }
+    let base = (((bb * p.s + i) * p.hq + h) * p.chunks + c) * (p.d + 2u);
+    if t == 0u {
+        o[base] = m;
+        o[base + 1u] = l;
+    }
+    if l == 0.0 {
+        return;
+    }
+    for (var e = t; e < p.d; e += WG) {
+        var a = 0.0;
+        for (var jj = 0u; jj < CK; jj++) {
+            let w = pk[jj];
+            if w != 0.0 {
+                a += w * v_at(ko + (c * CK + jj) * p.kv_strides.y + e);
+            }
+        }
+        o[base + 2u + e] = a;
+    }
+}
+
+// Merges split's chunks: grid (hq, 1, s * batch).
+@compute @workgroup_size(WG)
+fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let NEG_INF = bitcast<f32>(0xff800000u);
+    let h = wg.x;
+    let i = wg.z % p.s;
+    let bb = wg.z / p.s;
+    let st = p.d + 2u;
+    let row = ((bb * p.s + i) * p.hq + h) * p.chunks;
+    var m = NEG_INF;
+    for (var c = 0u; c < p.chunks; c++) {
+        if parts[(row + c) * st + 1u] != 0.0 {
+            m = max(m, parts[(row + c) * st]);
+        }
+    }
+    var l = 0.0;
+    for (var c = 0u; c < p.chunks; c++) {
+        let lc = parts[(row + c) * st + 1u];
+        if lc != 0.0 {
+            l += lc * exp(parts[(row + c) * st] - m);
+        }
+    }
+    let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
+    for (var e = t; e < p.d; e += WG) {
+        var a = 0.0;
+        for (var c = 0u; c < p.chunks; c++) {
+            let b = (row + c) * st;
+            if parts[b + 1u] != 0.0 {
+                a += parts[b + 2u + e] * exp(parts[b] - m);
+            }
+        }
+        o[qo + e] = select(a / l, 0.0, l == 0.0);
     }
 }

@@ -1391,6 +1391,9 @@ struct AttnCase {
     window: Option<usize>,
     softcap: Option<f32>,
     mask: bool,
+    /// Every cache row is a key, the mask (rank 4) hiding those past each query's position and,
+    /// when there are several queries, all of the last query's.
+    all_rows: bool,
 }
 
 fn attn_shape(layout: AttnLayout, b: usize, s: usize, h: usize, d: usize) -> Vec<usize> {
@@ -1416,9 +1419,42 @@ fn sdpa_variants_match_cpu() {
         window: None,
         softcap: None,
         mask: false,
+        all_rows: false,
     };
     let cases = [
         AttnCase { ..base },
+        // Gemma 4 E2B's decode over its largest cache (8 heads on one kv head, d 512).
+        AttnCase {
+            layout: AttnLayout::Bhsd,
+            s: 1,
+            hq: 8,
+            hkv: 1,
+            d: 512,
+            cache: 1024,
+            start: 700,
+            causal: false,
+            mask: true,
+            all_rows: true,
+            ..base
+        },
+        AttnCase {
+            s: 2,
+            start: 57,
+            causal: false,
+            mask: true,
+            all_rows: true,
+            softcap: Some(5.0),
+            ..base
+        },
+        AttnCase {
+            layout: AttnLayout::Bhsd,
+            s: 7,
+            start: 40,
+            window: Some(30),
+            mask: true,
+            all_rows: true,
+            ..base
+        },
         AttnCase {
             layout: AttnLayout::Bhsd,
             ..base
@@ -1480,7 +1516,18 @@ fn sdpa_variants_match_cpu() {
         let v = t.input_f(&ks, &rng.floats(kn, 1.0));
         let start = t.sym("start", c.start);
         let mut ins = vec![q, k, v];
-        if c.mask {
+        if c.mask && c.all_rows {
+            let mut m = rng.floats(c.s * c.cache, 2.0);
+            for (i, row) in m.chunks_mut(c.cache).enumerate() {
+                let hidden = c.s > 1 && i + 1 == c.s;
+                for (j, x) in row.iter_mut().enumerate() {
+                    if hidden || j as i64 > c.start + i as i64 {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            ins.push(t.input_f(&[1, 1, c.s, c.cache], &m));
+        } else if c.mask {
             let kv = c.start as usize + c.s;
             let mut m = rng.floats(c.s * (kv + 2), 2.0);
             m[1] = f32::NEG_INFINITY;
@@ -1493,12 +1540,13 @@ fn sdpa_variants_match_cpu() {
             window: c.window,
             softcap: c.softcap,
             start: Int::Sym(start),
+            all_rows: c.all_rows,
         };
         let y = t.op(kind, ins, DType::F32, &qs);
         t.out(y);
         let what = format!(
-            "sdpa {:?} b={} s={} hq={} hkv={} d={} start={} causal={} window={:?} softcap={:?} mask={}",
-            c.layout, c.b, c.s, c.hq, c.hkv, c.d, c.start, c.causal, c.window, c.softcap, c.mask
+            "sdpa {:?} b={} s={} hq={} hkv={} d={} start={} causal={} window={:?} softcap={:?} mask={} all_rows={}",
+            c.layout, c.b, c.s, c.hq, c.hkv, c.d, c.start, c.causal, c.window, c.softcap, c.mask, c.all_rows
         );
         check(&what, &t, TOL, 1e-2);
     }
@@ -2037,6 +2085,7 @@ fn decode_graph(layout: AttnLayout, cache: usize, h: usize, d: usize, s_max: usi
         window: None,
         softcap: None,
         start: Int::Sym(start),
+        all_rows: false,
     };
     let o = t.op(kind, vec![q, ku, vu], DType::F32, &xs);
     t.out(o);

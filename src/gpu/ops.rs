@@ -270,8 +270,53 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
             act_quant: crate::ir::ActQuant::Torchao | crate::ir::ActQuant::Xnnpack,
             ..
         } => vec![g.tensors[op.inputs[0]].max_numel() as u64 * 4],
+        OpKind::Sdpa { layout, .. } => {
+            let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
+            match attn_dims(layout, &q.max_shape, &k.max_shape) {
+                Some(a) if a.s > 0 => {
+                    let s = a.s.min(SPLIT_MAX_S);
+                    let chunks = a.cl.div_ceil(SPLIT_KEYS);
+                    vec![(a.b * s * a.hq * chunks * (a.d + 2) * 4) as u64]
+                }
+                _ => Vec::new(),
+            }
+        }
         _ => Vec::new(),
     }
+}
+
+/// Attention with at most this many queries per call splits its keys over workgroups
+/// (`sdpa.wgsl` `split`): a decode step's few (query, head) pairs alone would leave the GPU idle.
+const SPLIT_MAX_S: usize = 4;
+/// Keys per workgroup in the split.
+const SPLIT_KEYS: usize = 32;
+
+/// Attention's sizes: batch, queries, query heads, head dim, cache rows, kv heads.
+struct AttnDims {
+    b: usize,
+    s: usize,
+    hq: usize,
+    d: usize,
+    cl: usize,
+    hkv: usize,
+}
+
+fn attn_dims(layout: AttnLayout, qs: &[usize], ks: &[usize]) -> Option<AttnDims> {
+    let (&[b, q1, q2, d], &[bk, k1, k2, kd]) = (qs, ks) else {
+        return None;
+    };
+    let ((s, hq), (cl, hkv)) = match layout {
+        AttnLayout::Bshd => ((q1, q2), (k1, k2)),
+        AttnLayout::Bhsd => ((q2, q1), (k2, k1)),
+    };
+    (bk == b && kd == d && hkv != 0 && hq % hkv == 0).then_some(AttnDims {
+        b,
+        s,
+        hq,
+        d,
+        cl,
+        hkv,
+    })
 }
 
 /// Why the GPU executor cannot run an op, if it cannot; checked for every op at load.
@@ -843,7 +888,20 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             window,
             softcap,
             start,
-        } => sdpa(env, op, *layout, *scale, *causal, *window, *softcap, *start)?,
+            all_rows,
+        } => sdpa(
+            env,
+            op,
+            Attn {
+                layout: *layout,
+                scale: *scale,
+                causal: *causal,
+                window: *window,
+                softcap: *softcap,
+                start: *start,
+                all_rows: *all_rows,
+            },
+        )?,
         // The rms_norm producing the rows stored them in the cache (`MemoryPlan::norm_cache`).
         OpKind::CacheUpdate { .. } if env.mem.cache_filled[node].is_some() => Vec::new(),
         OpKind::CacheUpdate { axis, start } => {
@@ -1784,65 +1842,84 @@ fn embedding(env: &Env, op: &Op, weight: Weight) -> Result<Vec<Step>, String> {
         .collect())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn sdpa(
-    env: &Env,
-    op: &Op,
+/// Sdpa's attributes.
+struct Attn {
     layout: AttnLayout,
     scale: f32,
     causal: bool,
     window: Option<usize>,
     softcap: Option<f32>,
     start: Int,
-) -> Result<Vec<Step>, String> {
+    all_rows: bool,
+}
+
+fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
     let (q, k, v, out) = (op.inputs[0], op.inputs[1], op.inputs[2], op.outputs[0]);
     let (qs, ks) = (env.shape(q).to_vec(), env.shape(k).to_vec());
-    let (&[bq, q1, q2, d], &[bk, k1, k2, kd]) = (qs.as_slice(), ks.as_slice()) else {
+    if qs.len() != 4 || ks.len() != 4 {
         return Err(format!("sdpa needs 4-D q and k, got {qs:?} / {ks:?}"));
-    };
-    let ((s, hq), (cl, hkv)) = match layout {
-        AttnLayout::Bshd => ((q1, q2), (k1, k2)),
-        AttnLayout::Bhsd => ((q2, q1), (k2, k1)),
-    };
-    if bk != bq || kd != d || hkv == 0 || hq % hkv != 0 || env.shape(v) != ks.as_slice() {
-        return Err(format!("q {qs:?} does not fit k/v {ks:?}"));
     }
+    let Some(AttnDims {
+        b: bq,
+        s,
+        hq,
+        d,
+        cl,
+        hkv,
+    }) = attn_dims(at.layout, &qs, &ks).filter(|_| env.shape(v) == ks.as_slice())
+    else {
+        return Err(format!("q {qs:?} does not fit k/v {ks:?}"));
+    };
     if bq * s * hq * d == 0 {
         return Ok(Vec::new());
     }
     // Element strides of (batch, position, head).
-    let (qst, kst) = match layout {
+    let (qst, kst) = match at.layout {
         AttnLayout::Bshd => ([s * hq * d, hq * d, d], [cl * hkv * d, hkv * d, d]),
         AttnLayout::Bhsd => ([hq * s * d, d, s * d], [hkv * cl * d, d, cl * d]),
     };
+    let kv_len = if at.all_rows { cl } else { 0 };
     let mask = op.inputs.get(3).copied();
     let mask_stride = match mask {
-        Some(mt) => match env.shape(mt) {
-            [ms0, ms1] if *ms0 >= s => *ms1,
-            other => return Err(format!("mask {other:?} must be [S >= {s}, kv_len]")),
+        Some(mt) => match crate::ir::cpu::mask_rows(env.shape(mt)) {
+            Some((rows, cols)) if rows >= s && cols >= kv_len => cols,
+            _ => {
+                return Err(format!(
+                    "mask {:?} must be [.., S >= {s}, kv_len]",
+                    env.shape(mt)
+                ))
+            }
         },
         None => 0,
     };
-    let p = P::default()
-        .u(s)
-        .u(hq)
-        .u(hq / hkv)
-        .u(d)
-        .u(cl)
-        .u((env.slot)(start) as usize)
-        .u(window.unwrap_or(0).min(i32::MAX as usize))
-        .u(mask_stride)
-        .arr(&qst, 4)
-        .arr(&kst, 4)
-        .f(scale)
-        .f(softcap.unwrap_or(1.0));
+    let split = s <= SPLIT_MAX_S;
+    let chunks = cl.div_ceil(SPLIT_KEYS);
+    let p = || {
+        P::default()
+            .u(s)
+            .u(hq)
+            .u(hq / hkv)
+            .u(d)
+            .u(cl)
+            .u((env.slot)(at.start) as usize)
+            .u(at.window.unwrap_or(0).min(i32::MAX as usize))
+            .u(mask_stride)
+            .arr(&qst, 4)
+            .arr(&kst, 4)
+            .f(at.scale)
+            .f(at.softcap.unwrap_or(1.0))
+            .u(chunks)
+    };
+    let wg = if split { 256.0 } else { 64.0 };
     let consts = vec![
-        ("WG", 64.0),
+        ("WG", wg),
         ("DMAX", d as f64),
-        ("CAUSAL", b(causal)),
-        ("WINDOW", b(window.is_some())),
-        ("SOFTCAP", b(softcap.is_some())),
+        ("CK", SPLIT_KEYS as f64),
+        ("CAUSAL", b(at.causal)),
+        ("WINDOW", b(at.window.is_some())),
+        ("SOFTCAP", b(at.softcap.is_some())),
         ("HAS_MASK", b(mask.is_some())),
+        ("ALL_ROWS", b(at.all_rows)),
         ("K_F16", b(env.mem.repr[k] == Repr::F16)),
         ("V_F16", b(env.mem.repr[v] == Repr::F16)),
     ];
@@ -1852,13 +1929,36 @@ fn sdpa(
         Res::Tensor(v),
         mask.map_or(Res::Dummy, Res::Tensor),
     ];
-    Ok(vec![step(
-        "sdpa",
-        "main",
-        consts,
-        p,
-        Res::Tensor(out),
-        inputs,
-        env.grid(s * hq, bq),
-    )])
+    if !split {
+        return Ok(vec![step(
+            "sdpa",
+            "main",
+            consts,
+            p(),
+            Res::Tensor(out),
+            inputs,
+            env.grid(s * hq, bq),
+        )]);
+    }
+    let per_query = [chunks as u32, hq as u32, (s * bq) as u32];
+    Ok(vec![
+        step(
+            "sdpa",
+            "split",
+            consts.clone(),
+            p(),
+            Res::Scratch(0),
+            inputs,
+            per_query,
+        ),
+        step(
+            "sdpa",
+            "combine",
+            consts,
+            p(),
+            Res::Tensor(out),
+            vec![Res::Scratch(0)],
+            [hq as u32, 1, (s * bq) as u32],
+        ),
+    ])
 }

@@ -571,6 +571,7 @@ impl CpuExecutor {
                 window,
                 softcap,
                 start,
+                all_rows,
             } => {
                 let (qs, ks) = (sh(op.inputs[0]), sh(op.inputs[1]));
                 let q = self.get(op.inputs[0], vals)?.f();
@@ -593,6 +594,7 @@ impl CpuExecutor {
                     window: *window,
                     softcap: *softcap,
                     start: start.eval(syms),
+                    all_rows: *all_rows,
                 })?)
             }
             OpKind::CacheUpdate { axis, start } => {
@@ -1462,9 +1464,19 @@ pub struct SdpaArgs<'a> {
     pub window: Option<usize>,
     pub softcap: Option<f32>,
     pub start: i64,
+    pub all_rows: bool,
 }
 
-/// Reference attention over the first `start + S` cache rows, either layout, with GQA.
+/// The rows and row stride of an attention mask `[.., rows, cols]` whose leading dims are 1.
+pub fn mask_rows(shape: &[usize]) -> Option<(usize, usize)> {
+    match shape {
+        [lead @ .., rows, cols] if lead.iter().all(|&d| d == 1) => Some((*rows, *cols)),
+        _ => None,
+    }
+}
+
+/// Reference attention over the first `start + S` cache rows (or all of them with `all_rows`),
+/// either layout, with GQA.
 pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
     let (&[b, d1, d2, d], &[kb, k1, k2, kd]) = (a.q_shape, a.kv_shape) else {
         return Err(format!(
@@ -1482,7 +1494,7 @@ pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
             a.q_shape, a.kv_shape
         ));
     }
-    if a.start < 0 || a.start as usize + s > cl {
+    if a.start < 0 || (!a.all_rows && a.start as usize + s > cl) {
         return Err(format!(
             "positions {}..{} exceed the cache of {cl}",
             a.start,
@@ -1490,7 +1502,7 @@ pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
         ));
     }
     let start = a.start as usize;
-    let kv_len = start + s;
+    let kv_len = if a.all_rows { cl } else { start + s };
     let qi = |bb: usize, i: usize, h: usize| match a.layout {
         AttnLayout::Bshd => ((bb * s + i) * hq + h) * d,
         AttnLayout::Bhsd => ((bb * hq + h) * s + i) * d,
@@ -1499,9 +1511,11 @@ pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
         AttnLayout::Bshd => ((bb * cl + j) * hkv + h) * d,
         AttnLayout::Bhsd => ((bb * hkv + h) * cl + j) * d,
     };
+    let mut mask_stride = 0;
     if let Some((_, ms)) = a.mask {
-        if ms.len() != 2 || ms[0] < s || ms[1] < kv_len {
-            return Err(format!("mask {ms:?} is smaller than [{s}, {kv_len}]"));
+        match mask_rows(ms) {
+            Some((rows, cols)) if rows >= s && cols >= kv_len => mask_stride = cols,
+            _ => return Err(format!("mask {ms:?} is not [.., >= {s}, >= {kv_len}]")),
         }
     }
     let group = hq / hkv;
@@ -1531,8 +1545,8 @@ pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
                     if let Some(cap) = a.softcap {
                         x = (x / cap).tanh() * cap;
                     }
-                    if let Some((m, ms)) = a.mask {
-                        x += m[i * ms[1] + j];
+                    if let Some((m, _)) = a.mask {
+                        x += m[i * mask_stride + j];
                     }
                     *scv = x;
                     mx = mx.max(x);

@@ -288,8 +288,8 @@ pub enum OpKind {
         seq_dim: usize,
         start: Int,
     },
-    /// Attention of q over the first `start + S` rows of k/v caches.
-    /// Inputs: q, k, v, optional additive mask `[S, >= kv_len]`.
+    /// Attention of q over the first `start + S` rows of k/v caches, or over all of them.
+    /// Inputs: q, k, v, optional additive mask `[.., S, >= kv_len]` (leading dims 1).
     Sdpa {
         layout: AttnLayout,
         scale: f32,
@@ -298,6 +298,9 @@ pub enum OpKind {
         window: Option<usize>,
         softcap: Option<f32>,
         start: Int,
+        /// Every cache row is a key (the mask decides which count), as when an export's
+        /// decomposed attention over the whole cache is fused (`passes::fuse_attention`).
+        all_rows: bool,
     },
     /// Writes `value` into `cache` (a State) along `axis` at `start`; output aliases the cache.
     /// Inputs: cache, value, and optionally an index tensor `[value.shape[axis]]`: then row `r`

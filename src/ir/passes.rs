@@ -1125,6 +1125,297 @@ pub fn fold_transpose_into_matmul(g: &mut Graph) -> usize {
     edits.len()
 }
 
+/// One decomposed attention found by `fuse_attention`.
+struct AttnFound {
+    /// The p·V matmul node, which the fused op replaces.
+    pv: usize,
+    q: TensorId,
+    k: TensorId,
+    v: TensorId,
+    mask: Option<TensorId>,
+    scale: f32,
+    hq: usize,
+    hkv: usize,
+}
+
+/// The value of a one-element f32 constant.
+fn scalar_constant(g: &Graph, t: TensorId) -> Option<f32> {
+    let def = &g.tensors[t];
+    match &def.role {
+        Role::Constant(b) if def.dtype == DType::F32 && def.max_numel() == 1 && b.len() == 4 => {
+            Some(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        }
+        _ => None,
+    }
+}
+
+fn find_attention(g: &Graph) -> Option<AttnFound> {
+    let uses = use_counts(g);
+    let prod = producers(g);
+    let single = |t: TensorId| {
+        uses[t] == 1
+            && matches!(g.tensors[t].role, Role::Activation)
+            && g.tensors[t].dtype == DType::F32
+    };
+    // Back through reshapes that only this chain reads.
+    let back = |mut t: TensorId| {
+        while let Some(p) = prod[t] {
+            let o = op_at(g, p);
+            if !matches!(o.kind, OpKind::Reshape { .. }) || !single(o.inputs[0]) {
+                break;
+            }
+            t = o.inputs[0];
+        }
+        t
+    };
+    let shape = |t: TensorId| g.tensors[t].max_shape.as_slice();
+    let lead = |t: TensorId| {
+        let s = shape(t);
+        s[..s.len().saturating_sub(2)].to_vec()
+    };
+    'pv: for (i, node) in g.nodes.iter().enumerate() {
+        let Node::Op(pv) = node else { continue };
+        if pv.kind != (OpKind::MatMul { transpose_b: false }) || pv.inputs.len() != 2 {
+            continue;
+        }
+        let (p_in, v) = (pv.inputs[0], pv.inputs[1]);
+        if !single(p_in) {
+            continue;
+        }
+        let probs = back(p_in);
+        let Some(sm) = prod[probs].map(|p| op_at(g, p)) else {
+            continue;
+        };
+        if sm.kind != OpKind::Softmax || !single(sm.inputs[0]) {
+            continue;
+        }
+        // Scores, through an optional mask add and an optional scale, to q·Kᵀ.
+        let mut chain = vec![p_in, probs];
+        let mut x = back(sm.inputs[0]);
+        chain.extend([sm.inputs[0], x]);
+        let mut mask = None;
+        let mut scale = None;
+        let mut scores = None;
+        // Walking back from the softmax: the mask add (first) then the scale, as Sdpa applies
+        // them (a scale after the mask add would scale the mask too).
+        for step in 0..3 {
+            let Some(o) = prod[x].map(|p| op_at(g, p)) else {
+                continue 'pv;
+            };
+            match (&o.kind, o.inputs.as_slice()) {
+                (OpKind::MatMul { transpose_b: true }, &[q, k]) => {
+                    scores = Some((q, k));
+                    break;
+                }
+                (OpKind::Binary(BinaryOp::Mul), &[a, b]) if scale.is_none() => {
+                    let (t, c) = match (scalar_constant(g, a), scalar_constant(g, b)) {
+                        (_, Some(c)) => (a, c),
+                        (Some(c), _) => (b, c),
+                        _ => continue 'pv,
+                    };
+                    scale = Some(c);
+                    x = t;
+                }
+                (
+                    OpKind::BinaryScalar {
+                        op: BinaryOp::Mul,
+                        scalar,
+                        ..
+                    },
+                    &[t],
+                ) if scale.is_none() => {
+                    scale = Some(*scalar as f32);
+                    x = t;
+                }
+                (OpKind::Binary(BinaryOp::Add), &[a, b]) if step == 0 => {
+                    // The scores are the operand made by the scale or the matmul.
+                    let made = |t: TensorId| {
+                        prod[back(t)].is_some_and(|p| {
+                            matches!(
+                                op_at(g, p).kind,
+                                OpKind::MatMul { transpose_b: true }
+                                    | OpKind::Binary(BinaryOp::Mul)
+                                    | OpKind::BinaryScalar {
+                                        op: BinaryOp::Mul,
+                                        ..
+                                    }
+                            )
+                        })
+                    };
+                    let (t, m) = if single(a) && made(a) { (a, b) } else { (b, a) };
+                    mask = Some(m);
+                    x = t;
+                }
+                _ => continue 'pv,
+            }
+            if !single(x) {
+                continue 'pv;
+            }
+            chain.push(x);
+            x = back(x);
+            chain.push(x);
+        }
+        let Some((q, k)) = scores else { continue };
+        // Shapes: q [.., S, D], k and v [.., C, D], every score tensor [.., S, C] with as many
+        // rows (heads) as q.
+        let (qs, ks) = (shape(q), shape(k));
+        if qs.len() < 2 || ks.len() < 2 || shape(v) != ks || qs[qs.len() - 1] != ks[ks.len() - 1] {
+            continue;
+        }
+        let (s, c) = (qs[qs.len() - 2], ks[ks.len() - 2]);
+        let hq: usize = lead(q).iter().product();
+        let ends_sc = |t: TensorId| {
+            let sh = shape(t);
+            sh.len() >= 2
+                && sh[sh.len() - 2..] == [s, c]
+                && sh[..sh.len() - 2].iter().product::<usize>() == hq
+        };
+        if !chain.iter().all(|&t| ends_sc(t)) || g.tensors[q].dtype != DType::F32 {
+            continue;
+        }
+        // k's batch dims broadcast over q's as GQA does: equal up to some point, 1 after it.
+        let (lq, mut lk) = (lead(q), lead(k));
+        if lk.len() > lq.len() {
+            continue;
+        }
+        while lk.len() < lq.len() {
+            lk.insert(0, 1);
+        }
+        let m = lq.iter().zip(&lk).take_while(|(a, b)| a == b).count();
+        let hkv: usize = lk.iter().product();
+        if lk[m..].iter().any(|&d| d != 1) || hkv == 0 || hq % hkv != 0 {
+            continue;
+        }
+        // With several kv heads, p's heads must line up with q's as v's with k's.
+        if hkv > 1 && (lead(p_in) != lead(q)) {
+            continue;
+        }
+        if let Some(mt) = mask {
+            let ms = shape(mt);
+            let ok = ms.len() >= 2
+                && ms[..ms.len() - 2].iter().all(|&d| d == 1)
+                && ms[ms.len() - 2..] == [s, c]
+                && g.tensors[mt].dtype == DType::F32;
+            if !ok {
+                continue;
+            }
+        }
+        // The fused op reads q, k and the mask where p·V ran: nothing between may write them.
+        let Some(qk_node) = prod[x] else { continue };
+        let mut sets = storage_sets(g);
+        let read: Vec<TensorId> = [Some(q), Some(k), mask]
+            .into_iter()
+            .flatten()
+            .map(|t| find(&mut sets, t))
+            .collect();
+        for n in &g.nodes[qk_node + 1..i] {
+            if let Node::Op(o) = n {
+                if matches!(o.kind, OpKind::Reshape { .. }) {
+                    continue; // a view writes nothing
+                }
+                for &w in &o.outputs {
+                    if read.contains(&find(&mut sets, w)) {
+                        continue 'pv;
+                    }
+                }
+            }
+        }
+        return Some(AttnFound {
+            pv: i,
+            q,
+            k,
+            v,
+            mask,
+            scale: scale.unwrap_or(1.0),
+            hq,
+            hkv,
+        });
+    }
+    None
+}
+
+/// The attention exports decompose over a whole KV cache, `softmax(q·Kᵀ · c + mask) · V`
+/// (matmul, scale, mask add, softmax, matmul, with reshapes between), becomes one `Sdpa` over
+/// every cache row: four dispatches and a `[heads, S, cache]` score tensor become one op whose
+/// kernel skips the keys the mask hides (a decode step at position p reads p rows, not the
+/// cache's capacity).
+pub fn fuse_attention(g: &mut Graph) -> usize {
+    let mut n = 0;
+    while let Some(a) = find_attention(g) {
+        let Node::Op(pv) = &g.nodes[a.pv] else { break };
+        let out = pv.outputs[0];
+        let d = *g.tensors[a.q].max_shape.last().unwrap_or(&0);
+        let mut nodes = Vec::new();
+        // [1, heads, rows, d] views of q, k and v, rows as the call has them.
+        let mut view = |g: &mut Graph, t: TensorId, heads: usize, what: &str| {
+            let sh = g.tensors[t].max_shape.clone();
+            let rows = g.add_sym(format!("{} {what} rows", g.tensors[t].name));
+            nodes.push(Node::Sym(SymOp::Size {
+                out: rows,
+                tensor: t,
+                dim: sh.len() - 2,
+            }));
+            let v4 = g.add_tensor(
+                format!("{} as [1, {heads}, rows, {d}]", g.tensors[t].name),
+                DType::F32,
+                vec![1, heads, sh[sh.len() - 2], d],
+                Role::Activation,
+            );
+            let shape = vec![
+                Int::Lit(1),
+                Int::Lit(heads as i64),
+                Int::Sym(rows),
+                Int::Lit(d as i64),
+            ];
+            nodes.push(Node::Op(Op {
+                kind: OpKind::Reshape { shape },
+                inputs: vec![t],
+                outputs: vec![v4],
+            }));
+            (v4, rows)
+        };
+        let (q4, s) = view(g, a.q, a.hq, "q");
+        let (k4, _) = view(g, a.k, a.hkv, "k");
+        let (v4, _) = view(g, a.v, a.hkv, "v");
+        let o4 = g.add_tensor(
+            format!("{} attention", g.tensors[out].name),
+            DType::F32,
+            g.tensors[q4].max_shape.clone(),
+            Role::Activation,
+        );
+        let mut inputs = vec![q4, k4, v4];
+        inputs.extend(a.mask);
+        nodes.push(Node::Op(Op {
+            kind: OpKind::Sdpa {
+                layout: AttnLayout::Bhsd,
+                scale: a.scale,
+                causal: false,
+                window: None,
+                softcap: None,
+                start: Int::Lit(0),
+                all_rows: true,
+            },
+            inputs,
+            outputs: vec![o4],
+        }));
+        let os = g.tensors[out].max_shape.clone();
+        let mut shape: Vec<Int> = os[..os.len() - 2]
+            .iter()
+            .map(|&x| Int::Lit(x as i64))
+            .collect();
+        shape.extend([Int::Sym(s), Int::Lit(d as i64)]);
+        nodes.push(Node::Op(Op {
+            kind: OpKind::Reshape { shape },
+            inputs: vec![o4],
+            outputs: vec![out],
+        }));
+        g.nodes.splice(a.pv..a.pv + 1, nodes);
+        eliminate_dead(g);
+        n += 1;
+    }
+    n
+}
+
 /// The default pipeline run at load; returns (pass name, rewrites) pairs for `inspect`.
 pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![
@@ -1137,6 +1428,7 @@ pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
         ("merge_common_ops", merge_common_ops(g)),
         ("unexpand_matmul_operands", unexpand_matmul_operands(g)),
         ("fold_transpose_into_matmul", fold_transpose_into_matmul(g)),
+        ("fuse_attention", fuse_attention(g)),
         ("eliminate_dead", eliminate_dead(g)),
     ]
 }
@@ -1994,5 +2286,159 @@ mod tests {
             .collect();
         assert_eq!(permutes, [vec![1, s, d]]);
         assert_eq!(run(g, &xs, &[1, 1, 1, s, d]), want);
+    }
+
+    /// `softmax(q·Kᵀ · c + mask) · V` as exports decompose it: q `[lead_q.., S, D]`, k and v
+    /// `[lead_k.., C, D]`, the scores reshaped to `[1, heads, S, C]` between the ops. With
+    /// `mask_first` the mask is added before the scale (which then scales it too).
+    fn decomposed_attention(lead_q: &[usize], lead_k: &[usize], mask_first: bool) -> Graph {
+        let (s, c, d) = (3usize, 7usize, 5usize);
+        let f = DType::F32;
+        let hq: usize = lead_q.iter().product();
+        let mut g = Graph::default();
+        let cat = |a: &[usize], b: &[usize]| [a, b].concat();
+        let q = g.add_tensor("q", f, cat(lead_q, &[s, d]), Role::Input(0));
+        let k = g.add_tensor("k", f, cat(lead_k, &[c, d]), Role::Input(1));
+        let v = g.add_tensor("v", f, cat(lead_k, &[c, d]), Role::Input(2));
+        let mask = g.add_tensor("mask", f, vec![1, 1, s, c], Role::Input(3));
+        let scale = g.add_tensor("scale", f, vec![], constant(&[0.37]));
+        let t = |g: &mut Graph, name: &str, shape: Vec<usize>| {
+            g.add_tensor(name, f, shape, Role::Activation)
+        };
+        let lit = |v: &[usize]| v.iter().map(|&d| Int::Lit(d as i64)).collect::<Vec<_>>();
+        let sc = t(&mut g, "scores", cat(lead_q, &[s, c]));
+        g.op(OpKind::MatMul { transpose_b: true }, vec![q, k], vec![sc]);
+        let sc4 = t(&mut g, "scores4", vec![1, hq, s, c]);
+        g.op(
+            OpKind::Reshape {
+                shape: lit(&[1, hq, s, c]),
+            },
+            vec![sc],
+            vec![sc4],
+        );
+        let (a, b) = (
+            t(&mut g, "a", vec![1, hq, s, c]),
+            t(&mut g, "b", vec![1, hq, s, c]),
+        );
+        let (mul, add) = (OpKind::Binary(BinaryOp::Mul), OpKind::Binary(BinaryOp::Add));
+        if mask_first {
+            g.op(add, vec![sc4, mask], vec![a]);
+            g.op(mul, vec![a, scale], vec![b]);
+        } else {
+            g.op(mul, vec![sc4, scale], vec![a]);
+            g.op(add, vec![a, mask], vec![b]);
+        }
+        let p4 = t(&mut g, "p4", vec![1, hq, s, c]);
+        g.op(OpKind::Softmax, vec![b], vec![p4]);
+        let p = t(&mut g, "p", cat(lead_q, &[s, c]));
+        g.op(
+            OpKind::Reshape {
+                shape: lit(&cat(lead_q, &[s, c])),
+            },
+            vec![p4],
+            vec![p],
+        );
+        let y = t(&mut g, "y", cat(lead_q, &[s, d]));
+        g.op(OpKind::MatMul { transpose_b: false }, vec![p, v], vec![y]);
+        g.inputs = [q, k, v, mask].map(Io::Tensor).to_vec();
+        g.outputs = vec![y];
+        g
+    }
+
+    fn run_attention(g: Graph, seed: f32) -> Vec<f32> {
+        let shapes: Vec<Vec<usize>> = (0..4).map(|i| g.tensors[i].max_shape.clone()).collect();
+        let data: Vec<Vec<u8>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, sh)| {
+                let n: usize = sh.iter().product();
+                let (rows, cols) = (sh[sh.len() - 2], sh[sh.len() - 1]);
+                (0..n)
+                    .map(|k| match i {
+                        // Causal from position 3 on; row 1 also hides key 0.
+                        3 if (k % cols) > 3 + (k / cols) % rows || k == cols => f32::NEG_INFINITY,
+                        _ => ((k as f32 + seed * (i + 1) as f32) * 0.71).sin(),
+                    })
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<InputValue> = shapes
+            .iter()
+            .zip(&data)
+            .map(|(sh, d)| InputValue::Tensor {
+                shape: sh.clone(),
+                data: d,
+            })
+            .collect();
+        let out = CpuExecutor::new(g).unwrap().run(&inputs).unwrap();
+        out[0]
+            .data
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn decomposed_attention_fuses_to_one_sdpa_with_the_same_results() {
+        // One kv head for 4 query heads (Gemma's MQA), one per head, and 2 kv heads for 4
+        // query heads as GQA's broadcast batch dims leave them.
+        for (lead_q, lead_k, hkv) in [
+            (vec![4], vec![1], 1),
+            (vec![4], vec![4], 4),
+            (vec![1, 2, 2], vec![1, 2, 1], 2),
+        ] {
+            let g = decomposed_attention(&lead_q, &lead_k, false);
+            let mut fused = g.clone();
+            assert_eq!(fuse_attention(&mut fused), 1, "{lead_q:?} / {lead_k:?}");
+            let labels: Vec<String> = fused.ops().map(|o| o.kind.label()).collect();
+            assert!(!labels
+                .iter()
+                .any(|l| l.contains("matmul") || l == "softmax"));
+            let sdpa = fused.ops().find(|o| matches!(o.kind, OpKind::Sdpa { .. }));
+            let sdpa = sdpa.expect("an sdpa op");
+            assert_eq!(sdpa.inputs.len(), 4, "q, k, v, mask");
+            assert!(
+                matches!(sdpa.kind, OpKind::Sdpa { scale, all_rows: true, .. } if scale == 0.37)
+            );
+            assert_eq!(fused.tensors[sdpa.inputs[1]].max_shape[1], hkv);
+            let (a, b) = (run_attention(g, 0.5), run_attention(fused, 0.5));
+            assert_eq!(a.len(), b.len());
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                    "{lead_q:?}: {x} vs {y}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn attention_that_sdpa_cannot_express_is_left_alone() {
+        // The scale applied after the mask scales the mask too.
+        let mut g = decomposed_attention(&[4], &[1], true);
+        assert_eq!(fuse_attention(&mut g), 0);
+        // Probabilities something else reads.
+        let mut g = decomposed_attention(&[4], &[1], false);
+        let p = g.tensors.iter().position(|t| t.name == "p").unwrap();
+        g.outputs.push(p);
+        assert_eq!(fuse_attention(&mut g), 0);
+        // A cache write between the scores and p·V changes the k that p·V's place would read.
+        let mut g = decomposed_attention(&[4], &[1], false);
+        let (k, last) = (1, g.nodes.len() - 1);
+        let ku = g.add_tensor("k written", DType::F32, vec![1, 7, 5], Role::Activation);
+        let row = g.add_tensor("row", DType::F32, vec![1, 1, 5], constant(&[1.0; 5]));
+        g.nodes.insert(
+            last,
+            Node::Op(Op {
+                kind: OpKind::CacheUpdate {
+                    axis: 1,
+                    start: Int::Lit(0),
+                },
+                inputs: vec![k, row],
+                outputs: vec![ku],
+            }),
+        );
+        assert_eq!(fuse_attention(&mut g), 0);
     }
 }

@@ -1814,6 +1814,7 @@ impl<'a> Lower<'a> {
                 window: None,
                 softcap: None,
                 start: Int::Sym(start),
+                all_rows: false,
             },
             ins,
             y,

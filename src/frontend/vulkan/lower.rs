@@ -596,6 +596,7 @@ impl Lower<'_> {
                 window: None,
                 softcap: None,
                 start,
+                all_rows: false,
             },
             ins,
             vec![y],
@@ -837,6 +838,7 @@ impl Lower<'_> {
             window: None,
             softcap: None,
             start,
+            all_rows: false,
         };
         self.g.op(kind, ins, vec![y]);
         Ok(())
