@@ -37,6 +37,9 @@ override HAS_MASK: bool = false;
 override ALL_ROWS: bool = false;
 // split: keys per workgroup (WG / CK threads share a key's dot product).
 override CK: u32 = 32u;
+// split/combine: chunks per query and head. Loop bounds are constants (DMAX, CK, CHUNKS) so the
+// compiler unrolls them and keeps many loads in flight: a decode step is latency, not bandwidth.
+override CHUNKS: u32 = 1u;
 // k / v are f16 KV caches read in place (two f16 a word, src/gpu/memory.rs `Repr::F16`).
 override K_F16: bool = false;
 override V_F16: bool = false;
@@ -55,6 +58,11 @@ var<workgroup> qs: array<f32, DMAX>;
 var<workgroup> acc: array<f32, DMAX>;
 var<workgroup> sc: array<f32, WG>;
 var<workgroup> pk: array<f32, CK>;
+var<workgroup> wc: array<f32, CHUNKS>;
+var<workgroup> wm: array<f32, CHUNKS>;
+var<workgroup> c_lo: atomic<u32>;
+var<workgroup> c_hi: atomic<u32>;
+var<workgroup> m_ord: atomic<u32>;
 
 fn k_at(i: u32) -> f32 {
     if K_F16 {
@@ -99,8 +107,21 @@ fn mask_at(i: u32, j: u32) -> f32 {
 // Part of q·k_j: dims first, first + stride, ...
 fn dot_part(kr: u32, first: u32, stride: u32) -> f32 {
     var dotv = 0.0;
-    for (var e = first; e < p.d; e += stride) {
+    for (var e = first; e < DMAX; e += stride) {
         dotv += qs[e] * k_at(kr + e);
+    }
+    return dotv;
+}
+
+// q·k_j's part over dims lane, lane + TPK, ...: a constant trip count the compiler unrolls.
+fn dot_lane(kr: u32, lane: u32) -> f32 {
+    let TPK = WG / CK;
+    var dotv = 0.0;
+    for (var r = 0u; r < (DMAX + TPK - 1u) / TPK; r++) {
+        let e = lane + r * TPK;
+        if e < DMAX {
+            dotv += qs[e] * k_at(kr + e);
+        }
     }
     return dotv;
 }
@@ -129,7 +150,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let r = span(i);
     let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
     let ko = bb * p.kv_strides.x + kh * p.kv_strides.z;
-    for (var e = t; e < p.d; e += WG) {
+    for (var e = t; e < DMAX; e += WG) {
         qs[e] = q[qo + e];
         acc[e] = 0.0;
     }
@@ -163,7 +184,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         l = l * alpha + bsum;
         let count = u32(min(i32(WG), r.y - j0));
-        for (var e = t; e < p.d; e += WG) {
+        for (var e = t; e < DMAX; e += WG) {
             var a = acc[e] * alpha;
             for (var jj = 0u; jj < count; jj++) {
                 let w = sc[jj];
@@ -176,7 +197,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         m = m_new;
         workgroupBarrier();
     }
-    for (var e = t; e < p.d; e += WG) {
+    for (var e = t; e < DMAX; e += WG) {
         o[qo + e] = select(acc[e] / l, 0.0, l == 0.0);
     }
 }
@@ -195,7 +216,7 @@ fn split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     let r = span(i);
     let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
     let ko = bb * p.kv_strides.x + kh * p.kv_strides.z;
-    for (var e = t; e < p.d; e += WG) {
+    for (var e = t; e < DMAX; e += WG) {
         qs[e] = q[qo + e];
     }
     workgroupBarrier();
@@ -208,7 +229,7 @@ fn split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     }
     var part = 0.0;
     if mk != NEG_INF {
-        part = dot_part(ko + j * p.kv_strides.y, lane, TPK);
+        part = dot_lane(ko + j * p.kv_strides.y, lane);
     }
     sc[t] = part;
     workgroupBarrier();
@@ -245,49 +266,80 @@ fn split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     if l == 0.0 {
         return;
     }
-    for (var e = t; e < p.d; e += WG) {
-        var a = 0.0;
-        for (var jj = 0u; jj < CK; jj++) {
-            let w = pk[jj];
-            if w != 0.0 {
-                a += w * v_at(ko + (c * CK + jj) * p.kv_strides.y + e);
+    for (var r = 0u; r < (DMAX + WG - 1u) / WG; r++) {
+        let e = t + r * WG;
+        if e < DMAX {
+            var a = 0.0;
+            for (var jj = 0u; jj < CK; jj++) {
+                // Every row loads (in flight together); a hidden key's row adds nothing, even NaN.
+                let w = pk[jj];
+                let x = v_at(ko + (c * CK + jj) * p.kv_strides.y + e);
+                a += select(0.0, w * x, w != 0.0);
             }
+            o[base + 2u + e] = a;
         }
-        o[base + 2u + e] = a;
     }
 }
 
 // Merges split's chunks: grid (hq, 1, s * batch).
 @compute @workgroup_size(WG)
 fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let NEG_INF = bitcast<f32>(0xff800000u);
     let h = wg.x;
     let i = wg.z % p.s;
     let bb = wg.z / p.s;
     let st = p.d + 2u;
     let row = ((bb * p.s + i) * p.hq + h) * p.chunks;
-    var m = NEG_INF;
-    for (var c = 0u; c < p.chunks; c++) {
-        if parts[(row + c) * st + 1u] != 0.0 {
-            m = max(m, parts[(row + c) * st]);
+    // Each chunk's (m, l) into shared memory, one load per invocation, and the range of chunks
+    // that saw keys (l > 0) and their largest m by atomics (order-free, so the result is the
+    // same every run): the loops below visit that range only, a decode step's few chunks.
+    if t == 0u {
+        atomicStore(&c_lo, 0xffffffffu);
+        atomicStore(&c_hi, 0u);
+        atomicStore(&m_ord, 0u);
+    }
+    workgroupBarrier();
+    for (var c = t; c < CHUNKS; c += WG) {
+        let mc = parts[(row + c) * st];
+        let lc = parts[(row + c) * st + 1u];
+        wm[c] = mc;
+        wc[c] = lc;
+        if lc != 0.0 {
+            atomicMin(&c_lo, c);
+            atomicMax(&c_hi, c);
+            atomicMax(&m_ord, ordered(mc));
         }
     }
+    workgroupBarrier();
+    let lo = atomicLoad(&c_lo);
+    let hi = min(atomicLoad(&c_hi), CHUNKS - 1u);
+    let m = unordered(atomicLoad(&m_ord));
     var l = 0.0;
-    for (var c = 0u; c < p.chunks; c++) {
-        let lc = parts[(row + c) * st + 1u];
-        if lc != 0.0 {
-            l += lc * exp(parts[(row + c) * st] - m);
+    for (var c = lo; c <= hi; c++) {
+        if wc[c] != 0.0 {
+            l += wc[c] * exp(wm[c] - m);
         }
     }
     let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
-    for (var e = t; e < p.d; e += WG) {
-        var a = 0.0;
-        for (var c = 0u; c < p.chunks; c++) {
-            let b = (row + c) * st;
-            if parts[b + 1u] != 0.0 {
-                a += parts[b + 2u + e] * exp(parts[b] - m);
+    for (var r = 0u; r < (DMAX + WG - 1u) / WG; r++) {
+        let e = t + r * WG;
+        if e < DMAX {
+            var a = 0.0;
+            for (var c = lo; c <= hi; c++) {
+                if wc[c] != 0.0 {
+                    a += parts[(row + c) * st + 2u + e] * exp(wm[c] - m);
+                }
             }
+            o[qo + e] = select(a / l, 0.0, l == 0.0);
         }
-        o[qo + e] = select(a / l, 0.0, l == 0.0);
     }
+}
+
+// f32 bits as a u32 with the same order (for atomicMax over floats).
+fn ordered(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+fn unordered(u: u32) -> f32 {
+    return bitcast<f32>(select(~u, u & 0x7fffffffu, (u & 0x80000000u) != 0u));
 }

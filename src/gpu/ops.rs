@@ -275,7 +275,7 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
             match attn_dims(layout, &q.max_shape, &k.max_shape) {
                 Some(a) if a.s > 0 => {
                     let s = a.s.min(SPLIT_MAX_S);
-                    let chunks = a.cl.div_ceil(SPLIT_KEYS);
+                    let chunks = a.cl.div_ceil(split_keys());
                     vec![(a.b * s * a.hq * chunks * (a.d + 2) * 4) as u64]
                 }
                 _ => Vec::new(),
@@ -288,8 +288,20 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
 /// Attention with at most this many queries per call splits its keys over workgroups
 /// (`sdpa.wgsl` `split`): a decode step's few (query, head) pairs alone would leave the GPU idle.
 const SPLIT_MAX_S: usize = 4;
-/// Keys per workgroup in the split.
-const SPLIT_KEYS: usize = 32;
+/// Keys per workgroup in the split (`PTERIA_SDPA_KEYS` = 8..=64, a power of two, overrides, for
+/// benchmark sweeps).
+fn split_keys() -> usize {
+    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        std::env::var("PTERIA_SDPA_KEYS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|k| k.is_power_of_two() && (8..=64).contains(k))
+            // Measured on an H100 (E2B-shaped decode at position ~130): 8 keys 3909 µs a step,
+            // 16 3925, 32 3965; small chunks keep each invocation's chain of loads short.
+            .unwrap_or(8)
+    })
+}
 
 /// Attention's sizes: batch, queries, query heads, head dim, cache rows, kv heads.
 struct AttnDims {
@@ -1893,7 +1905,7 @@ fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
         None => 0,
     };
     let split = s <= SPLIT_MAX_S;
-    let chunks = cl.div_ceil(SPLIT_KEYS);
+    let chunks = cl.div_ceil(split_keys());
     let p = || {
         P::default()
             .u(s)
@@ -1914,7 +1926,8 @@ fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
     let consts = vec![
         ("WG", wg),
         ("DMAX", d as f64),
-        ("CK", SPLIT_KEYS as f64),
+        ("CK", split_keys() as f64),
+        ("CHUNKS", chunks as f64),
         ("CAUSAL", b(at.causal)),
         ("WINDOW", b(at.window.is_some())),
         ("SOFTCAP", b(at.softcap.is_some())),

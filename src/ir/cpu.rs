@@ -1531,7 +1531,11 @@ pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
                 let mut mx = f32::NEG_INFINITY;
                 for (j, scv) in sc.iter_mut().enumerate() {
                     let visible = (!a.causal || j <= p) && a.window.is_none_or(|w| j + w > p);
-                    if !visible {
+                    // A key the mask hides needs no dot product (its weight is 0 either way).
+                    let hidden = a
+                        .mask
+                        .is_some_and(|(m, _)| m[i * mask_stride + j] == f32::NEG_INFINITY);
+                    if !visible || hidden {
                         *scv = f32::NEG_INFINITY;
                         continue;
                     }
