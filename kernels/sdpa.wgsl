@@ -8,6 +8,9 @@
 // fixed memory. `split` + `combine` (a few queries, as in decode): the keys are cut into chunks
 // of CK, one workgroup per (chunk, head, query) leaving its chunk's max, sum and unnormalised
 // output in a scratch buffer, which `combine` merges; that spreads one query over the GPU.
+// `probs` (every cache row, many queries, Bhsd): a tiled matmul writes q·Kᵀ to a scratch, `probs`
+// turns each row into probabilities in place, and a second matmul multiplies them by v, so each
+// K/V load serves 64 queries.
 // Layout, GQA and the cache length come in as strides; causal, window, softcap and mask as
 // constants.
 
@@ -342,4 +345,61 @@ fn ordered(x: f32) -> u32 {
 
 fn unordered(u: u32) -> f32 {
     return bitcast<f32>(select(~u, u & 0x7fffffffu, (u & 0x80000000u) != 0u));
+}
+
+// Scores row (batch, head, query) of the scratch in `o`, [cache_len] each, into probabilities:
+// scale, cap, mask (hidden keys and those outside the query's span get exactly 0), softmax.
+// Grid (s * hq, batch).
+@compute @workgroup_size(WG)
+fn probs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) t: u32) {
+    let NEG_INF = bitcast<f32>(0xff800000u);
+    let flat = wg.x + wg.y * nwg.x;
+    if flat >= p.s * p.hq {
+        return;
+    }
+    let i = flat % p.s;
+    let h = flat / p.s;
+    let r = span(i);
+    let row = ((wg.z * p.hq + h) * p.s + i) * p.cache_len;
+    // Each invocation rewrites only its own elements (j = t, t + WG, ...).
+    var mx = NEG_INF;
+    for (var j = t; j < p.cache_len; j += WG) {
+        let mk = mask_at(i, j);
+        var x = NEG_INF;
+        if i32(j) >= r.x && i32(j) < r.y && mk != NEG_INF {
+            x = finish(o[row + j], mk);
+        }
+        o[row + j] = x;
+        mx = max(mx, x);
+    }
+    sc[t] = mx;
+    workgroupBarrier();
+    for (var w = WG / 2u; w > 0u; w >>= 1u) {
+        if t < w {
+            sc[t] = max(sc[t], sc[t + w]);
+        }
+        workgroupBarrier();
+    }
+    let m = sc[0];
+    workgroupBarrier();
+    var sum = 0.0;
+    for (var j = t; j < p.cache_len; j += WG) {
+        let x = o[row + j];
+        let e = select(exp(x - m), 0.0, x == NEG_INF);
+        o[row + j] = e;
+        sum += e;
+    }
+    sc[t] = sum;
+    workgroupBarrier();
+    for (var w = WG / 2u; w > 0u; w >>= 1u) {
+        if t < w {
+            sc[t] += sc[t + w];
+        }
+        workgroupBarrier();
+    }
+    let l = sc[0];
+    for (var j = t; j < p.cache_len; j += WG) {
+        o[row + j] = select(o[row + j] / l, 0.0, l == 0.0);
+    }
 }

@@ -1446,6 +1446,20 @@ fn sdpa_variants_match_cpu() {
             softcap: Some(5.0),
             ..base
         },
+        // A prefill over every row: more queries than a 64-row matmul tile, as a tiled q·Kᵀ,
+        // probabilities, p·V.
+        AttnCase {
+            layout: AttnLayout::Bhsd,
+            s: 70,
+            hq: 8,
+            hkv: 1,
+            d: 256,
+            start: 20,
+            causal: false,
+            mask: true,
+            all_rows: true,
+            ..base
+        },
         AttnCase {
             layout: AttnLayout::Bhsd,
             s: 7,
