@@ -63,6 +63,7 @@ var<workgroup> sc: array<f32, WG>;
 var<workgroup> pk: array<f32, CK>;
 var<workgroup> wc: array<f32, CHUNKS>;
 var<workgroup> wm: array<f32, CHUNKS>;
+var<workgroup> pk_l: array<f32, WG>;
 var<workgroup> c_lo: atomic<u32>;
 var<workgroup> c_hi: atomic<u32>;
 var<workgroup> m_ord: atomic<u32>;
@@ -284,7 +285,9 @@ fn split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     }
 }
 
-// Merges split's chunks: grid (hq, 1, s * batch).
+// Merges split's chunks for 16 dims of one (head, query, batch): grid (hq, ceil(d / 16),
+// s * batch). Its 16 lanes of 16 invocations (WG = 256) each take every 16th chunk, then the
+// lanes' sums are added in a fixed order: a long cache is 16 short loops, not one long one.
 @compute @workgroup_size(WG)
 fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let h = wg.x;
@@ -292,9 +295,8 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let bb = wg.z / p.s;
     let st = p.d + 2u;
     let row = ((bb * p.s + i) * p.hq + h) * p.chunks;
-    // Each chunk's (m, l) into shared memory, one load per invocation, and the range of chunks
-    // that saw keys (l > 0) and their largest m by atomics (order-free, so the result is the
-    // same every run): the loops below visit that range only, a decode step's few chunks.
+    // Each chunk's (m, l), one load per invocation, and the range of chunks that saw keys
+    // (l > 0) and their largest m by atomics (order-free, so the result is the same every run).
     if t == 0u {
         atomicStore(&c_lo, 0xffffffffu);
         atomicStore(&c_hi, 0u);
@@ -302,38 +304,49 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     }
     workgroupBarrier();
     for (var c = t; c < CHUNKS; c += WG) {
-        let mc = parts[(row + c) * st];
         let lc = parts[(row + c) * st + 1u];
-        wm[c] = mc;
         wc[c] = lc;
         if lc != 0.0 {
             atomicMin(&c_lo, c);
             atomicMax(&c_hi, c);
-            atomicMax(&m_ord, ordered(mc));
+            atomicMax(&m_ord, ordered(parts[(row + c) * st]));
         }
     }
     workgroupBarrier();
     let lo = atomicLoad(&c_lo);
     let hi = min(atomicLoad(&c_hi), CHUNKS - 1u);
     let m = unordered(atomicLoad(&m_ord));
+    // Each chunk's weight exp(m_c - m), 0 for a chunk that saw no key.
+    for (var c = t; c < CHUNKS; c += WG) {
+        wm[c] = select(exp(parts[(row + c) * st] - m), 0.0, wc[c] == 0.0);
+    }
+    workgroupBarrier();
+    let el = t % 16u;
+    let lane = t / 16u;
+    let e = wg.y * 16u + el;
+    var a = 0.0;
     var l = 0.0;
-    for (var c = lo; c <= hi; c++) {
-        if wc[c] != 0.0 {
-            l += wc[c] * exp(wm[c] - m);
+    for (var c = lo + lane; c <= hi; c += 16u) {
+        let w = wm[c];
+        if w != 0.0 {
+            l += wc[c] * w;
+            if e < DMAX {
+                a += parts[(row + c) * st + 2u + e] * w;
+            }
         }
     }
-    let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
-    for (var r = 0u; r < (DMAX + WG - 1u) / WG; r++) {
-        let e = t + r * WG;
-        if e < DMAX {
-            var a = 0.0;
-            for (var c = lo; c <= hi; c++) {
-                if wc[c] != 0.0 {
-                    a += parts[(row + c) * st + 2u + e] * exp(wm[c] - m);
-                }
-            }
-            o[qo + e] = select(a / l, 0.0, l == 0.0);
+    sc[t] = a;
+    pk_l[t] = l;
+    workgroupBarrier();
+    if lane == 0u && e < DMAX {
+        var at = 0.0;
+        var lt = 0.0;
+        for (var k = 0u; k < 16u; k++) {
+            at += sc[k * 16u + el];
+            lt += pk_l[k * 16u + el];
         }
+        let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
+        o[qo + e] = select(at / lt, 0.0, lt == 0.0);
     }
 }
 

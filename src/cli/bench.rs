@@ -526,8 +526,8 @@ fn kernels(a: &Args) -> Result<()> {
             report.timestamps
         );
         println!(
-            "a dispatch that waits for the one before: {:.2} us",
-            report.dependent_dispatch_us
+            "a dispatch that waits for the one before: {:.2} us; one that waits for nothing: {:.2} us",
+            report.dependent_dispatch_us, report.independent_dispatch_us
         );
     }
     Ok(())

@@ -138,6 +138,8 @@ pub struct KernelReport {
     pub stream_bytes: u64,
     /// GPU time of a dispatch that waits for the one before (`dependent_dispatch`), in µs.
     pub dependent_dispatch_us: f64,
+    /// GPU time of a dispatch that waits for nothing (`independent_dispatch`), in µs.
+    pub independent_dispatch_us: f64,
     pub matvec: Vec<MatVecResult>,
 }
 
@@ -221,6 +223,29 @@ pub fn dependent_dispatch(ctx: &Arc<Context>, seconds: f64) -> Result<f64, GpuEr
         t = y;
     }
     g.outputs.push(t);
+    let data = floats(d, 7, -1.0, 2.0);
+    let inputs = [InputValue::Tensor {
+        shape: vec![1, d],
+        data: &data,
+    }];
+    let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
+    let (s, _) = measure(&mut gpu, &inputs, seconds)?;
+    Ok(s / links as f64)
+}
+
+/// GPU time of one dispatch that waits for nothing: 256 negations of the same 1536 floats, each
+/// into its own buffer (no barrier between them). Against `dependent_dispatch`, what the barrier
+/// between two dispatches costs.
+pub fn independent_dispatch(ctx: &Arc<Context>, seconds: f64) -> Result<f64, GpuError> {
+    let (links, d) = (256, 1536);
+    let mut g = Graph::default();
+    let x = g.add_tensor("x", DType::F32, vec![1, d], Role::Input(0));
+    g.inputs.push(Io::Tensor(x));
+    for i in 0..links {
+        let y = g.add_tensor(format!("t{i}"), DType::F32, vec![1, d], Role::Activation);
+        g.op(OpKind::Unary(crate::ir::UnaryOp::Neg), vec![x], vec![y]);
+        g.outputs.push(y);
+    }
     let data = floats(d, 7, -1.0, 2.0);
     let inputs = [InputValue::Tensor {
         shape: vec![1, d],
@@ -340,6 +365,7 @@ pub fn kernel_bench(
     let copy_bytes = opts.copy_bytes.min(ctx.max_storage_binding());
     let stream = stream_bandwidth(ctx, copy_bytes, opts.seconds)?;
     let dependent = dependent_dispatch(ctx, opts.seconds)?;
+    let independent = independent_dispatch(ctx, opts.seconds)?;
     let mut rows = Vec::new();
     for &case in &opts.weights {
         for &(k, n) in &opts.shapes {
@@ -366,6 +392,7 @@ pub fn kernel_bench(
         stream_gb_per_s: stream / 1e9,
         stream_bytes: copy_bytes,
         dependent_dispatch_us: dependent * 1e6,
+        independent_dispatch_us: independent * 1e6,
         matvec: rows,
     })
 }

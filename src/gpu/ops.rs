@@ -2067,7 +2067,7 @@ fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
             p(),
             Res::Tensor(out),
             vec![Res::Scratch(0)],
-            [hq as u32, 1, (s * bq) as u32],
+            [hq as u32, d.div_ceil(16) as u32, (s * bq) as u32],
         ),
     ])
 }
