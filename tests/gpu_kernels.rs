@@ -1446,6 +1446,20 @@ fn sdpa_variants_match_cpu() {
             softcap: Some(5.0),
             ..base
         },
+        // A cache long enough that chunks take more keys (30000 rows: 32 each, 938 chunks).
+        AttnCase {
+            layout: AttnLayout::Bhsd,
+            s: 1,
+            hq: 8,
+            hkv: 1,
+            d: 64,
+            cache: 30000,
+            start: 29000,
+            causal: false,
+            mask: true,
+            all_rows: true,
+            ..base
+        },
         // A prefill over every row: more queries than a 64-row matmul tile, as a tiled q·Kᵀ,
         // probabilities, p·V.
         AttnCase {

@@ -275,7 +275,7 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
             match attn_dims(layout, &q.max_shape, &k.max_shape) {
                 Some(a) if a.s > 0 => {
                     let s = a.s.min(SPLIT_MAX_S);
-                    let chunks = a.cl.div_ceil(split_keys());
+                    let chunks = a.cl.div_ceil(split_keys(a.cl));
                     let mut v = vec![(a.b * s * a.hq * chunks * (a.d + 2) * 4) as u64];
                     if by_matmuls(&op.kind) {
                         v.push((a.b * a.hq * a.s * a.cl * 4) as u64);
@@ -294,9 +294,9 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
 const SPLIT_MAX_S: usize = 4;
 /// Keys per workgroup in the split (`PTERIA_SDPA_KEYS` = 8..=64, a power of two, overrides, for
 /// benchmark sweeps).
-fn split_keys() -> usize {
+fn split_keys(cache_rows: usize) -> usize {
     static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *KEYS.get_or_init(|| {
+    let keys = *KEYS.get_or_init(|| {
         std::env::var("PTERIA_SDPA_KEYS")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
@@ -304,8 +304,13 @@ fn split_keys() -> usize {
             // Measured on an H100 (E2B-shaped decode at position ~130): 8 keys 3909 µs a step,
             // 16 3925, 32 3965; small chunks keep each invocation's chain of loads short.
             .unwrap_or(8)
-    })
+    });
+    // `combine` keeps two words per chunk in shared memory: at most SPLIT_CHUNKS chunks.
+    keys.max(cache_rows.div_ceil(SPLIT_CHUNKS).next_power_of_two())
 }
+
+/// The most chunks a split cache has (8 KiB of `combine`'s shared memory).
+const SPLIT_CHUNKS: usize = 1024;
 
 /// Whether attention with more queries than `SPLIT_MAX_S` runs as matmul, `probs`, matmul: over
 /// every cache row (a prefill), tiled matmuls share each K/V load among 64 queries where `main`
@@ -1949,7 +1954,8 @@ fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
         None => 0,
     };
     let split = s <= SPLIT_MAX_S;
-    let chunks = cl.div_ceil(split_keys());
+    let keys = split_keys(cl);
+    let chunks = cl.div_ceil(keys);
     let p = || {
         P::default()
             .u(s)
@@ -1970,7 +1976,7 @@ fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
     let consts = vec![
         ("WG", wg),
         ("DMAX", d as f64),
-        ("CK", split_keys() as f64),
+        ("CK", keys as f64),
         ("CHUNKS", chunks as f64),
         ("CAUSAL", b(at.causal)),
         ("WINDOW", b(at.window.is_some())),
