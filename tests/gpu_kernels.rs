@@ -1580,6 +1580,51 @@ fn sdpa_variants_match_cpu() {
     }
 }
 
+/// A select by a literal index of a dim after size-1 dims (the per-layer input's select) is read
+/// in place, from an offset into its input, where that offset suits the device's binding
+/// alignment: no dispatch, the CPU's values. An unaligned one, or one past a dim of more than
+/// one, is copied as before.
+#[test]
+fn contiguous_selects_are_read_in_place() {
+    let Some(c) = ctx() else { return };
+    let align = c.limits().min_storage_buffer_offset_alignment as usize;
+    let mut rng = Rng::new(31);
+    // (input shape, dim, index, whether a view)
+    let row = align.max(4);
+    let cases = [
+        (vec![3, row], 0, 1i64, true),
+        (vec![3, row], 0, -1, true),
+        (vec![1, 4, 1, row], 1, 2, true),
+        (vec![3, row + 1], 0, 1, false),
+        (vec![2, 3, row], 1, 1, false),
+        (vec![3, row], 0, 0, true),
+    ];
+    for (xs, dim, index, view) in cases {
+        let mut t = T::default();
+        let n: usize = xs.iter().product();
+        let x = t.input_f(&xs, &rng.floats(n, 1.0));
+        // Activations on both sides, as in a model.
+        let a = t.op(OpKind::Unary(UnaryOp::Neg), vec![x], DType::F32, &xs);
+        let mut os = xs.clone();
+        os.remove(dim);
+        let s = t.op(
+            OpKind::Select {
+                dim,
+                index: Int::Lit(index),
+            },
+            vec![a],
+            DType::F32,
+            &os,
+        );
+        let y = t.op(OpKind::Unary(UnaryOp::Exp), vec![s], DType::F32, &os);
+        t.out(y);
+        let what = format!("select {index} of dim {dim} of {xs:?}");
+        let gpu = check_on(c.clone(), &what, &t, TOL, 1e-3);
+        let want = if view { 2 } else { 3 };
+        assert_eq!(gpu.stats().last_dispatches, want, "{what}");
+    }
+}
+
 #[test]
 fn layout_ops_match_cpu() {
     let mut rng = Rng::new(12);

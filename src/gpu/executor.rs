@@ -143,7 +143,8 @@ pub struct OpTime {
 struct BindKey {
     slots: Vec<Slot>,
     params: (usize, u64),
-    buffers: Vec<usize>,
+    /// (buffer, byte offset) per binding after the parameters.
+    buffers: Vec<(usize, u64)>,
 }
 
 /// Runs one IR graph on the GPU; State tensors (KV caches) live on the device across calls.
@@ -159,6 +160,8 @@ pub struct GpuExecutor {
     literal_slot: HashMap<i64, u32>,
     /// Per tensor root, whose storage it reads in the call being recorded (`ops::permute_views`).
     view_of: Vec<crate::ir::TensorId>,
+    /// Per root: the byte offset of its values in `view_of`'s storage (a select view's).
+    view_off: Vec<u64>,
     params: Vec<wgpu::Buffer>,
     param_slots: HashMap<Vec<u32>, (usize, u64)>,
     param_used: u64,
@@ -325,6 +328,7 @@ impl GpuExecutor {
             literals,
             literal_slot,
             view_of: Vec::new(),
+            view_off: Vec::new(),
             params: Vec::new(),
             param_slots: HashMap::new(),
             param_used: 0,
@@ -757,7 +761,8 @@ impl GpuExecutor {
 
     fn record(&mut self, plan: &Plan) -> Result<Recording, GpuError> {
         let mut steps: Vec<(usize, Step)> = Vec::new();
-        self.view_of = ops::permute_views(&self.graph, &self.mem, &plan.shapes);
+        let align = self.ctx.limits().min_storage_buffer_offset_alignment as u64;
+        (self.view_of, self.view_off) = ops::views(&self.graph, &self.mem, &plan.shapes, align);
         {
             let slot = |i: Int| -> u32 {
                 match i {
@@ -828,7 +833,17 @@ impl GpuExecutor {
         })
     }
 
-    fn resolve(&self, node: usize, r: Res) -> Result<usize, GpuError> {
+    /// The buffer a dispatch binds for `r`, and the byte offset it binds from (a select view's).
+    fn resolve(&self, node: usize, r: Res) -> Result<(usize, u64), GpuError> {
+        if let Res::Tensor(t) = r {
+            let root = self.mem.root[t];
+            let off = self.view_off.get(root).copied().unwrap_or(0);
+            return Ok((self.buffer_of(node, r)?, off));
+        }
+        Ok((self.buffer_of(node, r)?, 0))
+    }
+
+    fn buffer_of(&self, node: usize, r: Res) -> Result<usize, GpuError> {
         let missing =
             |what: String| GpuError::Device(format!("node {node}: {what} has no GPU buffer"));
         match r {
@@ -897,7 +912,7 @@ impl GpuExecutor {
         slots.extend(s.inputs.iter().map(|_| Slot::Read));
         slots.extend(s.writes.iter().map(|_| Slot::Write));
         let pipeline = self.ctx.pipeline(s.kernel, s.entry, &s.constants, &slots)?;
-        let mut buffers = vec![self.syms, self.resolve(node, s.out)?];
+        let mut buffers = vec![(self.syms, 0), self.resolve(node, s.out)?];
         for &r in s.inputs.iter().chain(&s.writes) {
             buffers.push(self.resolve(node, r)?);
         }
@@ -918,10 +933,14 @@ impl GpuExecutor {
                         size: wgpu::BufferSize::new(PARAM_SLOT),
                     }),
                 }];
-                for (i, &b) in key.buffers.iter().enumerate() {
+                for (i, &(b, off)) in key.buffers.iter().enumerate() {
                     entries.push(wgpu::BindGroupEntry {
                         binding: i as u32 + 1,
-                        resource: self.buffers[b].as_entire_binding(),
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &self.buffers[b],
+                            offset: off,
+                            size: None,
+                        }),
                     });
                 }
                 let bg = self

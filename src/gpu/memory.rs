@@ -88,9 +88,10 @@ pub(crate) struct MemoryPlan {
     /// that then is not dispatched; `cache_filled` is the inverse.
     pub norm_cache: Vec<Option<usize>>,
     pub cache_filled: Vec<Option<usize>>,
-    /// Per node: a permute whose input is kept live as long as its output, so that where it is
-    /// a view for a call's shapes the executor skips it and reads its input instead.
-    pub view_permute: Vec<bool>,
+    /// Per node: a permute, or a select by a literal index, whose input is kept live as long as
+    /// its output, so that where it is a view for a call's shapes (`ops::views`) the executor
+    /// skips it and reads its input instead (a select from an offset into it).
+    pub view_op: Vec<bool>,
     pub buffers: Vec<BufferSpec>,
 }
 
@@ -350,19 +351,27 @@ impl MemoryPlan {
         // A permute that moves only dims of size 1 for a call's shapes (a decode step's attention
         // heads) is a view for that call (`ops::permute_is_view`): its input then lives as long
         // as its output, so that the executor can read the input in its place and skip the copy.
-        // (Latest first, so that a chain of such permutes keeps its first input.)
-        let mut view_permute = vec![false; g.nodes.len()];
+        // A select by a literal index of a dim after size-1 dims is a contiguous slice: a view
+        // at an offset (the per-layer input's select, 35 a decode step).
+        // (Latest first, so that a chain of such views keeps its first input.)
+        let mut view_op = vec![false; g.nodes.len()];
         for (n, node) in g.nodes.iter().enumerate().rev() {
             let Node::Op(op) = node else { continue };
-            if let (OpKind::Permute { .. }, Some(&x), Some(&y)) =
-                (&op.kind, op.inputs.first(), op.outputs.first())
-            {
+            let viewable = matches!(
+                op.kind,
+                OpKind::Permute { .. }
+                    | OpKind::Select {
+                        index: crate::ir::Int::Lit(_),
+                        ..
+                    }
+            );
+            if let (true, Some(&x), Some(&y)) = (viewable, op.inputs.first(), op.outputs.first()) {
                 let (i, o) = (root[x], root[y]);
                 let act = |t: TensorId| matches!(g.tensors[t].role, Role::Activation);
                 // (Not a graph output: those are read back from their own storage.)
                 let one_writer = writers[o] == 1 && last_read[o] != never;
                 if i != o && act(i) && act(o) && repr[i] == repr[o] && one_writer {
-                    view_permute[n] = true;
+                    view_op[n] = true;
                     last_read[i] = last_read[i].max(last_read[o]);
                 }
             }
@@ -741,7 +750,7 @@ impl MemoryPlan {
             glu_lead,
             norm_cache,
             cache_filled,
-            view_permute,
+            view_op,
             buffers,
         };
         (plan, errors)

@@ -74,23 +74,49 @@ pub(crate) fn permute_is_view(shape: &[usize], perm: &[usize]) -> bool {
     kept.windows(2).all(|w| w[0] < w[1])
 }
 
-/// Per tensor root, where its values live in a call of these shapes: view permutes
-/// (`MemoryPlan::view_permute`) read their input's storage.
-pub(crate) fn permute_views(g: &Graph, mem: &MemoryPlan, shapes: &[Vec<usize>]) -> Vec<TensorId> {
+/// Per tensor root, where its values live in a call of these shapes: the root whose storage
+/// holds them and the byte offset there. View ops (`MemoryPlan::view_op`) read their input's
+/// storage: a permute moving only size-1 dims, and a select of a dim after size-1 dims at an
+/// offset that is a multiple of `align` (the device's storage binding offset alignment).
+pub(crate) fn views(
+    g: &Graph,
+    mem: &MemoryPlan,
+    shapes: &[Vec<usize>],
+    align: u64,
+) -> (Vec<TensorId>, Vec<u64>) {
     let mut view: Vec<TensorId> = (0..g.tensors.len()).collect();
+    let mut off = vec![0u64; g.tensors.len()];
     for (n, node) in g.nodes.iter().enumerate() {
         let crate::ir::Node::Op(op) = node else {
             continue;
         };
-        if let OpKind::Permute { perm } = &op.kind {
-            if mem.view_permute.get(n).copied().unwrap_or(false)
-                && permute_is_view(&shapes[op.inputs[0]], perm)
-            {
-                view[mem.root[op.outputs[0]]] = view[mem.root[op.inputs[0]]];
+        if !mem.view_op.get(n).copied().unwrap_or(false) {
+            continue;
+        }
+        let (i, o) = (mem.root[op.inputs[0]], mem.root[op.outputs[0]]);
+        let xs = &shapes[op.inputs[0]];
+        let at = match &op.kind {
+            OpKind::Permute { perm } => permute_is_view(xs, perm).then_some(off[i]),
+            OpKind::Select {
+                dim,
+                index: Int::Lit(index),
+            } if *dim < xs.len() && xs[..*dim].iter().all(|&d| d == 1) => {
+                let n = xs[*dim] as i64;
+                let index = if *index < 0 { index + n } else { *index };
+                let inner: usize = xs[dim + 1..].iter().product();
+                let bytes =
+                    super::memory::elem_bytes(mem.repr[i], g.tensors[op.inputs[0]].dtype.size());
+                let at = off[i] + index.max(0) as u64 * inner as u64 * bytes;
+                (at % align.max(1) == 0).then_some(at)
             }
+            _ => None,
+        };
+        if let Some(at) = at {
+            view[o] = view[i];
+            off[o] = at;
         }
     }
-    view
+    (view, off)
 }
 
 impl Env<'_> {
@@ -991,7 +1017,11 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             }
         }
         // A view in this call: its readers read x (`permute_views`).
-        OpKind::Permute { .. } if env.view_of[env.mem.root[out]] != env.mem.root[out] => Vec::new(),
+        OpKind::Permute { .. } | OpKind::Select { .. }
+            if env.view_of[env.mem.root[out]] != env.mem.root[out] =>
+        {
+            Vec::new()
+        }
         OpKind::Permute { perm } => {
             let st = strides(env.shape(x));
             let src: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
