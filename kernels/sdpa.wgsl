@@ -1,13 +1,15 @@
 // Attention of q over the first kv_len = start + S rows of the k/v caches, `start` read from the
 // syms buffer at run time (decode steps replay one recording), or over every row (ALL_ROWS, the
-// mask deciding). Keys the mask gives -inf cost neither a dot product nor a row of v: a decode
-// step at position p reads ~p cache rows, not the cache's capacity.
+// mask deciding). Keys the mask gives -inf cost no dot product, and no row of v in `main`;
+// `split` skips chunks without a visible key: a decode step at position p reads ~p cache rows,
+// not the cache's capacity.
 //
 // `main`: one workgroup per (query, head, batch); keys are visited in blocks of WG with an online
 // softmax (running max and sum), the output accumulated in shared memory, so any kv_len runs in
 // fixed memory. `split` + `combine` (a few queries, as in decode): the keys are cut into chunks
 // of CK, one workgroup per (chunk, head, query) leaving its chunk's max, sum and unnormalised
-// output in a scratch buffer, which `combine` merges; that spreads one query over the GPU.
+// output in a scratch buffer, which `combine` merges (16 lanes of 16 invocations: WG = 256);
+// that spreads one query over the GPU.
 // `probs` (every cache row, many queries, Bhsd): a tiled matmul writes q·Kᵀ to a scratch, `probs`
 // turns each row into probabilities in place, and a second matmul multiplies them by v, so each
 // K/V load serves 64 queries.

@@ -158,7 +158,7 @@ pub struct GpuExecutor {
     syms: usize,
     literals: Vec<i64>,
     literal_slot: HashMap<i64, u32>,
-    /// Per tensor root, whose storage it reads in the call being recorded (`ops::permute_views`).
+    /// Per tensor root, whose storage it reads in the call being recorded (`ops::views`).
     view_of: Vec<crate::ir::TensorId>,
     /// Per root: the byte offset of its values in `view_of`'s storage (a select view's).
     view_off: Vec<u64>,

@@ -58,8 +58,8 @@ pub(crate) struct Env<'a> {
     pub subgroup: Option<u32>,
     /// Invocations a workgroup may have.
     pub max_invocations: u32,
-    /// Per tensor root: the root whose storage holds its values in this call (a view permute's
-    /// output reads its input's; `permute_views`), else itself.
+    /// Per tensor root: the root whose storage holds its values in this call (a view op's
+    /// output reads its input's, a select's from an offset; `views`), else itself.
     pub view_of: &'a [TensorId],
 }
 
@@ -1016,7 +1016,7 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
                 gather(env, x, out, &[n], &[1], &[1], 0, None, conv)
             }
         }
-        // A view in this call: its readers read x (`permute_views`).
+        // A view in this call: its readers read x (`views`).
         OpKind::Permute { .. } | OpKind::Select { .. }
             if env.view_of[env.mem.root[out]] != env.mem.root[out] =>
         {
