@@ -85,6 +85,11 @@ fn chained(n: f32, i: u32) -> f32 {
     if !CHAIN {
         return n;
     }
+    return chain_with(n, chain_ops(i));
+}
+
+// The chain's other operands for element i (loads only, so they can be issued early).
+fn chain_ops(i: u32) -> vec2<f32> {
     var o = vec2<u32>(i);
     if BCAST {
         var rem = i;
@@ -105,6 +110,10 @@ fn chained(n: f32, i: u32) -> f32 {
     if N_OPS > 1u {
         ops.y = op1[select(o.y, 0u, OP1_ONE)];
     }
+    return ops;
+}
+
+fn chain_with(n: f32, ops: vec2<f32>) -> f32 {
     // Chain inputs in order: the other inputs around the norm's.
     let ni = p.norm_input;
     let ins = vec3<f32>(select(ops.x, n, ni == 0u), select(select(ops.x, ops.y, ni > 1u), n, ni == 1u),
@@ -286,8 +295,20 @@ fn norm_row4(row: u32, t: u32, obase: u32) -> vec2<f32> {
     let d4 = p.d / 4u;
     let base = row * d4;
     var first = vec4<f32>();
+    // The first word's weight and chain operands are loaded before the reduction, so that their
+    // latency overlaps its barriers (a decode row is one word an invocation, or two).
+    var w_first = vec4<f32>(1.0);
+    var ops_first: array<vec2<f32>, 4>;
     if t < d4 {
         first = x4[base + t];
+        if HAS_W {
+            w_first = w4[t];
+        }
+        if CHAIN && !ROPE {
+            for (var e = 0u; e < 4u; e++) {
+                ops_first[e] = chain_ops(4u * (base + t) + e);
+            }
+        }
     }
     var s = dot(first, first);
     for (var j = t + WG; j < d4; j += WG) {
@@ -303,12 +324,16 @@ fn norm_row4(row: u32, t: u32, obase: u32) -> vec2<f32> {
     if t < d4 {
         var v = first * r;
         if HAS_W {
-            v *= w4[t];
+            v *= w_first;
         }
         if ROPE {
             stash4(t, v);
         } else {
-            let o = chained4(v, 4u * (base + t));
+            var o = v;
+            if CHAIN {
+                o = vec4<f32>(chain_with(v.x, ops_first[0]), chain_with(v.y, ops_first[1]),
+                              chain_with(v.z, ops_first[2]), chain_with(v.w, ops_first[3]));
+            }
             y4[obase + t] = o;
             lo = min(lo, o);
             hi = max(hi, o);
