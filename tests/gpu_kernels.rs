@@ -1149,6 +1149,8 @@ fn linear_at_gemma_e2b_sizes_matches_cpu() {
         (Weight::Q4 { group: 32 }, 9, 1536, 6144),
         (Weight::Q8 { group: 128 }, 1, 1536, 6144),
         (Weight::Q8 { group: 32 }, 1, 6144, 1539),
+        // A long row: one act_quant_packed workgroup walks 20 words an invocation.
+        (Weight::Q4 { group: 128 }, 1, 20480, 256),
     ] {
         let t = linear_graph(&mut rng, w, m, k, n, false, pteria::ir::ActQuant::None);
         check_both(&format!("linear {w:?} {m}x{k}->{n}"), &t, TOL, 0.05);
