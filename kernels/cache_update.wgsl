@@ -46,15 +46,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if i >= p.n {
         return;
     }
-    let start = syms[p.start_slot];
-    if start < 0 || u32(start) + p.value_len > p.cache_len {
-        return;
-    }
     let row = p.value_len * p.inner;
     let o = i / row;
     let r = (i % row) / p.inner;
     let k = i % p.inner;
-    put(i, (o * p.cache_len + u32(start) + r) * p.inner + k);
+    let dst = cache_dst(false, 0, syms[p.start_slot], r, p.value_len, p.cache_len);
+    if dst < 0 {
+        return;
+    }
+    put(i, (o * p.cache_len + u32(dst)) * p.inner + k);
 }
 
 // `index_put` form: value row r goes to cache row indices[r] (negative counts from the end); an
@@ -72,11 +72,8 @@ fn indexed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let o = i / row;
     let r = (i % row) / p.inner;
     let k = i % p.inner;
-    var dst = indices[r];
+    let dst = cache_dst(true, indices[r], 0, r, p.value_len, p.cache_len);
     if dst < 0 {
-        dst += i32(p.cache_len);
-    }
-    if dst < 0 || u32(dst) >= p.cache_len {
         return;
     }
     put(i, (o * p.cache_len + u32(dst)) * p.inner + k);

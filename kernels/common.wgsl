@@ -54,3 +54,21 @@ fn rope_rotate(x: f32, partner: f32, c: f32, s: f32, first: bool) -> f32 {
     }
     return x * c + partner * s;
 }
+
+// The KV cache row that value row r of an update goes to (cache_update.wgsl, and rms_norm.wgsl
+// storing its rows where that update would): `index` (negative counts from the end) when
+// `indexed`, else start + r when all value_len rows fit; -1 when the row is not stored (the
+// reference reports it).
+fn cache_dst(indexed: bool, index: i32, start: i32, r: u32, value_len: u32, cache_len: u32) -> i32 {
+    if indexed {
+        var d = index;
+        if d < 0 {
+            d += i32(cache_len);
+        }
+        return select(-1, d, d >= 0 && u32(d) < cache_len);
+    }
+    if start < 0 || u32(start) + value_len > cache_len {
+        return -1;
+    }
+    return start + i32(r);
+}

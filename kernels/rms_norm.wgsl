@@ -237,20 +237,13 @@ fn main4_cache(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
     let block = row / p.value_len;
     let r = row % p.value_len;
-    var dst: i32;
-    if p.cache_indexed != 0u {
-        dst = cache_idx[r];
-        if dst < 0 {
-            dst += i32(p.cache_len);
-        }
-    } else {
-        let start = syms[p.cache_start];
-        if start < 0 || u32(start) + p.value_len > p.cache_len {
-            return;
-        }
-        dst = start + i32(r);
+    let indexed = p.cache_indexed != 0u;
+    var index = 0;
+    if indexed {
+        index = cache_idx[r];
     }
-    if dst < 0 || u32(dst) >= p.cache_len {
+    let dst = cache_dst(indexed, index, syms[p.cache_start], r, p.value_len, p.cache_len);
+    if dst < 0 {
         return;
     }
     norm_row4(row, t, (block * p.cache_len + u32(dst)) * (p.d / 4u));
