@@ -212,6 +212,19 @@ pub fn stream_bandwidth(ctx: &Arc<Context>, bytes: u64, seconds: f64) -> Result<
 /// output. A decode step is such a chain, so this times its dispatch count is its floor however
 /// few bytes its kernels move.
 pub fn dependent_dispatch(ctx: &Arc<Context>, seconds: f64) -> Result<f64, GpuError> {
+    negations(ctx, seconds, true)
+}
+
+/// GPU time of one dispatch with no data dependency on the one before: 256 negations of the
+/// same 1536 floats, each into its own buffer (wgpu may still place barriers between them).
+/// Against `dependent_dispatch`, whether independent dispatches run any cheaper.
+pub fn independent_dispatch(ctx: &Arc<Context>, seconds: f64) -> Result<f64, GpuError> {
+    negations(ctx, seconds, false)
+}
+
+/// Seconds per dispatch of 256 negations of 1536 floats, each of the last one's output
+/// (`chained`) or each of the input into a buffer of its own.
+fn negations(ctx: &Arc<Context>, seconds: f64, chained: bool) -> Result<f64, GpuError> {
     let (links, d) = (256, 1536);
     let mut g = Graph::default();
     let x = g.add_tensor("x", DType::F32, vec![1, d], Role::Input(0));
@@ -220,31 +233,14 @@ pub fn dependent_dispatch(ctx: &Arc<Context>, seconds: f64) -> Result<f64, GpuEr
     for i in 0..links {
         let y = g.add_tensor(format!("t{i}"), DType::F32, vec![1, d], Role::Activation);
         g.op(OpKind::Unary(crate::ir::UnaryOp::Neg), vec![t], vec![y]);
-        t = y;
+        if chained {
+            t = y;
+        } else {
+            g.outputs.push(y);
+        }
     }
-    g.outputs.push(t);
-    let data = floats(d, 7, -1.0, 2.0);
-    let inputs = [InputValue::Tensor {
-        shape: vec![1, d],
-        data: &data,
-    }];
-    let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
-    let (s, _) = measure(&mut gpu, &inputs, seconds)?;
-    Ok(s / links as f64)
-}
-
-/// GPU time of one dispatch that waits for nothing: 256 negations of the same 1536 floats, each
-/// into its own buffer (no barrier between them). Against `dependent_dispatch`, what the barrier
-/// between two dispatches costs.
-pub fn independent_dispatch(ctx: &Arc<Context>, seconds: f64) -> Result<f64, GpuError> {
-    let (links, d) = (256, 1536);
-    let mut g = Graph::default();
-    let x = g.add_tensor("x", DType::F32, vec![1, d], Role::Input(0));
-    g.inputs.push(Io::Tensor(x));
-    for i in 0..links {
-        let y = g.add_tensor(format!("t{i}"), DType::F32, vec![1, d], Role::Activation);
-        g.op(OpKind::Unary(crate::ir::UnaryOp::Neg), vec![x], vec![y]);
-        g.outputs.push(y);
+    if chained {
+        g.outputs.push(t);
     }
     let data = floats(d, 7, -1.0, 2.0);
     let inputs = [InputValue::Tensor {
