@@ -138,7 +138,8 @@ pub struct KernelReport {
     pub stream_bytes: u64,
     /// GPU time of a dispatch that waits for the one before (`dependent_dispatch`), in µs.
     pub dependent_dispatch_us: f64,
-    /// GPU time of a dispatch that waits for nothing (`independent_dispatch`), in µs.
+    /// GPU time of a dispatch with no data dependency on the one before (`independent_dispatch`),
+    /// in µs.
     pub independent_dispatch_us: f64,
     pub matvec: Vec<MatVecResult>,
 }
