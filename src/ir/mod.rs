@@ -499,6 +499,22 @@ impl Graph {
         h
     }
 
+    /// A one-element constant's value (integers as floats).
+    pub fn scalar_constant(&self, t: TensorId) -> Option<f64> {
+        let def = self.tensors.get(t)?;
+        match &def.role {
+            Role::Constant(b) if def.max_numel() == 1 => {
+                let bytes = b.get(..def.dtype.size())?;
+                Some(if def.dtype.is_float() {
+                    crate::runtime::tensor::to_f64(def.dtype, bytes)[0]
+                } else {
+                    crate::runtime::tensor::to_i64(def.dtype, bytes)[0] as f64
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// Bytes of constant data the graph holds.
     pub fn constant_bytes(&self) -> usize {
         self.tensors

@@ -1140,13 +1140,10 @@ struct AttnFound {
 
 /// The value of a one-element f32 constant.
 fn scalar_constant(g: &Graph, t: TensorId) -> Option<f32> {
-    let def = &g.tensors[t];
-    match &def.role {
-        Role::Constant(b) if def.dtype == DType::F32 && def.max_numel() == 1 && b.len() == 4 => {
-            Some(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        }
-        _ => None,
-    }
+    (g.tensors[t].dtype == DType::F32)
+        .then(|| g.scalar_constant(t))
+        .flatten()
+        .map(|v| v as f32)
 }
 
 fn find_attention(g: &Graph) -> Option<AttnFound> {

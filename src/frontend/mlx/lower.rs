@@ -14,7 +14,7 @@ use crate::ir::{
     SymArith, SymId, SymOp, TensorId, UnaryOp, Weight,
 };
 use crate::pte::{Blob, Bytes, NamedData, ScalarType};
-use crate::runtime::tensor::{to_f64, to_i64};
+use crate::runtime::tensor::to_f64;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -500,18 +500,7 @@ impl<'a> Lower<'a> {
 
     /// One-element constant's value.
     fn scalar_const(&self, t: TensorId) -> Option<f64> {
-        let def = &self.g.tensors[t];
-        match &def.role {
-            Role::Constant(b) if def.max_numel() == 1 => {
-                let bytes = b.get(..def.dtype.size())?;
-                Some(if def.dtype.is_float() {
-                    to_f64(def.dtype, bytes)[0]
-                } else {
-                    to_i64(def.dtype, bytes)[0] as f64
-                })
-            }
-            _ => None,
-        }
+        self.g.scalar_constant(t)
     }
 
     fn inputs(&mut self) -> Result<(), String> {
