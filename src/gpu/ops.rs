@@ -11,8 +11,8 @@
 
 use super::memory::{aliases, MemoryPlan, Repr};
 use crate::ir::{
-    AttnLayout, BinaryOp, ChainStep, DType, Graph, Int, Op, OpKind, Plan, RopeStyle, TensorId,
-    UnaryOp, Weight,
+    AttnDims, AttnLayout, BinaryOp, ChainStep, DType, Graph, Int, Op, OpKind, Plan, RopeStyle,
+    TensorId, UnaryOp, Weight,
 };
 
 /// Tensors of rank up to this many dims are supported (uniform arrays of two vec4).
@@ -298,7 +298,7 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
         } => vec![g.tensors[op.inputs[0]].max_numel() as u64 * 4],
         OpKind::Sdpa { layout, .. } => {
             let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
-            match attn_dims(layout, &q.max_shape, &k.max_shape) {
+            match layout.dims(&q.max_shape, &k.max_shape) {
                 Some(a) if a.s > 0 => {
                     let s = a.s.min(SPLIT_MAX_S);
                     let chunks = a.cl.div_ceil(split_keys(a.cl));
@@ -350,34 +350,6 @@ fn by_matmuls(kind: &OpKind) -> bool {
             ..
         }
     )
-}
-
-/// Attention's sizes: batch, queries, query heads, head dim, cache rows, kv heads.
-struct AttnDims {
-    b: usize,
-    s: usize,
-    hq: usize,
-    d: usize,
-    cl: usize,
-    hkv: usize,
-}
-
-fn attn_dims(layout: AttnLayout, qs: &[usize], ks: &[usize]) -> Option<AttnDims> {
-    let (&[b, q1, q2, d], &[bk, k1, k2, kd]) = (qs, ks) else {
-        return None;
-    };
-    let ((s, hq), (cl, hkv)) = match layout {
-        AttnLayout::Bshd => ((q1, q2), (k1, k2)),
-        AttnLayout::Bhsd => ((q2, q1), (k2, k1)),
-    };
-    (bk == b && kd == d && hkv != 0 && hq % hkv == 0).then_some(AttnDims {
-        b,
-        s,
-        hq,
-        d,
-        cl,
-        hkv,
-    })
 }
 
 /// Why the GPU executor cannot run an op, if it cannot; checked for every op at load.
@@ -1957,7 +1929,10 @@ fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
         d,
         cl,
         hkv,
-    }) = attn_dims(at.layout, &qs, &ks).filter(|_| env.shape(v) == ks.as_slice())
+    }) = at
+        .layout
+        .dims(&qs, &ks)
+        .filter(|_| env.shape(v) == ks.as_slice())
     else {
         return Err(format!("q {qs:?} does not fit k/v {ks:?}"));
     };

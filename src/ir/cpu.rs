@@ -1478,22 +1478,26 @@ pub fn mask_rows(shape: &[usize]) -> Option<(usize, usize)> {
 /// Reference attention over the first `start + S` cache rows (or all of them with `all_rows`),
 /// either layout, with GQA.
 pub fn sdpa(a: &SdpaArgs) -> std::result::Result<Vec<f32>, String> {
-    let (&[b, d1, d2, d], &[kb, k1, k2, kd]) = (a.q_shape, a.kv_shape) else {
+    if a.q_shape.len() != 4 || a.kv_shape.len() != 4 {
         return Err(format!(
             "sdpa needs 4-D q and k, got {:?} / {:?}",
             a.q_shape, a.kv_shape
         ));
-    };
-    let ((s, hq), (cl, hkv)) = match a.layout {
-        AttnLayout::Bshd => ((d1, d2), (k1, k2)),
-        AttnLayout::Bhsd => ((d2, d1), (k2, k1)),
-    };
-    if kb != b || kd != d || hkv == 0 || hq % hkv != 0 {
+    }
+    let Some(super::AttnDims {
+        b,
+        s,
+        hq,
+        d,
+        cl,
+        hkv,
+    }) = a.layout.dims(a.q_shape, a.kv_shape)
+    else {
         return Err(format!(
             "q {:?} does not fit k/v {:?}",
             a.q_shape, a.kv_shape
         ));
-    }
+    };
     if a.start < 0 || (!a.all_rows && a.start as usize + s > cl) {
         return Err(format!(
             "positions {}..{} exceed the cache of {cl}",

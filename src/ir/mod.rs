@@ -173,6 +173,39 @@ pub enum AttnLayout {
     Bhsd,
 }
 
+/// Attention's sizes: batch, queries, query heads, head dim, cache rows, kv heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnDims {
+    pub b: usize,
+    pub s: usize,
+    pub hq: usize,
+    pub d: usize,
+    pub cl: usize,
+    pub hkv: usize,
+}
+
+impl AttnLayout {
+    /// The sizes of 4-D q `qs` and k/v `ks` in this layout, if k/v fit q (same batch and head
+    /// dim, query heads a multiple of the kv heads).
+    pub fn dims(self, qs: &[usize], ks: &[usize]) -> Option<AttnDims> {
+        let (&[b, q1, q2, d], &[bk, k1, k2, kd]) = (qs, ks) else {
+            return None;
+        };
+        let ((s, hq), (cl, hkv)) = match self {
+            AttnLayout::Bshd => ((q1, q2), (k1, k2)),
+            AttnLayout::Bhsd => ((q2, q1), (k2, k1)),
+        };
+        (bk == b && kd == d && hkv != 0 && hq % hkv == 0).then_some(AttnDims {
+            b,
+            s,
+            hq,
+            d,
+            cl,
+            hkv,
+        })
+    }
+}
+
 /// One step of an `ElementwiseChain`, applied to the running value `v` of each element.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ChainStep {
