@@ -5,6 +5,8 @@
 //         and row; a tile of 64 rows would be almost all padding there, and 16 K-slices of one
 //         load per step left a K = 1024 p·V a chain of 64 dependent loads (about 20 us per
 //         decode matmul on an H100).
+// Rows of a, b and y may be further apart than a row's length (`lda`, `ldb`, `ldy`): attention
+// reads the heads of a [B, S, H, D] q, k and v, and writes such an output, in place.
 
 struct Params {
     m: u32,
@@ -12,21 +14,35 @@ struct Params {
     n: u32,
     batch_rank: u32,
     batch_shape: vec4<u32>,
-    // Matrix strides (in elements) of a and b per batch dim; 0 where broadcast.
+    // Matrix strides (in elements) of a, b and y per batch dim; 0 where broadcast.
     a_strides: vec4<u32>,
     b_strides: vec4<u32>,
+    y_strides: vec4<u32>,
+    // Element strides between rows of a, of b as stored (N-rows when TRANS_B) and of y.
+    lda: u32,
+    ldb: u32,
+    ldy: u32,
+    // SPAN: the syms slot of the attention's start and the query count (see `span_end`).
+    span_slot: u32,
+    span_len: u32,
 }
 
 // b is stored transposed ([.., N, K]): b(k, n) at n·K + k.
 override TRANS_B: bool = false;
 // b is an f16 KV cache read in place (two f16 a word, src/gpu/memory.rs `Repr::F16`).
 override B_F16: bool = false;
+// Attention over a KV cache (`main` only; src/gpu/ops.rs `sdpa`): keys from start + S (causal:
+// start + the tile's last row + 1) on hold nothing the query may see. 1: such output columns
+// (scores) are left unwritten; 2: the K loop (over probabilities, 0 there) stops before them.
+override SPAN: u32 = 0u;
+override SPAN_CAUSAL: bool = false;
 
 const BM = 64u;
 const BN = 64u;
 const BK = 16u;
 
 @group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> syms: array<i32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> a: array<f32>;
 @group(0) @binding(4) var<storage, read> b: array<u32>;
@@ -44,21 +60,30 @@ fn b_el(i: u32) -> f32 {
 // Element (k, n) of the b matrix at offset `o`.
 fn b_at(o: u32, k: u32, n: u32) -> f32 {
     if TRANS_B {
-        return b_el(o + n * p.k + k);
+        return b_el(o + n * p.ldb + k);
     }
-    return b_el(o + k * p.n + n);
+    return b_el(o + k * p.ldb + n);
 }
 
-// Element offsets of batch entry z in a and b.
-fn batch_offsets(z: u32) -> vec2<u32> {
+// Element offsets of batch entry z in a, b and y.
+fn batch_offsets(z: u32) -> vec3<u32> {
     var rem = z;
-    var o = vec2<u32>(0u);
+    var o = vec3<u32>(0u);
     for (var d = i32(p.batch_rank) - 1; d >= 0; d--) {
         let c = rem % p.batch_shape[d];
         rem = rem / p.batch_shape[d];
-        o += c * vec2<u32>(p.a_strides[d], p.b_strides[d]);
+        o += c * vec3<u32>(p.a_strides[d], p.b_strides[d], p.y_strides[d]);
     }
     return o;
+}
+
+// SPAN: where the keys that rows m0.. of the tile may see end, at most `full`.
+fn span_end(m0: u32, full: u32) -> u32 {
+    var rows = p.span_len;
+    if SPAN_CAUSAL {
+        rows = min(m0 + BM, p.m);
+    }
+    return u32(clamp(syms[p.span_slot] + i32(rows), 0, i32(full)));
 }
 
 // K-slices per workgroup of `rows` (a power of two, 16 * KS invocations): enough that each
@@ -73,7 +98,7 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let o = batch_offsets(wg.z);
     var acc = vec4<f32>();
     if n < p.n {
-        let arow = o.x + m * p.k;
+        let arow = o.x + m * p.lda;
         // 16 consecutive n of one row of b per K-slice: 64-byte reads; 4 slices per step so that
         // 4 loads are in flight per invocation, not one dependent chain.
         var k = lid.y;
@@ -96,7 +121,7 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         workgroupBarrier();
     }
     if lid.y == 0u && n < p.n {
-        y[(wg.z * p.m + m) * p.n + n] = part_k[lid.x];
+        y[o.z + m * p.ldy + n] = part_k[lid.x];
     }
 }
 // `rows` for b stored transposed: the 16 lanes of a column walk its K contiguously (64-byte
@@ -108,8 +133,8 @@ fn rows_bt(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     let o = batch_offsets(wg.z);
     var acc = vec4<f32>();
     if n < p.n {
-        let arow = o.x + m * p.k;
-        let bcol = o.y + n * p.k;
+        let arow = o.x + m * p.lda;
+        let bcol = o.y + n * p.ldb;
         var k = lid.x;
         for (; k + 48u < p.k; k += 64u) {
             acc += vec4<f32>(a[arow + k], a[arow + k + 16u], a[arow + k + 32u], a[arow + k + 48u])
@@ -129,7 +154,7 @@ fn rows_bt(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         workgroupBarrier();
     }
     if lid.x == 0u && n < p.n {
-        y[(wg.z * p.m + m) * p.n + n] = part_k[lid.y * 16u];
+        y[o.z + m * p.ldy + n] = part_k[lid.y * 16u];
     }
 }
 
@@ -140,31 +165,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         @builtin(local_invocation_index) t: u32) {
     let m0 = wg.y * BM;
     let n0 = wg.x * BN;
-    var rem = wg.z;
-    var ao = 0u;
-    var bo = 0u;
-    for (var d = i32(p.batch_rank) - 1; d >= 0; d--) {
-        let c = rem % p.batch_shape[d];
-        rem = rem / p.batch_shape[d];
-        ao += c * p.a_strides[d];
-        bo += c * p.b_strides[d];
+    let o = batch_offsets(wg.z);
+    let ao = o.x;
+    let bo = o.y;
+    let yo = o.z;
+    // Uniform in the workgroup: returning before the barriers is allowed.
+    if SPAN == 1u && n0 >= span_end(m0, p.n) {
+        return;
     }
-    let yo = wg.z * p.m * p.n;
+    var kend = p.k;
+    if SPAN == 2u {
+        kend = span_end(m0, p.k);
+    }
     var acc: array<vec4<f32>, 4>;
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    for (var k0 = 0u; k0 < kend; k0 += BK) {
         for (var e = t; e < BM * BK; e += 256u) {
             let r = e / BK;
             let kk = e % BK;
             var av = 0.0;
-            if m0 + r < p.m && k0 + kk < p.k {
-                av = a[ao + (m0 + r) * p.k + k0 + kk];
+            if m0 + r < p.m && k0 + kk < kend {
+                av = a[ao + (m0 + r) * p.lda + k0 + kk];
             }
             as_[kk * BM + r] = av;
             // b is row-major in N: consecutive invocations read consecutive n.
             let kb = e / BN;
             let c = e % BN;
             var bv = 0.0;
-            if k0 + kb < p.k && n0 + c < p.n {
+            if k0 + kb < kend && n0 + c < p.n {
                 bv = b_at(bo, k0 + kb, n0 + c);
             }
             bs[kb * BN + c] = bv;
@@ -190,12 +217,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     put_row(yo, m0 + lid.y * 4u + 3u, n0 + lid.x * 4u, acc[3]);
 }
 
-// Outputs (m, n0..n0 + 4) of batch entry `yo`'s tile.
+// Outputs (m, n0..n0 + 4) of the tile of the batch entry at `yo`.
 fn put_row(yo: u32, m: u32, n0: u32, v: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
         let n = n0 + j;
         if m < p.m && n < p.n {
-            y[yo + m * p.n + n] = v[j];
+            y[yo + m * p.ldy + n] = v[j];
         }
     }
 }

@@ -1534,6 +1534,42 @@ fn sdpa_variants_match_cpu() {
             d: 256,
             ..base
         },
+        // Prefills bounded by their start (a front end's custom sdpa): tiled matmuls that skip
+        // the tiles past each tile's last query, more queries than one 64-row tile.
+        AttnCase {
+            s: 100,
+            start: 30,
+            cache: 200,
+            hq: 8,
+            hkv: 1,
+            d: 256,
+            softcap: Some(30.0),
+            ..base
+        },
+        AttnCase {
+            s: 70,
+            start: 0,
+            cache: 150,
+            window: Some(32),
+            ..base
+        },
+        AttnCase {
+            layout: AttnLayout::Bhsd,
+            s: 66,
+            start: 5,
+            cache: 80,
+            d: 80,
+            ..base
+        },
+        // Scores of 256 KiB: past a 64 KiB binding, where each query walks the cache instead.
+        AttnCase {
+            s: 64,
+            start: 0,
+            cache: 64,
+            hq: 16,
+            d: 8,
+            ..base
+        },
     ];
     for c in cases {
         let mut t = T::default();
@@ -1541,9 +1577,25 @@ fn sdpa_variants_match_cpu() {
         let ks = attn_shape(c.layout, c.b, c.cache, c.hkv, c.d);
         let qn: usize = qs.iter().product();
         let kn: usize = ks.iter().product();
+        let (mut kd, mut vd) = (rng.floats(kn, 1.0), rng.floats(kn, 1.0));
+        // Attention bounded by its start sees no cache row past start + s: NaN there must not
+        // reach the output. Only where the device keeps NaN through arithmetic, which Vulkan
+        // does not require: lavapipe passes with p·V reading those rows.
+        let end = c.start as usize + c.s;
+        if !c.all_rows && end < c.cache {
+            for (i, (x, y)) in kd.iter_mut().zip(vd.iter_mut()).enumerate() {
+                let row = match c.layout {
+                    AttnLayout::Bshd => i / (c.hkv * c.d) % c.cache,
+                    AttnLayout::Bhsd => i / c.d % c.cache,
+                };
+                if row >= end {
+                    (*x, *y) = (f32::NAN, f32::NAN);
+                }
+            }
+        }
         let q = t.input_f(&qs, &rng.floats(qn, 1.0));
-        let k = t.input_f(&ks, &rng.floats(kn, 1.0));
-        let v = t.input_f(&ks, &rng.floats(kn, 1.0));
+        let k = t.input_f(&ks, &kd);
+        let v = t.input_f(&ks, &vd);
         let start = t.sym("start", c.start);
         let mut ins = vec![q, k, v];
         if c.mask && c.all_rows {
@@ -1578,7 +1630,25 @@ fn sdpa_variants_match_cpu() {
             "sdpa {:?} b={} s={} hq={} hkv={} d={} start={} causal={} window={:?} softcap={:?} mask={} all_rows={}",
             c.layout, c.b, c.s, c.hq, c.hkv, c.d, c.start, c.causal, c.window, c.softcap, c.mask, c.all_rows
         );
-        check(&what, &t, TOL, 1e-2);
+        let Some(ctx) = ctx() else { continue };
+        let gpu = check_on(ctx, &what, &t, TOL, 1e-2);
+        // Decode splits the keys (split, combine); more queries run as matmul, probs, matmul.
+        let want = if c.s <= 4 { 2 } else { 3 };
+        assert_eq!(gpu.stats().last_dispatches, want, "{what}");
+        // Scores larger than a binding take `main`, one dispatch.
+        let small = 64 << 10;
+        if c.s > 4 && 4 * qn.max(kn) <= small {
+            let Some(ctx) = small_binding_ctx() else {
+                continue;
+            };
+            let gpu = check_on(ctx, &what, &t, TOL, 1e-2);
+            let want = if 4 * c.b * c.hq * c.s * c.cache <= small {
+                3
+            } else {
+                1
+            };
+            assert_eq!(gpu.stats().last_dispatches, want, "{what}, 64 KiB binding");
+        }
     }
 }
 

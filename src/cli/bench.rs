@@ -45,6 +45,10 @@ pub struct Args {
     /// Program: method to run (takes tokens [1, T] and positions).
     #[arg(long, default_value = "forward")]
     method: String,
+    /// Program: also list a decode step's dispatches in recording order, each with its op,
+    /// kernel entry, workgroups and GPU time.
+    #[arg(long)]
+    trace: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -71,6 +75,15 @@ struct OpShare {
     calls: usize,
     us: f64,
     pct: f64,
+}
+
+#[derive(serde::Serialize)]
+struct TracedDispatch {
+    node: usize,
+    op: String,
+    entry: String,
+    groups: [u32; 3],
+    us: f64,
 }
 
 #[derive(serde::Serialize)]
@@ -103,6 +116,9 @@ struct ProgramReport {
     /// GPU time of one decode step by op, from timestamps (summed over delegates).
     decode_gpu_us: Option<f64>,
     decode_ops: Vec<OpShare>,
+    /// With `--trace`: a decode step's dispatches in recording order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    decode_trace: Vec<TracedDispatch>,
     /// `whole` (one IR graph per call) or why the method runs delegate by delegate.
     execution: String,
     /// GPU submits per decode step.
@@ -255,6 +271,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         .map(per_step)
     });
     let mut ops: Vec<OpShare> = Vec::new();
+    let mut trace: Vec<TracedDispatch> = Vec::new();
     let mut gpu_bytes = None;
     let mut kv_mem = pteria::gpu::MemoryReport::default();
     let mut decode_gpu = None;
@@ -285,6 +302,17 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
                 any = true;
                 for t in times {
                     total_t += t.seconds;
+                    if a.trace {
+                        trace.extend(t.dispatches.iter().map(|(entry, groups, s)| {
+                            TracedDispatch {
+                                node: t.node,
+                                op: t.op.clone(),
+                                entry: entry.clone(),
+                                groups: *groups,
+                                us: s * 1e6,
+                            }
+                        }));
+                    }
                     match ops.iter_mut().find(|o| o.op == t.op) {
                         Some(o) => {
                             o.calls += 1;
@@ -374,6 +402,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         peak_host_bytes: peak_host_bytes(),
         decode_gpu_us: decode_gpu,
         decode_ops: ops,
+        decode_trace: trace,
     };
     if a.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -463,6 +492,16 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             );
         }
     }
+    if !report.decode_trace.is_empty() {
+        println!("decode step dispatches (node, op, kernel entry, workgroups, us):");
+        for t in &report.decode_trace {
+            let [x, y, z] = t.groups;
+            println!(
+                "  {:>5} {:<28} {:<28} {x}x{y}x{z} {:.1}",
+                t.node, t.op, t.entry, t.us
+            );
+        }
+    }
     Ok(())
 }
 
@@ -529,6 +568,14 @@ fn kernels(a: &Args) -> Result<()> {
             "a dispatch that waits for the one before: {:.2} us; one that waits for nothing: {:.2} us",
             report.dependent_dispatch_us, report.independent_dispatch_us
         );
+        println!("prefill attention (8 heads on 1 kv head, causal from 0, [B, S, H, D]):");
+        for r in &report.attention {
+            let window = r.window.map_or("none".to_string(), |w| w.to_string());
+            println!(
+                "  {:>4} queries, head dim {:>3}, cache {}, window {:>4}: {:>9.1} us in {} dispatches",
+                r.queries, r.head_dim, r.cache, window, r.us, r.dispatches
+            );
+        }
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 //! timed over replays with GPU timestamps where the adapter has them.
 
 use super::{Context, GpuError, GpuExecutor};
-use crate::ir::{ActQuant, DType, Graph, InputValue, Io, OpKind, Role, Weight};
+use crate::ir::{ActQuant, AttnLayout, DType, Graph, InputValue, Int, Io, OpKind, Role, Weight};
 use crate::pte::{Blob, Bytes};
 use serde::Serialize;
 use std::sync::Arc;
@@ -142,7 +142,29 @@ pub struct KernelReport {
     /// in µs.
     pub independent_dispatch_us: f64,
     pub matvec: Vec<MatVecResult>,
+    pub attention: Vec<AttnResult>,
 }
+
+/// A prefill's attention at Gemma 4 E2B shapes: 8 query heads on one kv head, [B, S, H, D]
+/// (as the published exports' custom sdpa), causal from position 0 over a 1024-row cache.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttnResult {
+    pub queries: usize,
+    pub head_dim: usize,
+    pub cache: usize,
+    pub window: Option<usize>,
+    pub dispatches: usize,
+    pub us: f64,
+}
+
+/// (queries, head dim, sliding window): E2B's sliding layers (d 256, window 512) and full
+/// layers (d 512).
+pub const ATTN_CASES: [(usize, usize, Option<usize>); 4] = [
+    (128, 256, Some(512)),
+    (128, 512, None),
+    (900, 256, Some(512)),
+    (900, 512, None),
+];
 
 /// Deterministic filler (xorshift64*): benchmarks need no randomness, only data that is not
 /// all zeros.
@@ -363,6 +385,10 @@ pub fn kernel_bench(
     let stream = stream_bandwidth(ctx, copy_bytes, opts.seconds)?;
     let dependent = dependent_dispatch(ctx, opts.seconds)?;
     let independent = independent_dispatch(ctx, opts.seconds)?;
+    let mut attention = Vec::new();
+    for &(s, d, window) in &ATTN_CASES {
+        attention.push(attention_case(ctx, s, d, window, opts.seconds)?);
+    }
     let mut rows = Vec::new();
     for &case in &opts.weights {
         for &(k, n) in &opts.shapes {
@@ -391,5 +417,69 @@ pub fn kernel_bench(
         dependent_dispatch_us: dependent * 1e6,
         independent_dispatch_us: independent * 1e6,
         matvec: rows,
+        attention,
+    })
+}
+
+/// One `Sdpa` as `AttnResult` says, its GPU time replayed.
+fn attention_case(
+    ctx: &Arc<Context>,
+    s: usize,
+    d: usize,
+    window: Option<usize>,
+    seconds: f64,
+) -> Result<AttnResult, GpuError> {
+    let (hq, cache) = (8, 1024);
+    let mut g = Graph::default();
+    let qs = vec![1, s, hq, d];
+    let ks = vec![1, cache, 1, d];
+    let q = g.add_tensor("q", DType::F32, qs.clone(), Role::Input(0));
+    let k = g.add_tensor("k", DType::F32, ks.clone(), Role::Input(1));
+    let v = g.add_tensor("v", DType::F32, ks.clone(), Role::Input(2));
+    for t in [q, k, v] {
+        g.inputs.push(Io::Tensor(t));
+    }
+    let start = g.add_sym("start");
+    g.inputs.push(Io::Sym(start));
+    let y = g.add_tensor("y", DType::F32, qs.clone(), Role::Activation);
+    let kind = OpKind::Sdpa {
+        layout: AttnLayout::Bshd,
+        scale: 1.0,
+        causal: true,
+        window,
+        softcap: None,
+        start: Int::Sym(start),
+        all_rows: false,
+    };
+    g.op(kind, vec![q, k, v], vec![y]);
+    g.outputs.push(y);
+    let (qd, kd) = (
+        floats(s * hq * d, 3, -1.0, 2.0),
+        floats(cache * d, 4, -1.0, 2.0),
+    );
+    let inputs = [
+        InputValue::Tensor {
+            shape: qs,
+            data: &qd,
+        },
+        InputValue::Tensor {
+            shape: ks.clone(),
+            data: &kd,
+        },
+        InputValue::Tensor {
+            shape: ks,
+            data: &kd,
+        },
+        InputValue::Sym(0),
+    ];
+    let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
+    let (t, _) = measure(&mut gpu, &inputs, seconds)?;
+    Ok(AttnResult {
+        queries: s,
+        head_dim: d,
+        cache,
+        window,
+        dispatches: gpu.stats().last_dispatches,
+        us: t * 1e6,
     })
 }

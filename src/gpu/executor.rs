@@ -137,6 +137,8 @@ pub struct OpTime {
     /// The op's `OpKind::label()`.
     pub op: String,
     pub seconds: f64,
+    /// Its dispatches in recording order: `kernel:entry`, workgroups, seconds.
+    pub dispatches: Vec<(String, [u32; 3], f64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -693,7 +695,7 @@ impl GpuExecutor {
             .ok_or_else(|| GpuError::Device("recording missing after a run".into()))?;
         let ctx = &self.ctx;
         let period = ctx.queue.get_timestamp_period() as f64 * 1e-9;
-        let mut per_node: Vec<f64> = vec![0.0; self.graph.nodes.len()];
+        let mut per_dispatch: Vec<f64> = Vec::with_capacity(rec.dispatches.len());
         // A query set holds at most 4096 timestamps: 2 per dispatch.
         for chunk in rec.dispatches.chunks(2048) {
             let stamps = Stamps::new(ctx, 2 * chunk.len() as u32);
@@ -712,23 +714,29 @@ impl GpuExecutor {
             stamps.resolve(&mut enc);
             ctx.queue.submit([enc.finish()]);
             let t = stamps.read(ctx)?;
-            for (i, d) in chunk.iter().enumerate() {
-                per_node[d.node] += t[2 * i + 1].saturating_sub(t[2 * i]) as f64 * period;
+            for i in 0..chunk.len() {
+                per_dispatch.push(t[2 * i + 1].saturating_sub(t[2 * i]) as f64 * period);
             }
         }
         ctx.take_errors()?;
-        let mut seen = vec![false; self.graph.nodes.len()];
-        let mut out = Vec::new();
-        for d in &rec.dispatches {
-            if !std::mem::replace(&mut seen[d.node], true) {
-                if let Node::Op(op) = &self.graph.nodes[d.node] {
-                    out.push(OpTime {
-                        node: d.node,
-                        op: op.kind.label(),
-                        seconds: per_node[d.node],
-                    });
-                }
-            }
+        // One entry per node, at its first dispatch: a node's dispatches need not be adjacent.
+        let mut at: Vec<Option<usize>> = vec![None; self.graph.nodes.len()];
+        let mut out: Vec<OpTime> = Vec::new();
+        for (d, &s) in rec.dispatches.iter().zip(&per_dispatch) {
+            let Node::Op(op) = &self.graph.nodes[d.node] else {
+                continue;
+            };
+            let i = *at[d.node].get_or_insert_with(|| {
+                out.push(OpTime {
+                    node: d.node,
+                    op: op.kind.label(),
+                    seconds: 0.0,
+                    dispatches: Vec::new(),
+                });
+                out.len() - 1
+            });
+            out[i].seconds += s;
+            out[i].dispatches.push((d.what.clone(), d.groups, s));
         }
         Ok(Some(out))
     }

@@ -53,6 +53,8 @@ pub(crate) struct BufferSpec {
 
 #[derive(Debug, Clone)]
 pub(crate) struct MemoryPlan {
+    /// The device's max storage binding the plan was made for.
+    pub max_binding: u64,
     pub repr: Vec<Repr>,
     /// Per root: a KV cache (a State that a cache update writes in place).
     pub kv_cache: Vec<bool>,
@@ -705,7 +707,7 @@ impl MemoryPlan {
             // A norm quantizing for a linear writes that linear's scratch: it lives from here.
             if let Some(l) = quant_into[n] {
                 if let Node::Op(lop) = &g.nodes[l] {
-                    for s in ops::scratch_bytes(g, lop) {
+                    for s in ops::scratch_bytes(g, lop, max_binding) {
                         scratch[l].push(take(s, &mut buffers, &mut free));
                     }
                 }
@@ -719,7 +721,7 @@ impl MemoryPlan {
                 }
                 None => {
                     if quant_by[n].is_none() {
-                        for s in ops::scratch_bytes(g, op) {
+                        for s in ops::scratch_bytes(g, op, max_binding) {
                             scratch[n].push(take(s, &mut buffers, &mut free));
                         }
                     }
@@ -735,6 +737,7 @@ impl MemoryPlan {
             }
         }
         let plan = MemoryPlan {
+            max_binding,
             repr,
             kv_cache,
             root,

@@ -290,7 +290,7 @@ pub(crate) fn reads_f16(g: &Graph, op: &Op, k: usize) -> bool {
 }
 
 /// Op-private temporaries, at their max size.
-pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
+pub(crate) fn scratch_bytes(g: &Graph, op: &Op, max_binding: u64) -> Vec<u64> {
     match op.kind {
         OpKind::Linear {
             act_quant: crate::ir::ActQuant::Torchao | crate::ir::ActQuant::Xnnpack,
@@ -303,8 +303,8 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op) -> Vec<u64> {
                     let s = a.s.min(SPLIT_MAX_S);
                     let chunks = a.cl.div_ceil(split_keys(a.cl));
                     let mut v = vec![(a.b * s * a.hq * chunks * (a.d + 2) * 4) as u64];
-                    if by_matmuls(&op.kind) {
-                        v.push((a.b * a.hq * a.s * a.cl * 4) as u64);
+                    if by_matmuls(g, op, max_binding) {
+                        v.push(scores_bytes(&a));
                     }
                     v
                 }
@@ -338,19 +338,28 @@ fn split_keys(cache_rows: usize) -> usize {
 /// The most chunks a split cache has (8 KiB of `combine`'s shared memory).
 const SPLIT_CHUNKS: usize = 1024;
 
-/// Whether attention with more queries than `SPLIT_MAX_S` runs as matmul, `probs`, matmul: over
-/// every cache row (a prefill), tiled matmuls share each K/V load among 64 queries where `main`
-/// walks the cache once per query (2564 against 3988 tok/s for a 900-token E2B prefill, H100).
-fn by_matmuls(kind: &OpKind) -> bool {
-    matches!(
-        kind,
-        OpKind::Sdpa {
-            all_rows: true,
-            layout: AttnLayout::Bhsd,
-            ..
-        }
-    )
+/// Whether attention with more queries than `SPLIT_MAX_S` runs as matmul, `probs`, matmul
+/// (a prefill): tiled matmuls share each K/V load among 64 queries where `main` walks the cache
+/// once per query (2564 against 3988 tok/s for a 900-token E2B prefill, H100). Decided at the
+/// op's max shapes, which size its scores' scratch: up to `SCORES_MAX` bytes, and one binding.
+fn by_matmuls(g: &Graph, op: &Op, max_binding: u64) -> bool {
+    let OpKind::Sdpa { layout, .. } = op.kind else {
+        return false;
+    };
+    let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
+    layout
+        .dims(&q.max_shape, &k.max_shape)
+        .is_some_and(|a| a.s > SPLIT_MAX_S && scores_bytes(&a) <= SCORES_MAX.min(max_binding))
 }
+
+/// The scores of attention run by matmuls: a float per batch, head, query and cache row.
+fn scores_bytes(a: &AttnDims) -> u64 {
+    (a.b * a.hq * a.s * a.cl * 4) as u64
+}
+
+/// The most scratch attention's scores may take (it is allocated at the op's max shapes, for
+/// every call); more, and each query walks the cache (`main`).
+const SCORES_MAX: u64 = 128 << 20;
 
 /// Why the GPU executor cannot run an op, if it cannot; checked for every op at load.
 pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
@@ -1781,14 +1790,16 @@ fn matmul(env: &Env, op: &Op, transpose_b: bool) -> Result<Vec<Step>, String> {
             .collect()
     };
     let mm = Mm {
-        m,
-        k,
-        n,
-        batch: batch.to_vec(),
         a_strides: mat_strides(&as_, m * k),
         b_strides: mat_strides(&bs, k * n),
-        transpose_b,
-        b_f16: env.mem.repr[bt] == Repr::F16,
+        ..Mm::dense(
+            m,
+            k,
+            n,
+            batch.to_vec(),
+            transpose_b,
+            env.mem.repr[bt] == Repr::F16,
+        )
     };
     Ok(vec![matmul_step(
         env,
@@ -1799,7 +1810,8 @@ fn matmul(env: &Env, op: &Op, transpose_b: bool) -> Result<Vec<Step>, String> {
     )?])
 }
 
-/// A batched matmul's sizes: batch dims (up to 4) and each operand's element stride per dim.
+/// A batched matmul's sizes: batch dims (up to 4), each operand's element stride per batch
+/// dim and between its rows (b's as stored: N-rows when transposed).
 struct Mm {
     m: usize,
     k: usize,
@@ -1807,8 +1819,61 @@ struct Mm {
     batch: Vec<usize>,
     a_strides: Vec<usize>,
     b_strides: Vec<usize>,
+    y_strides: Vec<usize>,
+    lda: usize,
+    ldb: usize,
+    ldy: usize,
     transpose_b: bool,
     b_f16: bool,
+    /// Attention over a cache: what `matmul.wgsl`'s SPAN leaves out past the keys a query
+    /// sees, the start's slot and the query count (tiled `main` only, so more than 4 rows).
+    span: Option<Span>,
+}
+
+#[derive(Clone, Copy)]
+struct Span {
+    /// 1: the columns past it are not computed; 2: nor the K steps past it.
+    kind: u32,
+    causal: bool,
+    start_slot: u32,
+    len: usize,
+}
+
+impl Mm {
+    /// Every operand contiguous: rows of their length, matrices one after another.
+    fn dense(
+        m: usize,
+        k: usize,
+        n: usize,
+        batch: Vec<usize>,
+        transpose_b: bool,
+        b_f16: bool,
+    ) -> Mm {
+        let run = |mat: usize| -> Vec<usize> {
+            let mut v = vec![0; batch.len()];
+            let mut acc = mat;
+            for i in (0..batch.len()).rev() {
+                v[i] = acc;
+                acc *= batch[i];
+            }
+            v
+        };
+        Mm {
+            a_strides: run(m * k),
+            b_strides: run(k * n),
+            y_strides: run(m * n),
+            lda: k,
+            ldb: if transpose_b { k } else { n },
+            ldy: n,
+            m,
+            k,
+            n,
+            batch,
+            transpose_b,
+            b_f16,
+            span: None,
+        }
+    }
 }
 
 fn matmul_step(env: &Env, mm: &Mm, out: Res, a: Res, bt: Res) -> Result<Step, String> {
@@ -1821,7 +1886,13 @@ fn matmul_step(env: &Env, mm: &Mm, out: Res, a: Res, bt: Res) -> Result<Step, St
         .u(mm.batch.len())
         .arr(&mm.batch, 4)
         .arr(&mm.a_strides, 4)
-        .arr(&mm.b_strides, 4);
+        .arr(&mm.b_strides, 4)
+        .arr(&mm.y_strides, 4)
+        .u(mm.lda)
+        .u(mm.ldb)
+        .u(mm.ldy)
+        .u(mm.span.map_or(0, |s| s.start_slot as usize))
+        .u(mm.span.map_or(0, |s| s.len));
     // Up to 4 rows of a (decode), a row per workgroup row beats 64-row tiles of padding.
     let few = m <= 4;
     let groups = if few {
@@ -1843,6 +1914,13 @@ fn matmul_step(env: &Env, mm: &Mm, out: Res, a: Res, bt: Res) -> Result<Step, St
         (false, t) => ("main", vec![("TRANS_B", b(t))]),
     };
     consts.push(("B_F16", b(mm.b_f16)));
+    if let Some(s) = mm.span {
+        if few {
+            return Err("a matmul span needs the tiled kernel (more than 4 rows)".into());
+        }
+        consts.push(("SPAN", s.kind as f64));
+        consts.push(("SPAN_CAUSAL", b(s.causal)));
+    }
     Ok(step("matmul", entry, consts, p, out, vec![a, bt], groups))
 }
 
@@ -1997,29 +2075,42 @@ fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
         Res::Tensor(v),
         mask.map_or(Res::Dummy, Res::Tensor),
     ];
-    if !split && by_matmuls(&op.kind) {
+    if !split && by_matmuls(env.graph, op, env.mem.max_binding) {
+        // Per (batch, kv head, head of its group): q's and the output's heads, k's and v's
+        // kv heads, read in place in either layout; the scores [B, Hq, S, cache] in scratch.
         let group = hq / hkv;
         let (k16, v16) = (env.mem.repr[k] == Repr::F16, env.mem.repr[v] == Repr::F16);
         let batch = vec![bq, hkv, group];
+        let heads = vec![qst[0], group * qst[2], qst[2]];
+        let kv_heads = vec![kst[0], kst[2], 0];
+        let scores_at = vec![hq * s * cl, group * s * cl, s * cl];
+        // Attention bounded by its start (not every row, the mask deciding) skips what lies
+        // past the keys its queries see.
+        let span = |kind| {
+            (!at.all_rows).then(|| Span {
+                kind,
+                causal: at.causal,
+                start_slot: (env.slot)(at.start),
+                len: s,
+            })
+        };
         let scores = Mm {
-            m: s,
-            k: d,
-            n: cl,
-            batch: batch.clone(),
-            a_strides: vec![hq * s * d, group * s * d, s * d],
-            b_strides: vec![hkv * cl * d, cl * d, 0],
-            transpose_b: true,
-            b_f16: k16,
+            a_strides: heads.clone(),
+            b_strides: kv_heads.clone(),
+            y_strides: scores_at.clone(),
+            lda: qst[1],
+            ldb: kst[1],
+            span: span(1),
+            ..Mm::dense(s, d, cl, batch.clone(), true, k16)
         };
         let pv = Mm {
-            m: s,
-            k: cl,
-            n: d,
-            batch,
-            a_strides: vec![hq * s * cl, group * s * cl, s * cl],
-            b_strides: vec![hkv * cl * d, cl * d, 0],
-            transpose_b: false,
-            b_f16: v16,
+            a_strides: scores_at,
+            b_strides: kv_heads,
+            y_strides: heads,
+            ldb: kst[1],
+            ldy: qst[1],
+            span: span(2),
+            ..Mm::dense(s, cl, d, batch, false, v16)
         };
         let mask_only = vec![
             Res::Dummy,
