@@ -1065,6 +1065,42 @@ fn activation_quant_rounds_ties_as_its_reference() {
     }
 }
 
+/// The quantization's scale, range / 255, and zero point are the reference's bits: rows of
+/// ranges over twelve orders of magnitude (each a different quotient), through identity weights
+/// that return s · (q - zp) exactly.
+#[test]
+fn activation_quant_scales_are_the_references_bits() {
+    use pteria::ir::ActQuant;
+    let mut rng = Rng::new(41);
+    let k = 16;
+    for m in [1, 3, 200] {
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| {
+                let r = i / k;
+                let mag = 10f32.powf((r % 13) as f32 - 6.0) * (1.0 + (r as f32 * 0.37).fract());
+                rng.f() * mag
+            })
+            .collect();
+        let mut eye = vec![0f32; k * k];
+        (0..k).for_each(|i| eye[i * k + i] = 1.0);
+        let mut t = T::default();
+        let xi = t.input_f(&[m, k], &x);
+        let w = t.const_f(&[k, k], &eye);
+        let y = t.op(
+            OpKind::Linear {
+                weight: Weight::F32,
+                act_quant: ActQuant::Torchao,
+                has_bias: false,
+            },
+            vec![xi, w],
+            DType::F32,
+            &[m, k],
+        );
+        t.out(y);
+        check(&format!("act quant scales, {m} rows"), &t, 0.0, 0.0);
+    }
+}
+
 /// Dynamic int8 activations against symmetric 4-bit weights (bias -8·scale, as the Vulkan and
 /// XNNPACK exports store them) on the decode path are exact integer sums, so the result may
 /// round only once per group: a rule that rounds s·Σq·n and b·Σq apart loses several ulps to

@@ -1403,6 +1403,16 @@ fn rms_norm(
         s.constants.extend([
             ("QUANT", if quant.nibble_order { 1.0 } else { 2.0 }),
             ("XNN_ROUNDING", b(quant.xnn)),
+            // The row's words in workgroup memory, up to 8 KiB (beside up to 6 KiB of
+            // reductions at 512 invocations, within WebGPU's 16 KiB).
+            (
+                "QROW",
+                if d <= 2048 {
+                    (d / 4).max(1) as f64
+                } else {
+                    1.0
+                },
+            ),
         ]);
         s.writes = vec![Res::ScratchOf(l, 0)];
         s.entry = "main4_quant";
