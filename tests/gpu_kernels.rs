@@ -1073,7 +1073,7 @@ fn activation_quant_scales_are_the_references_bits() {
     use pteria::ir::ActQuant;
     let mut rng = Rng::new(41);
     let k = 16;
-    for m in [1, 3, 200] {
+    for m in [1, 3, 2000] {
         let x: Vec<f32> = (0..m * k)
             .map(|i| {
                 let r = i / k;
