@@ -243,6 +243,44 @@ fn generate_runs_an_xnnpack_program_on_the_cpu_and_the_gpu_executor() {
     assert!(err.contains("unknown device `tpu`"), "{err}");
 }
 
+/// `--kv f16` says when the caches are not all f16: the XNNPACK program's caches live with CPU
+/// ops; the stock Vulkan export's are cache updates on the GPU, all f16, and nothing is said.
+#[test]
+fn generate_says_when_kv_f16_finds_no_cache_to_hold() {
+    if common::gpu_context().is_none() {
+        return;
+    }
+    for (program, note) in [
+        ("llama_tiny_xnnpack_8da4w.pte", true),
+        ("gemma4_tiny_vulkan_stock_8da4w_emb4.pte", false),
+    ] {
+        let dir = byte_model_dir(program);
+        let model = dir.path().to_string_lossy().into_owned();
+        let (ok, _, err) = pteria(&[
+            "generate",
+            "--model",
+            &model,
+            "--prompt",
+            "hello",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "2",
+            "--device",
+            "gpu",
+            "--kv",
+            "f16",
+        ]);
+        assert!(ok, "{program}: {err}");
+        assert_eq!(
+            err.contains("--kv f16: this program keeps no KV cache on the GPU"),
+            note,
+            "{program}: {err}"
+        );
+        assert!(!err.contains("are f16; the others"), "{program}: {err}");
+    }
+}
+
 /// `pteria generate` without `--model` uses the bundled demo model and answers the README's question.
 #[test]
 fn generate_defaults_to_the_bundled_demo_model() {

@@ -833,6 +833,7 @@ fn load(
         backends: crate::frontend::backends(executor),
         runner: shared.config.runner.clone(),
         context: shared.config.context,
+        ..LoadOptions::default()
     };
     Ok((engine.load(files, options)?, note))
 }

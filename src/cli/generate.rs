@@ -132,10 +132,16 @@ pub fn open(args: &ModelArgs) -> Result<(Engine, ModelInfo)> {
         prefill_chunk: args.prefill_chunk,
         context_limit: args.context,
     };
+    let tally = options.kv_tally.clone();
     let engine = Engine::new()?;
     let info = engine
         .load(files.clone(), options)
         .map_err(|e| anyhow!("loading {}: {e}", files.program.display()))?;
+    if kv == KvCache::F16 {
+        if let Some(n) = tally.get().f16_note() {
+            eprintln!("{n}");
+        }
+    }
     Ok((engine, info))
 }
 

@@ -34,13 +34,18 @@ pub fn run(a: Args) -> Result<()> {
     let kv: pteria::runtime::delegate::KvCache = a.kv.parse().map_err(anyhow::Error::msg)?;
     let ptds: Vec<&std::path::Path> = a.ptd.iter().map(|p| p.as_path()).collect();
     let program = Program::open(&a.file, &ptds)?;
-    let (make, note) =
-        pteria::runtime::delegate::executor_with(device, kv).map_err(anyhow::Error::msg)?;
+    let (make, note, tally) =
+        pteria::runtime::delegate::executor_tallied(device, kv).map_err(anyhow::Error::msg)?;
     if let Some(n) = note {
         eprintln!("{n}");
     }
     let backends = pteria::frontend::backends(make);
     let mut method = Method::load(&program, &a.method, &backends)?;
+    if kv == pteria::runtime::delegate::KvCache::F16 {
+        if let Some(n) = tally.get().f16_note() {
+            eprintln!("{n}");
+        }
+    }
     let steps = run_steps(&mut method, &a.prompt, &a.decode)?;
     let json = serde_json::json!({ "steps": steps });
     println!("{json}");

@@ -7,7 +7,7 @@ use super::sampler::{Sampler, SamplingParams};
 use super::template::{ChatTemplate, Message, RenderOptions, Role};
 use super::tokenizer::Tokenizer;
 use super::{CancelToken, LlmError, ModelMetadata, Result};
-use crate::runtime::delegate::{executor_with, Device, KvCache};
+use crate::runtime::delegate::{executor_tallied, Device, KvCache, KvTally};
 use crate::runtime::BackendRegistry;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -142,6 +142,8 @@ pub struct LoadOptions {
     pub backends: BackendRegistry,
     pub runner: RunnerConfig,
     pub context: ContextPolicy,
+    /// The KV caches the GPU executors hold once loaded (`on_device_with`).
+    pub kv_tally: KvTally,
 }
 
 impl LoadOptions {
@@ -155,9 +157,10 @@ impl LoadOptions {
 
     /// `on_device` with the GPU executor's KV caches held as `kv`.
     pub fn on_device_with(device: Device, kv: KvCache) -> Result<(LoadOptions, Option<String>)> {
-        let (make, note) = executor_with(device, kv).map_err(LlmError::Device)?;
+        let (make, note, kv_tally) = executor_tallied(device, kv).map_err(LlmError::Device)?;
         let options = LoadOptions {
             backends: crate::frontend::backends(make),
+            kv_tally,
             ..LoadOptions::default()
         };
         Ok((options, note))

@@ -241,6 +241,56 @@ pub fn gpu_executor(ctx: Arc<crate::gpu::Context>) -> ExecutorFactory {
     })
 }
 
+/// The KV caches that the GPU executors of one factory hold, and how many of them as f16.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvCount {
+    pub caches: usize,
+    pub f16: usize,
+}
+
+impl KvCount {
+    /// What a user who asked for f16 caches should hear when not all of them are: `None` when
+    /// every cache is f16.
+    pub fn f16_note(&self) -> Option<String> {
+        match (self.caches, self.f16) {
+            (0, _) => Some(
+                "--kv f16: this program keeps no KV cache on the GPU (its caches live with CPU                  ops), so none is held as f16"
+                    .into(),
+            ),
+            (n, f) if f < n => Some(format!(
+                "--kv f16: {f} of the program's {n} KV caches on the GPU are f16; the others                  are written by ops other than cache updates and stay f32"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Counts what `KvCount` says over the executors a factory makes (all the delegates of a load).
+#[derive(Clone, Debug, Default)]
+pub struct KvTally(Arc<std::sync::Mutex<KvCount>>);
+
+impl KvTally {
+    pub fn get(&self) -> KvCount {
+        self.0.lock().map(|c| *c).unwrap_or_default()
+    }
+
+    fn add(&self, m: &crate::gpu::MemoryReport) {
+        if let Ok(mut c) = self.0.lock() {
+            c.caches += m.kv_caches;
+            c.f16 += m.f16_kv_caches;
+        }
+    }
+}
+
+/// `gpu_executor` that adds each executor's KV caches to `tally`.
+pub fn gpu_executor_tallied(ctx: Arc<crate::gpu::Context>, tally: KvTally) -> ExecutorFactory {
+    Arc::new(move |g| {
+        let e = crate::gpu::GpuExecutor::new(ctx.clone(), g).map_err(|e| e.to_string())?;
+        tally.add(&e.memory());
+        Ok(Box::new(e) as Box<dyn IrExecutor>)
+    })
+}
+
 /// Where delegate graphs run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -303,7 +353,17 @@ pub fn executor_with(
     device: Device,
     kv: KvCache,
 ) -> Result<(ExecutorFactory, Option<String>), String> {
+    executor_tallied(device, kv).map(|(make, note, _)| (make, note))
+}
+
+/// `executor_with`, and the tally of the KV caches its GPU executors hold (empty on the CPU).
+pub fn executor_tallied(
+    device: Device,
+    kv: KvCache,
+) -> Result<(ExecutorFactory, Option<String>, KvTally), String> {
+    let tally = KvTally::default();
     let open = || crate::gpu::Context::with_options(gpu_options(kv));
+    let gpu = |ctx| gpu_executor_tallied(Arc::new(ctx), tally.clone());
     let cpu = |why: String| {
         if kv == KvCache::F16 {
             Err(format!("--kv f16 needs the GPU executor, but {why}"))
@@ -311,27 +371,23 @@ pub fn executor_with(
             Ok((cpu_executor(), Some(format!("running on the CPU: {why}"))))
         }
     };
-    match device {
+    let (make, note) = match device {
         Device::Cpu if kv == KvCache::F16 => {
-            Err("--kv f16 needs the GPU executor (--device gpu), not --device cpu".into())
+            return Err("--kv f16 needs the GPU executor (--device gpu), not --device cpu".into())
         }
-        Device::Cpu => Ok((cpu_executor(), None)),
-        Device::Gpu => {
-            let ctx = open().map_err(|e| format!("--device gpu: {e}"))?;
-            Ok((gpu_executor(Arc::new(ctx)), None))
-        }
+        Device::Cpu => (cpu_executor(), None),
+        Device::Gpu => (gpu(open().map_err(|e| format!("--device gpu: {e}"))?), None),
         // A software Vulkan driver (lavapipe) is slower than our CPU executor: auto skips it.
         Device::Auto => match open() {
-            Ok(ctx) if ctx.adapter().device_type != "cpu" => {
-                Ok((gpu_executor(Arc::new(ctx)), None))
-            }
+            Ok(ctx) if ctx.adapter().device_type != "cpu" => (gpu(ctx), None),
             Ok(ctx) => cpu(format!(
                 "the only GPU adapter, {}, is a software renderer",
                 ctx.adapter().name
-            )),
-            Err(e) => cpu(e.to_string()),
+            ))?,
+            Err(e) => cpu(e.to_string())?,
         },
-    }
+    };
+    Ok((make, note, tally))
 }
 
 /// A GPU executor that a benchmark can reach after the method owning it has run: it keeps its
