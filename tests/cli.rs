@@ -273,7 +273,10 @@ fn generate_says_when_kv_f16_finds_no_cache_to_hold() {
         ]);
         assert!(ok, "{program}: {err}");
         assert_eq!(
-            err.contains("--kv f16: this program keeps no KV cache on the GPU"),
+            err.contains(
+                "--kv f16: this program keeps no KV cache on the GPU (its caches live with CPU \
+                 ops), so none is held as f16"
+            ),
             note,
             "{program}: {err}"
         );

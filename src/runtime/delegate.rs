@@ -254,11 +254,13 @@ impl KvCount {
     pub fn f16_note(&self) -> Option<String> {
         match (self.caches, self.f16) {
             (0, _) => Some(
-                "--kv f16: this program keeps no KV cache on the GPU (its caches live with CPU                  ops), so none is held as f16"
+                "--kv f16: this program keeps no KV cache on the GPU (its caches live with CPU \
+                 ops), so none is held as f16"
                     .into(),
             ),
             (n, f) if f < n => Some(format!(
-                "--kv f16: {f} of the program's {n} KV caches on the GPU are f16; the others                  are written by ops other than cache updates and stay f32"
+                "--kv f16: {f} of the program's {n} KV caches on the GPU are f16; the others \
+                 are written by ops other than cache updates and stay f32"
             )),
             _ => None,
         }
