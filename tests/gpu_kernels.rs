@@ -1039,30 +1039,36 @@ fn activation_quant_rounds_ties_as_its_reference() {
         differ > 0,
         "the rows must contain ties the two rules round apart"
     );
-    let mut eye = vec![0f32; k * k];
-    (0..k).for_each(|i| eye[i * k + i] = 1.0);
     for aq in [ActQuant::Torchao, ActQuant::Xnnpack] {
-        let mut t = T::default();
-        let xi = t.input_f(&[m, k], &x);
-        let w = t.const_f(&[k, k], &eye);
-        let y = t.op(
-            OpKind::Linear {
-                weight: Weight::F32,
-                act_quant: aq,
-                has_bias: false,
-            },
-            vec![xi, w],
-            DType::F32,
-            &[m, k],
-        );
-        t.out(y);
         check(
             &format!("act quant {aq:?} ({differ} ties differ)"),
-            &t,
+            &quantized_through_identity(&x, m, k, aq),
             TOL,
             0.05,
         );
     }
+}
+
+/// A linear of identity weights over x [m, k] with activation quantization `aq`: it returns
+/// each row quantized and dequantized, s · (q - zp), exactly.
+fn quantized_through_identity(x: &[f32], m: usize, k: usize, aq: pteria::ir::ActQuant) -> T {
+    let mut eye = vec![0f32; k * k];
+    (0..k).for_each(|i| eye[i * k + i] = 1.0);
+    let mut t = T::default();
+    let xi = t.input_f(&[m, k], x);
+    let w = t.const_f(&[k, k], &eye);
+    let y = t.op(
+        OpKind::Linear {
+            weight: Weight::F32,
+            act_quant: aq,
+            has_bias: false,
+        },
+        vec![xi, w],
+        DType::F32,
+        &[m, k],
+    );
+    t.out(y);
+    t
 }
 
 /// The quantization's scale, range / 255, and zero point are the reference's bits: rows of
@@ -1081,22 +1087,7 @@ fn activation_quant_scales_are_the_references_bits() {
                 rng.f() * mag
             })
             .collect();
-        let mut eye = vec![0f32; k * k];
-        (0..k).for_each(|i| eye[i * k + i] = 1.0);
-        let mut t = T::default();
-        let xi = t.input_f(&[m, k], &x);
-        let w = t.const_f(&[k, k], &eye);
-        let y = t.op(
-            OpKind::Linear {
-                weight: Weight::F32,
-                act_quant: ActQuant::Torchao,
-                has_bias: false,
-            },
-            vec![xi, w],
-            DType::F32,
-            &[m, k],
-        );
-        t.out(y);
+        let t = quantized_through_identity(&x, m, k, ActQuant::Torchao);
         check(&format!("act quant scales, {m} rows"), &t, 0.0, 0.0);
     }
 }
