@@ -1859,15 +1859,7 @@ impl Mm {
         transpose_b: bool,
         b_f16: bool,
     ) -> Mm {
-        let run = |mat: usize| -> Vec<usize> {
-            let mut v = vec![0; batch.len()];
-            let mut acc = mat;
-            for i in (0..batch.len()).rev() {
-                v[i] = acc;
-                acc *= batch[i];
-            }
-            v
-        };
+        let run = |mat: usize| -> Vec<usize> { strides(&batch).iter().map(|s| s * mat).collect() };
         Mm {
             a_strides: run(m * k),
             b_strides: run(k * n),

@@ -233,12 +233,7 @@ impl IrExecutor for crate::gpu::GpuExecutor {
 
 /// The GPU executor factory on an opened device.
 pub fn gpu_executor(ctx: Arc<crate::gpu::Context>) -> ExecutorFactory {
-    Arc::new(move |g| {
-        Ok(
-            Box::new(crate::gpu::GpuExecutor::new(ctx.clone(), g).map_err(|e| e.to_string())?)
-                as Box<dyn IrExecutor>,
-        )
-    })
+    gpu_executor_tallied(ctx, KvTally::default())
 }
 
 /// The KV caches that the GPU executors of one factory hold, and how many of them as f16.
