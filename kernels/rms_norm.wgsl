@@ -161,6 +161,14 @@ fn workgroup_sum(v: f32, t: u32) -> f32 {
         red[t / lanes] = s;
     }
     workgroupBarrier();
+    if WG / lanes <= FLAT_RUNS {
+        // One barrier; every invocation adds the runs' sums in the same order.
+        var total = red[0];
+        for (var k = 1u; k < WG / lanes; k++) {
+            total += red[k];
+        }
+        return total;
+    }
     for (var k = WG / lanes / 2u; k > 0u; k = k / 2u) {
         if t < k {
             red[t] += red[t + k];

@@ -1092,6 +1092,51 @@ fn activation_quant_scales_are_the_references_bits() {
     }
 }
 
+/// Elements whose quotient by the scale lies near a rounding tie t + 1/2 round as the reference
+/// rounds them: the quotient rounded to f32 first, then to an integer (ties to even). Each row's
+/// range fixes its scale; its other elements are the floats nearest (t + 1/2)·s and up to 3 ulps
+/// either side. Where the f32 quotient is exactly the tie but the exact one is not, rounding the
+/// exact quotient differs (the test counts that such elements occur).
+#[test]
+fn activation_quant_rounds_quotients_near_ties_as_the_reference() {
+    use pteria::ir::ActQuant;
+    let mut rng = Rng::new(77);
+    let (m, k) = (64, 256);
+    let mut x = Vec::with_capacity(m * k);
+    let mut double_rounded = 0;
+    for r in 0..m {
+        let mag = 10f32.powf((r % 9) as f32 - 4.0) * (1.0 + rng.f().abs());
+        let (lo, hi) = (-mag * (0.3 + rng.f().abs()), mag * (0.3 + rng.f().abs()));
+        let s = ((hi - lo) / 255.0).max(f32::EPSILON);
+        let row_start = x.len();
+        x.extend([lo, hi]);
+        while x.len() < row_start + k {
+            // A half-integer strictly inside the row's range, either sign.
+            let lim = ((lo / s).abs().min(hi / s) - 2.0).floor().max(0.0);
+            let t = (rng.f() * lim).trunc() + 0.5 * rng.f().signum();
+            let mut v = (t as f64 * s as f64) as f32;
+            for _ in 0..3 {
+                v = v.next_down();
+            }
+            for _ in 0..7 {
+                if x.len() < row_start + k && v > lo && v < hi {
+                    x.push(v);
+                    let q32 = (v / s).round_ties_even();
+                    let exact = (v as f64 / s as f64).round_ties_even() as f32;
+                    double_rounded += usize::from(q32 != exact);
+                }
+                v = v.next_up();
+            }
+        }
+    }
+    assert!(
+        double_rounded > 0,
+        "no element whose f32 quotient rounds differently"
+    );
+    let t = quantized_through_identity(&x, m, k, ActQuant::Torchao);
+    check("act quant near ties", &t, 0.0, 0.0);
+}
+
 /// Dynamic int8 activations against symmetric 4-bit weights (bias -8·scale, as the Vulkan and
 /// XNNPACK exports store them) on the decode path are exact integer sums, so the result may
 /// round only once per group: a rule that rounds s·Σq·n and b·Σq apart loses several ulps to
