@@ -130,7 +130,7 @@ fn split_scale(mul: f32, s: f32, zp: f32) -> RowQuant {
 
 // The quantization of a row whose elements this invocation saw span [lo, hi] (each
 // invocation's range includes 0, as both rules' does). Every invocation of the workgroup must
-// call it (barriers).
+// call it (barriers), once: the flat path ends with no barrier after its reads of red_lo/red_hi.
 fn row_params(lo_t: f32, hi_t: f32, t: u32) -> RowQuant {
     var lo = lo_t;
     var hi = hi_t;

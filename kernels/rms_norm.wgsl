@@ -148,7 +148,8 @@ fn chained4(n: vec4<f32>, i: u32) -> vec4<f32> {
     return vec4<f32>(chained(n.x, i), chained(n.y, i + 1u), chained(n.z, i + 2u), chained(n.w, i + 3u));
 }
 
-// The sum of `v` over the workgroup, in every invocation.
+// The sum of `v` over the workgroup, in every invocation. Once per workgroup: the flat path
+// ends with no barrier after its reads of `red`.
 fn workgroup_sum(v: f32, t: u32) -> f32 {
     var s = v;
     // #if subgroups
