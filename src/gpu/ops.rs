@@ -1351,9 +1351,15 @@ fn rms_norm(
     // About one element (or 16-byte word) per invocation: a row's latency is the cost.
     let vec4 = d % 4 == 0;
     let units = if vec4 { d / 4 } else { d };
-    let wg = units
-        .next_power_of_two()
-        .clamp(32, (env.max_invocations as usize).clamp(32, 1024));
+    let max_wg = (env.max_invocations as usize).clamp(32, 1024);
+    let mut wg = units.next_power_of_two().clamp(32, max_wg);
+    if let Some(sg) = env.subgroup.map(|s| s as usize) {
+        // Whole subgroups to the row's length: the reductions read up to 32 runs after one barrier.
+        let fit = units.div_ceil(sg) * sg;
+        if (32..=max_wg).contains(&fit) && fit / sg <= 32 {
+            wg = fit;
+        }
+    }
     let lanes = env.subgroup.map_or(1, |s| wg.min(s as usize));
     consts.extend([("WG", wg as f64), ("SG_LANES", lanes as f64)]);
     let mut inputs = vec![Res::Tensor(op.inputs[0]), w];
