@@ -2,7 +2,8 @@
 // to the row (about one element, or one vec4 in `main4`, per invocation): a decode step's norms
 // are one to a few dozen rows, so a row's latency is the cost. Each invocation keeps its first
 // element in registers for the second pass. The sum of squares is summed by subgroup shuffles
-// over runs of SG_LANES lanes where the device has them, then a shared-memory tree (WG must be a
+// over runs of SG_LANES lanes where the device has them, then read by every invocation after one
+// barrier (up to 32 runs; WG then a multiple of SG_LANES) or summed by a shared-memory tree (WG a
 // power of two).
 
 // RmsNormRope: the normed row rotated (`rotated`) instead of stored as it is.
