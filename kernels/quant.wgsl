@@ -95,11 +95,11 @@ fn round_quotient(a: f32, r: RowQuant) -> f32 {
     let n = floor(d);
     let t = n + 0.5;
     let rem = (av - t * r.hi) - t * r.lo;
-    // Half the spacing at t above (and below, half that at t = 1/2, a power of two), times s.
-    let half_up = r.s * bitcast<f32>((bitcast<u32>(t) & 0x7f800000u) - (24u << 23u));
-    let half_dn = select(half_up, 0.5 * half_up, t == 0.5);
+    // Half the spacing of floats at t, times s. Below t = 1/2 (a power of two) the spacing
+    // halves, but there "t itself" and "below" both round to 0.
+    let half = r.s * bitcast<f32>((bitcast<u32>(t) & 0x7f800000u) - (24u << 23u));
     let even = n + 2.0 * fract(0.5 * n);
-    let near = select(select(even, n + 1.0, rem > half_up), n, rem < -half_dn);
+    let near = select(select(even, n + 1.0, rem > half), n, rem < -half);
     let q = select(round(d), near, abs(d - t) < 1e-3);
     return select(q, -q, a < 0.0);
 }

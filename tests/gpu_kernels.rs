@@ -1092,10 +1092,10 @@ fn activation_quant_scales_are_the_references_bits() {
     }
 }
 
-/// Elements whose quotient by the scale lies near a rounding tie t + 1/2 round as the reference
-/// rounds them: the quotient rounded to f32 first, then to an integer (ties to even). Each row's
-/// range fixes its scale; its other elements are the floats nearest (t + 1/2)·s and up to 3 ulps
-/// either side. Where the f32 quotient is exactly the tie but the exact one is not, rounding the
+/// Elements whose quotient by the scale lies near a rounding tie (a half-integer t) round as the
+/// reference rounds them: the quotient rounded to f32 first, then to an integer (ties to even).
+/// Each row's range fixes its scale; its other elements are the floats nearest t·s and up to 3
+/// ulps either side. Where the f32 quotient is exactly the tie but the exact one is not, rounding the
 /// exact quotient differs (the test counts that such elements occur).
 #[test]
 fn activation_quant_rounds_quotients_near_ties_as_the_reference() {

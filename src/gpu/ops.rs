@@ -1208,6 +1208,9 @@ fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize, usiz
     Some((team, team.max(64), rpt))
 }
 
+/// Subgroup runs a reduction reads after one barrier (quant.wgsl `FLAT_RUNS`).
+const FLAT_RUNS: usize = 32;
+
 /// Outputs per workgroup of `matvec_q` (its `ROWS`).
 const MATVEC_ROWS: usize = 8;
 
@@ -1354,9 +1357,10 @@ fn rms_norm(
     let max_wg = (env.max_invocations as usize).clamp(32, 1024);
     let mut wg = units.next_power_of_two().clamp(32, max_wg);
     if let Some(sg) = env.subgroup.map(|s| s as usize) {
-        // Whole subgroups to the row's length: the reductions read up to 32 runs after one barrier.
+        // Whole subgroups to the row's length where the reductions read the runs after one
+        // barrier (quant.wgsl `FLAT_RUNS`); a tree needs a power of two.
         let fit = units.div_ceil(sg) * sg;
-        if (32..=max_wg).contains(&fit) && fit / sg <= 32 {
+        if (32..=max_wg).contains(&fit) && fit / sg <= FLAT_RUNS {
             wg = fit;
         }
     }
