@@ -20,7 +20,8 @@ struct Params {
     rows: u32,
     d: u32,
     eps: f32,
-    _pad: u32,
+    // main4_pair: the second norm's.
+    eps2: f32,
     steps: u32,
     norm_input: u32,
     rank: u32,
@@ -280,7 +281,13 @@ fn main4_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         // Then the stored row is read back, visible to the workgroup after this barrier.
         storageBarrier();
     }
-    let q = row_params(range.x, range.y, t);
+    pack_row(row, t, row_params(range.x, range.y, t), stashed);
+}
+
+// The row `row` quantized and packed into qy, from `qrow` (stashed) or from y (visible to the
+// workgroup); `q` from row_params, whose barrier makes qrow's words visible.
+fn pack_row(row: u32, t: u32, q: RowQuant, stashed: bool) {
+    let d4 = p.d / 4u;
     let base = row * d4;
     if QUANT == 1u {
         for (var b = t; b < d4 / 2u; b += WG) {
@@ -298,6 +305,50 @@ fn main4_quant(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         qy[p.rows * d4 + 2u * row] = bitcast<u32>(q.s);
         qy[p.rows * d4 + 2u * row + 1u] = bitcast<u32>(q.zp);
     }
+}
+
+// A second, plain norm (weight w2 if HAS_W2, eps in Params word 3) of the rows main4 stores,
+// quantized as main4_quant quantizes: the first norm's dispatch runs the norm that reads its rows
+// (src/gpu/ops.rs `norm_pair`; Gemma's post-norm with its residual add, then the next pre-norm).
+// The second norm's f32 rows are not stored: only its linear reads them, packed. Needs
+// d / 4 ≤ WG and ≤ QROW: an invocation's word of the first row stays in its registers and qrow.
+override HAS_W2: bool = false;
+@group(0) @binding(8) var<storage, read> w2: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn main4_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) t: u32) {
+    let row = wg.x + wg.y * nwg.x;
+    if row >= p.rows {
+        return;
+    }
+    let d4 = p.d / 4u;
+    var w_first = vec4<f32>(1.0);
+    if HAS_W2 && t < d4 {
+        w_first = w2[t];
+    }
+    norm_row4(row, t, row * d4);
+    // As main4_quant's norm computes it from the stored row (the same bits).
+    var first = vec4<f32>();
+    if t < d4 {
+        first = qrow[t];
+    }
+    // The first sum's runs may still be read from `red`.
+    workgroupBarrier();
+    let r = 1.0 / sqrt(workgroup_sum(dot(first, first), t) / f32(p.d) + p.eps2);
+    var lo = vec4<f32>(0.0);
+    var hi = vec4<f32>(0.0);
+    if t < d4 {
+        var v = first * r;
+        if HAS_W2 {
+            v *= w_first;
+        }
+        qrow[t] = v;
+        lo = min(lo, v);
+        hi = max(hi, v);
+    }
+    let range = vec2<f32>(min(min(lo.x, lo.y), min(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
+    pack_row(row, t, row_params(range.x, range.y, t), true);
 }
 
 // Word i of the row main4_quant stored from word `base` of y.

@@ -900,6 +900,72 @@ fn norms_quantize_for_the_linears_they_feed() {
     }
 }
 
+/// A norm whose rows a plain norm reads only to quantize them for its linears runs that norm
+/// too, in its own dispatch (Gemma's post-norm with its residual add, then the next pre-norm):
+/// the same bits as the two apart, weighted or not, by torchao's and XNNPACK's rounding, for 4-
+/// and 8-bit weights, with and without subgroups. Rows the linears take as floats (prefill for
+/// torchao), rows over 2048, and a second norm whose f32 rows something else reads stay apart.
+#[test]
+fn norms_run_the_norm_that_reads_their_rows() {
+    use pteria::ir::ActQuant;
+    let pairs = fused_and_apart(ContextOptions {
+        separate_norms: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(31);
+    let formats = [
+        (Weight::Q4 { group: 32 }, ActQuant::Torchao),
+        (Weight::Q8 { group: 32 }, ActQuant::Torchao),
+        (Weight::Q4 { group: 32 }, ActQuant::Xnnpack),
+        (Weight::Q8 { group: 16 }, ActQuant::Xnnpack),
+    ];
+    for (m, k) in [
+        (1usize, 256usize),
+        (3, 1536),
+        (20, 96),
+        (1, 2048),
+        (1, 2080),
+    ] {
+        for (w, aq) in formats {
+            let mut t = T::default();
+            let f = DType::F32;
+            let sh = [m, k];
+            let x = t.input_f(&sh, &rng.floats(m * k, 3.0));
+            let r = t.input_f(&sh, &rng.floats(m * k, 2.0));
+            let x2 = t.input_f(&sh, &rng.floats(m * k, 0.5));
+            let w1 = t.const_f(&[k], &rng.floats(k, 1.5));
+            let w2 = t.const_f(&[k], &rng.floats(k, 1.5));
+            let scale = t.const_f(&[1], &[0.625]);
+            // A post-norm with its residual add (an RmsNormChain once fused), then a weighted
+            // pre-norm of another eps feeding two linears that share its quantization.
+            let n1 = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![x, w1], f, &sh);
+            let m1 = t.op(OpKind::Binary(BinaryOp::Mul), vec![n1, scale], f, &sh);
+            let h = t.op(OpKind::Binary(BinaryOp::Add), vec![m1, r], f, &sh);
+            t.out(h);
+            let n2 = t.op(OpKind::RmsNorm { eps: 1e-3 }, vec![h, w2], f, &sh);
+            linears_of(&mut t, &mut rng, n2, [m, k], &[(w, aq, 40), (w, aq, 24)]);
+            // A plain norm, then an unweighted one.
+            let n3 = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![x2, w2], f, &sh);
+            let n4 = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![n3], f, &sh);
+            linears_of(&mut t, &mut rng, n4, [m, k], &[(w, aq, 17)]);
+            // The second norm's rows are an output too: apart.
+            let n5 = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![x, w2], f, &sh);
+            let n6 = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![n5, w1], f, &sh);
+            t.out(n6);
+            linears_of(&mut t, &mut rng, n6, [m, k], &[(w, aq, 9)]);
+            pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
+            assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 1);
+            let packed = m <= 8 || aq == ActQuant::Xnnpack;
+            for (fused, apart, name) in &pairs {
+                let what = format!("{m}x{k} norm pairs for {w:?}/{aq:?}{name}");
+                let (a, b) = same_bits_fused_and_apart(fused, apart, &what, &t);
+                let saved = if packed && k <= 2048 { 2 } else { 0 };
+                assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
+            }
+        }
+    }
+}
+
 /// Linears of one input, activation quantization and weight format run in pairs as one
 /// dispatch: the same bits as one dispatch each, with and without subgroups, for decode and
 /// prefill rows, odd N, every weight format; pairs too large to share a binding stay apart.

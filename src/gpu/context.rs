@@ -89,6 +89,9 @@ pub struct ContextOptions {
     /// Run KV cache updates in their own dispatch, never in the rms_norm that produces their
     /// rows (tests compare).
     pub separate_cache_update: bool,
+    /// Run a norm that reads another norm's rows in its own dispatch, never in that norm's
+    /// (tests compare).
+    pub separate_norms: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -154,6 +157,7 @@ pub struct Context {
     separate_quant: bool,
     separate_glu: bool,
     separate_cache_update: bool,
+    separate_norms: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -276,6 +280,7 @@ impl Context {
             separate_quant: opts.separate_quant,
             separate_glu: opts.separate_glu,
             separate_cache_update: opts.separate_cache_update,
+            separate_norms: opts.separate_norms,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -353,6 +358,7 @@ impl Context {
             quant: !self.separate_quant,
             glu: !self.separate_glu,
             cache_update: !self.separate_cache_update,
+            norm_pairs: !self.separate_norms,
         }
     }
 

@@ -919,9 +919,10 @@ impl GpuExecutor {
         let mut slots = vec![Slot::Uniform, Slot::Read, Slot::Write];
         slots.extend(s.inputs.iter().map(|_| Slot::Read));
         slots.extend(s.writes.iter().map(|_| Slot::Write));
+        slots.extend(s.reads_after.iter().map(|_| Slot::Read));
         let pipeline = self.ctx.pipeline(s.kernel, s.entry, &s.constants, &slots)?;
         let mut buffers = vec![(self.syms, 0), self.resolve(node, s.out)?];
-        for &r in s.inputs.iter().chain(&s.writes) {
+        for &r in s.inputs.iter().chain(&s.writes).chain(&s.reads_after) {
             buffers.push(self.resolve(node, r)?);
         }
         let params = self.param_slot(&s.params)?;

@@ -90,6 +90,13 @@ pub(crate) struct MemoryPlan {
     /// that then is not dispatched; `cache_filled` is the inverse.
     pub norm_cache: Vec<Option<usize>>,
     pub cache_filled: Vec<Option<usize>>,
+    /// Per node: for an rms_norm (plain or with a chain) whose rows a plain rms_norm reads that
+    /// only quantizes them for its linears, that norm: its row, still in the workgroup, is normed
+    /// again and quantized in the same dispatch where the linear takes it packed
+    /// (`ops::norm_pair`), the residual stream's post-norm and the next pre-norm of Gemma.
+    /// `paired_norm` is the inverse.
+    pub norm_pair: Vec<Option<usize>>,
+    pub paired_norm: Vec<Option<usize>>,
     /// Per node: a permute, or a select by a literal index, whose input is kept live as long as
     /// its output, so that where it is a view for a call's shapes (`ops::views`) the executor
     /// skips it and reads its input instead (a select from an offset into it).
@@ -98,13 +105,15 @@ pub(crate) struct MemoryPlan {
 }
 
 /// Which fusions the plan may make: linears of one input paired, norms quantizing for their
-/// linears, gate/up linears storing their chain, norms storing into KV caches.
+/// linears, gate/up linears storing their chain, norms storing into KV caches, norms running
+/// the norm that reads their rows.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Fusions {
     pub pair_linears: bool,
     pub quant: bool,
     pub glu: bool,
     pub cache_update: bool,
+    pub norm_pairs: bool,
 }
 
 /// Bytes per element of a representation, given the IR dtype's size.
@@ -179,6 +188,7 @@ impl MemoryPlan {
             quant: fuse_quant,
             glu: fuse_glu,
             cache_update: fuse_cache,
+            norm_pairs: fuse_norm_pairs,
         } = fusions;
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -668,6 +678,55 @@ impl MemoryPlan {
             }
         }
 
+        // A plain rms_norm B quantizing for its linears whose input another rms_norm A (not
+        // rotated, not quantizing, not storing into a cache) writes alone: A's dispatch may norm
+        // its rows again as B (the second norm's f32 rows are not stored), so everything that
+        // reads B's output must take it quantized, B's weight must exist before A, and the
+        // quantized rows' scratch lives from A.
+        let mut norm_pair: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut paired_norm: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        if fuse_norm_pairs {
+            let is_view = |n: usize| matches!(&g.nodes[n], Node::Op(op) if matches!(op.kind, OpKind::Reshape { .. }) && ops::alias(g, op).is_some());
+            for (b, node) in g.nodes.iter().enumerate() {
+                let Node::Op(bop) = node else { continue };
+                let (OpKind::RmsNorm { .. }, Some(&x), Some(&o)) =
+                    (&bop.kind, bop.inputs.first(), bop.outputs.first())
+                else {
+                    continue;
+                };
+                if quant_into[b].is_none() {
+                    continue;
+                }
+                let producers: Vec<usize> = writes[root[x]]
+                    .iter()
+                    .copied()
+                    .filter(|&w| !is_view(w))
+                    .collect();
+                let [a] = producers[..] else { continue };
+                let Node::Op(aop) = &g.nodes[a] else { continue };
+                let quantized_by_b = |r: usize| {
+                    is_view(r)
+                        || quant_by[r] == Some(b)
+                        || quant_from[r].is_some_and(|m| quant_by[m] == Some(b))
+                };
+                let ok = matches!(
+                    aop.kind,
+                    OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. }
+                ) && a < b
+                    && aop.outputs.first().is_some_and(|&ao| root[ao] == root[x])
+                    && quant_into[a].is_none()
+                    && norm_cache[a].is_none()
+                    && root[o] == o
+                    && !g.outputs.contains(&o)
+                    && reads[o].iter().all(|&r| quantized_by_b(r))
+                    && (bop.inputs[1..].iter()).all(|&i| writes[root[i]].iter().all(|&w| w < a));
+                if ok {
+                    norm_pair[a] = Some(b);
+                    paired_norm[b] = Some(a);
+                }
+            }
+        }
+
         // Liveness-ordered pool: at each node, allocate what it writes (and its scratch), then
         // release what it read last.
         let mut scratch: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
@@ -704,8 +763,14 @@ impl MemoryPlan {
                     place[t].push(take(bytes[t], &mut buffers, &mut free));
                 }
             }
-            // A norm quantizing for a linear writes that linear's scratch: it lives from here.
-            if let Some(l) = quant_into[n] {
+            // A norm quantizing for a linear writes that linear's scratch: it lives from here,
+            // or from the norm whose dispatch may run it.
+            let quantizer = match (norm_pair[n], paired_norm[n]) {
+                (Some(b), _) => Some(b),
+                (None, Some(_)) => None,
+                (None, None) => Some(n),
+            };
+            if let Some(l) = quantizer.and_then(|q| quant_into[q]) {
                 if let Node::Op(lop) = &g.nodes[l] {
                     for s in ops::scratch_bytes(g, lop, max_binding) {
                         scratch[l].push(take(s, &mut buffers, &mut free));
@@ -753,6 +818,8 @@ impl MemoryPlan {
             glu_lead,
             norm_cache,
             cache_filled,
+            norm_pair,
+            paired_norm,
             view_op,
             buffers,
         };

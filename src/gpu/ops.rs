@@ -43,6 +43,8 @@ pub(crate) struct Step {
     pub inputs: Vec<Res>,
     /// Further outputs, bound after the inputs.
     pub writes: Vec<Res>,
+    /// Further inputs, bound after those.
+    pub reads_after: Vec<Res>,
     pub groups: [u32; 3],
 }
 
@@ -521,6 +523,7 @@ fn step(
         out,
         inputs,
         writes: Vec::new(),
+        reads_after: Vec::new(),
         groups,
     }
 }
@@ -1406,6 +1409,25 @@ fn rms_norm(
         s.entry = "main4_cache";
         return Ok(vec![s]);
     }
+    // This norm's rows are normed again by the norm that reads them, which then quantizes them
+    // for its linear (rms_norm.wgsl `main4_pair`); that norm dispatches nothing.
+    if let Some((bop, beps, l, quant)) = norm_pair(env, node) {
+        s.params[3] = beps.to_bits();
+        let has_w2 = bop.inputs.len() > 1;
+        s.constants.extend([
+            ("QUANT", if quant.nibble_order { 1.0 } else { 2.0 }),
+            ("XNN_ROUNDING", b(quant.xnn)),
+            ("QROW", (d / 4) as f64),
+            ("HAS_W2", b(has_w2)),
+        ]);
+        s.writes = vec![Res::ScratchOf(l, 0)];
+        s.reads_after = vec![bop.inputs.get(1).map_or(Res::Dummy, |&t| Res::Tensor(t))];
+        s.entry = "main4_pair";
+        return Ok(vec![s]);
+    }
+    if env.mem.paired_norm[node].is_some_and(|a| norm_pair(env, a).is_some()) {
+        return Ok(Vec::new());
+    }
     // The quantized linear reading this norm's rows takes them packed from here (quant.wgsl).
     if let Some((l, quant)) =
         env.mem.quant_into[node].and_then(|l| Some((l, prequantized(env, l)?)))
@@ -1417,7 +1439,7 @@ fn rms_norm(
             // reductions at 512 invocations, within WebGPU's 16 KiB).
             (
                 "QROW",
-                if d <= 2048 {
+                if d <= NORM_PAIR_MAX_D {
                     (d / 4).max(1) as f64
                 } else {
                     1.0
@@ -1428,6 +1450,34 @@ fn rms_norm(
         s.entry = "main4_quant";
     }
     Ok(vec![s])
+}
+
+/// The longest row a quantizing norm keeps in workgroup memory (`QROW`), and so the longest a
+/// norm pair takes.
+const NORM_PAIR_MAX_D: usize = 2048;
+
+/// For rms_norm `a` whose rows the plain norm `MemoryPlan::norm_pair` reads: that norm's op and
+/// eps, its linear and how it packs for it, where in this call `a`'s dispatch runs it: the
+/// linear takes its input packed (so the second norm's f32 rows need not be stored) and the row
+/// fits one 16-byte word an invocation and workgroup memory. Both norms ask, so they agree.
+fn norm_pair<'a>(env: &Env<'a>, a: usize) -> Option<(&'a Op, f32, usize, Prequant)> {
+    let b = env.mem.norm_pair.get(a).copied().flatten()?;
+    let crate::ir::Node::Op(bop) = &env.graph.nodes[b] else {
+        return None;
+    };
+    let OpKind::RmsNorm { eps } = bop.kind else {
+        return None;
+    };
+    let l = env.mem.quant_into[b]?;
+    let quant = prequantized(env, l)?;
+    let d = *env.shape(bop.outputs[0]).last()?;
+    let x = bop.inputs[0];
+    let same = env.shape(x).last() == Some(&d)
+        && env.numel(x) == env.numel(bop.outputs[0])
+        && matches!(&env.graph.nodes[a], crate::ir::Node::Op(aop)
+            if env.numel(aop.outputs[0]) == env.numel(x) && env.shape(aop.outputs[0]).last() == Some(&d));
+    let fits = d % 4 == 0 && d <= NORM_PAIR_MAX_D && d / 4 <= env.max_invocations as usize;
+    (same && fits).then_some((bop, eps, l, quant))
 }
 
 /// Rows of x up to which the mat-vec kernel (weights re-read per row) beats the tiled one.
