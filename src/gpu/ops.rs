@@ -1640,7 +1640,10 @@ fn linear(
         // row's latency is the cost (a long loop of dependent loads in few invocations cost an
         // H100 17 us at K = 12288; 4 words each still left ~6 us per quantization at K = 1536;
         // past 256 the longer reduction cost more than the shorter loop: E2B decode step 5.19 ->
-        // 5.13 ms with 1024 -> 256, 5.36 ms with 128).
+        // 5.13 ms with 1024 -> 256, 5.36 ms with 128. Since the one-barrier reductions: up to
+        // 1024 invocations, each keeping its words in registers, 3.04 -> 3.28 ms; 8 words or
+        // pairs each kept in registers at up to 256, instead of reading the row twice: 3.07 ->
+        // 3.16).
         let aq_wg = (k / 4)
             .next_power_of_two()
             .clamp(64, env.max_invocations.clamp(64, 256) as usize);
