@@ -347,7 +347,7 @@ fn main4_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         lo = min(lo, v);
         hi = max(hi, v);
     }
-    let range = vec2<f32>(min(min(lo.x, lo.y), min(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
+    let range = span4(lo, hi);
     pack_row(row, t, row_params(range.x, range.y, t), true);
 }
 
@@ -438,6 +438,11 @@ fn norm_row4(row: u32, t: u32, obase: u32) -> vec2<f32> {
                                      rotated(e + 3u, b));
         }
     }
+    return span4(lo, hi);
+}
+
+// (min of lo's lanes, max of hi's).
+fn span4(lo: vec4<f32>, hi: vec4<f32>) -> vec2<f32> {
     return vec2<f32>(min(min(lo.x, lo.y), min(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)));
 }
 

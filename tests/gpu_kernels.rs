@@ -842,6 +842,18 @@ fn same_bits_fused_and_apart(
     (gpu.stats().last_dispatches, one.stats().last_dispatches)
 }
 
+/// Weight formats and roundings whose linears take their activations packed from the norm that
+/// produces them.
+fn packed_formats() -> [(Weight, pteria::ir::ActQuant); 4] {
+    use pteria::ir::ActQuant;
+    [
+        (Weight::Q4 { group: 32 }, ActQuant::Torchao),
+        (Weight::Q8 { group: 32 }, ActQuant::Torchao),
+        (Weight::Q4 { group: 32 }, ActQuant::Xnnpack),
+        (Weight::Q8 { group: 16 }, ActQuant::Xnnpack),
+    ]
+}
+
 /// An rms_norm, plain or with its residual chain, or an element-wise chain of short rows, whose
 /// rows a quantized linear reads packed quantizes them itself (no act_quant dispatch; the chain
 /// then runs as a row kernel): the same bits as the separate quantization,
@@ -855,12 +867,7 @@ fn norms_quantize_for_the_linears_they_feed() {
         ..Default::default()
     });
     let mut rng = Rng::new(27);
-    let formats = [
-        (Weight::Q4 { group: 32 }, ActQuant::Torchao),
-        (Weight::Q8 { group: 32 }, ActQuant::Torchao),
-        (Weight::Q4 { group: 32 }, ActQuant::Xnnpack),
-        (Weight::Q8 { group: 16 }, ActQuant::Xnnpack),
-    ];
+    let formats = packed_formats();
     for (m, k) in [(1usize, 256usize), (3, 1536), (20, 96), (1, 4096)] {
         for (w, aq) in formats {
             let mut t = T::default();
@@ -913,12 +920,7 @@ fn norms_run_the_norm_that_reads_their_rows() {
         ..Default::default()
     });
     let mut rng = Rng::new(31);
-    let formats = [
-        (Weight::Q4 { group: 32 }, ActQuant::Torchao),
-        (Weight::Q8 { group: 32 }, ActQuant::Torchao),
-        (Weight::Q4 { group: 32 }, ActQuant::Xnnpack),
-        (Weight::Q8 { group: 16 }, ActQuant::Xnnpack),
-    ];
+    let formats = packed_formats();
     for (m, k) in [
         (1usize, 256usize),
         (3, 1536),
