@@ -339,10 +339,7 @@ fn main4_pair(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
     if t < d4 {
-        var v = first * r;
-        if HAS_W2 {
-            v *= w_first;
-        }
+        let v = scaled(first, r, HAS_W2, w_first);
         qrow[t] = v;
         lo = min(lo, v);
         hi = max(hi, v);
@@ -392,10 +389,7 @@ fn norm_row4(row: u32, t: u32, obase: u32) -> vec2<f32> {
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
     if t < d4 {
-        var v = first * r;
-        if HAS_W {
-            v *= w_first;
-        }
+        let v = scaled(first, r, HAS_W, w_first);
         if ROPE {
             stash4(t, v);
         } else {
@@ -439,6 +433,16 @@ fn norm_row4(row: u32, t: u32, obase: u32) -> vec2<f32> {
         }
     }
     return span4(lo, hi);
+}
+
+// A word of a row normed by r, times its weight word where the norm has one (both norms of
+// main4_pair compute their words so, which keeps a pair's bits those of the two apart).
+fn scaled(x: vec4<f32>, r: f32, weighted: bool, w: vec4<f32>) -> vec4<f32> {
+    var v = x * r;
+    if weighted {
+        v *= w;
+    }
+    return v;
 }
 
 // (min of lo's lanes, max of hi's).

@@ -842,6 +842,16 @@ fn same_bits_fused_and_apart(
     (gpu.stats().last_dispatches, one.stats().last_dispatches)
 }
 
+/// `same_bits_fused_and_apart` on every device pair, asserting that the fusion saves exactly
+/// `saved` dispatches.
+fn fusion_saves(pairs: &[(Arc<Context>, Arc<Context>, &str)], what: &str, t: &T, saved: usize) {
+    for (fused, apart, name) in pairs {
+        let what = format!("{what}{name}");
+        let (a, b) = same_bits_fused_and_apart(fused, apart, &what, t);
+        assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
+    }
+}
+
 /// Weight formats and roundings whose linears take their activations packed from the norm that
 /// produces them.
 fn packed_formats() -> [(Weight, pteria::ir::ActQuant); 4] {
@@ -894,15 +904,12 @@ fn norms_quantize_for_the_linears_they_feed() {
             pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
             assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 1);
             let xnn = aq == ActQuant::Xnnpack;
-            for (fused, apart, name) in &pairs {
-                let what = format!("{m}x{k} norms quantizing for {w:?}/{aq:?}{name}");
-                let (a, b) = same_bits_fused_and_apart(fused, apart, &what, &t);
-                // Packed rows (decode mat-vecs, XNNPACK's GEMM at any M) save all three
-                // quantizations, short chain rows included.
-                let chain = (k <= 2048) as usize;
-                let saved = if m <= 8 || xnn { 2 + chain } else { 0 };
-                assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
-            }
+            // Packed rows (decode mat-vecs, XNNPACK's GEMM at any M) save all three
+            // quantizations, short chain rows included.
+            let chain = (k <= 2048) as usize;
+            let saved = if m <= 8 || xnn { 2 + chain } else { 0 };
+            let what = format!("{m}x{k} norms quantizing for {w:?}/{aq:?}");
+            fusion_saves(&pairs, &what, &t, saved);
         }
     }
 }
@@ -958,12 +965,9 @@ fn norms_run_the_norm_that_reads_their_rows() {
             pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
             assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 1);
             let packed = m <= 8 || aq == ActQuant::Xnnpack;
-            for (fused, apart, name) in &pairs {
-                let what = format!("{m}x{k} norm pairs for {w:?}/{aq:?}{name}");
-                let (a, b) = same_bits_fused_and_apart(fused, apart, &what, &t);
-                let saved = if packed && k <= 2048 { 2 } else { 0 };
-                assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
-            }
+            let saved = if packed && k <= 2048 { 2 } else { 0 };
+            let what = format!("{m}x{k} norm pairs for {w:?}/{aq:?}");
+            fusion_saves(&pairs, &what, &t, saved);
         }
     }
 }
@@ -1060,15 +1064,11 @@ fn paired_gate_up_linears_store_their_chain() {
                 let y = t.op(OpKind::Binary(BinaryOp::Mul), vec![ge, u], f, &[m, n]);
                 t.out(y);
                 assert_eq!(pteria::ir::passes::fuse_elementwise_chains(&mut t.g), 1);
-                for (fused, apart, name) in &pairs {
-                    let what = format!(
-                        "{m}x{k} gate/up of {n} {w:?}/{aq:?}, gelu of the {}{name}",
-                        if gelu_second { "second" } else { "first" }
-                    );
-                    let (a, b) = same_bits_fused_and_apart(fused, apart, &what, &t);
-                    let saved = (m <= 8) as usize;
-                    assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
-                }
+                let what = format!(
+                    "{m}x{k} gate/up of {n} {w:?}/{aq:?}, gelu of the {}",
+                    if gelu_second { "second" } else { "first" }
+                );
+                fusion_saves(&pairs, &what, &t, (m <= 8) as usize);
             }
         }
     }

@@ -330,7 +330,7 @@ impl MemoryPlan {
             let Node::Op(op) = node else { continue };
             let weights = ops::weight_tensors(op);
             // A reshape that shares its input's storage reads it but writes nothing.
-            let view = matches!(op.kind, OpKind::Reshape { .. }) && ops::alias(g, op).is_some();
+            let view = reshape_view(g, op);
             for &t in &op.inputs {
                 let r = root[t];
                 used[r] = true;
@@ -686,7 +686,7 @@ impl MemoryPlan {
         let mut norm_pair: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut paired_norm: Vec<Option<usize>> = vec![None; g.nodes.len()];
         if fuse_norm_pairs {
-            let is_view = |n: usize| matches!(&g.nodes[n], Node::Op(op) if matches!(op.kind, OpKind::Reshape { .. }) && ops::alias(g, op).is_some());
+            let is_view = |n: usize| matches!(&g.nodes[n], Node::Op(op) if reshape_view(g, op));
             for (b, node) in g.nodes.iter().enumerate() {
                 let Node::Op(bop) = node else { continue };
                 let (OpKind::RmsNorm { .. }, Some(&x), Some(&o)) =
@@ -825,6 +825,11 @@ impl MemoryPlan {
         };
         (plan, errors)
     }
+}
+
+/// Whether `op` is a reshape that shares its input's storage (it writes nothing).
+fn reshape_view(g: &Graph, op: &crate::ir::Op) -> bool {
+    matches!(op.kind, OpKind::Reshape { .. }) && ops::alias(g, op).is_some()
 }
 
 /// Per root: whether it is a KV cache, a float State that a cache update writes in place.

@@ -1289,9 +1289,11 @@ fn rms_norm(
     let n = env.numel(out);
     let d = *oshape.last().ok_or("rms_norm of a scalar")?;
     let rows = n.checked_div(d).unwrap_or(0);
-    if rows == 0 {
+    // A norm whose rows the norm before it normed again in its own dispatch (`norm_pair`).
+    if rows == 0 || env.mem.paired_norm[node].is_some_and(|a| norm_pair(env, a).is_some()) {
         return Ok(Vec::new());
     }
+    let pair = norm_pair(env, node);
     let w = if has_w {
         Res::Tensor(op.inputs[1])
     } else {
@@ -1306,7 +1308,8 @@ fn rms_norm(
     };
     let bcast =
         chain.is_some() && (0..shapes.len()).any(|k| shapes[k] != oshape.as_slice() && !one(k));
-    let mut p = P::default().u(rows).u(d).f(eps).u(0);
+    let eps2 = pair.as_ref().map_or(0.0, |(_, e, _, _)| *e);
+    let mut p = P::default().u(rows).u(d).f(eps).f(eps2);
     let mut consts = vec![
         ("HAS_W", b(has_w)),
         ("CHAIN", b(chain.is_some())),
@@ -1411,8 +1414,7 @@ fn rms_norm(
     }
     // This norm's rows are normed again by the norm that reads them, which then quantizes them
     // for its linear (rms_norm.wgsl `main4_pair`); that norm dispatches nothing.
-    if let Some((bop, beps, l, quant)) = norm_pair(env, node) {
-        s.params[3] = beps.to_bits();
+    if let Some((bop, _, l, quant)) = pair {
         let has_w2 = bop.inputs.len() > 1;
         s.constants.extend([
             ("QUANT", if quant.nibble_order { 1.0 } else { 2.0 }),
@@ -1424,9 +1426,6 @@ fn rms_norm(
         s.reads_after = vec![bop.inputs.get(1).map_or(Res::Dummy, |&t| Res::Tensor(t))];
         s.entry = "main4_pair";
         return Ok(vec![s]);
-    }
-    if env.mem.paired_norm[node].is_some_and(|a| norm_pair(env, a).is_some()) {
-        return Ok(Vec::new());
     }
     // The quantized linear reading this norm's rows takes them packed from here (quant.wgsl).
     if let Some((l, quant)) =
