@@ -22,7 +22,8 @@ struct Params {
     // Rows from `split` on are a second linear's (src/gpu/memory.rs pairs linears of one input):
     // its weights follow in the same buffers and its outputs go to y2 (N - split columns).
     split: u32,
-    _pad1: u32,
+    // RANGE (matvec) / act_quant_ranged: the first word of the row's slots in the ranges buffer.
+    range_at: u32,
     // GLU: the chain's step words (chain.wgsl `apply_chain`).
     words: array<vec4<u32>, 3>,
 }
@@ -115,25 +116,82 @@ fn act_quant_packed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
         return;
     }
     let r = row_quant(row, t);
-    let base4 = row * p.k / 4u;
-    let words = p.k / 4u;
-    if KIND == 1u {
-        for (var b = t; b < p.k / 8u; b += WG) {
-            let q = pack8_nibble_order(bitcast<vec4<f32>>(xu4[base4 + 2u * b]),
-                                       bitcast<vec4<f32>>(xu4[base4 + 2u * b + 1u]), r);
-            yu[row * words + 2u * b] = q.x;
-            yu[row * words + 2u * b + 1u] = q.y;
-        }
-    } else {
-        for (var i = t; i < words; i += WG) {
-            yu[row * words + i] = pack4(bitcast<vec4<f32>>(xu4[base4 + i]), r);
-        }
+    for (var u = t; u < units(); u += WG) {
+        pack_unit(row, u, r);
     }
     if t == 0u {
-        yu[p.m * words + 2u * row] = bitcast<u32>(r.s);
-        yu[p.m * words + 2u * row + 1u] = bitcast<u32>(r.zp);
+        put_params(row, r);
     }
 }
+
+// Packing units of a row: 8 elements (two words) for 4-bit weights, else 4 (one word).
+fn units() -> u32 {
+    return select(p.k / 4u, p.k / 8u, KIND == 1u);
+}
+
+// Unit u of row `row` of x quantized by r and packed into y.
+fn pack_unit(row: u32, u: u32, r: RowQuant) {
+    let base4 = row * p.k / 4u;
+    if KIND == 1u {
+        let q = pack8_nibble_order(bitcast<vec4<f32>>(xu4[base4 + 2u * u]),
+                                   bitcast<vec4<f32>>(xu4[base4 + 2u * u + 1u]), r);
+        yu[base4 + 2u * u] = q.x;
+        yu[base4 + 2u * u + 1u] = q.y;
+    } else {
+        yu[base4 + u] = pack4(bitcast<vec4<f32>>(xu4[base4 + u]), r);
+    }
+}
+
+// (s, zp) of row `row`, after all M rows' words.
+fn put_params(row: u32, r: RowQuant) {
+    yu[p.m * p.k / 4u + 2u * row] = bitcast<u32>(r.s);
+    yu[p.m * p.k / 4u + 2u * row + 1u] = bitcast<u32>(r.zp);
+}
+
+// ---- the range of a row its producer leaves (src/gpu/ops.rs `ranged`) ----
+// A producer that stores a row's elements across many workgroups (the gate/up mat-vec storing
+// its chain, attention's combine) also leaves their range in RANGE_SLOTS pairs of words of the
+// ranges buffer, zeroed before every call: max(-v, 0) and max(v, 0) as the bits of non-negative
+// floats, whose order is their bits' (atomicMax). Min and max are exact in any order, and the
+// range includes 0 as both rules' does, so the linear that quantizes the row needs no pass over
+// it first and quantizes it over many workgroups (`act_quant_ranged`).
+override RANGE_SLOTS: u32 = 256u;
+@group(0) @binding(8) var<storage, read_write> ranges: array<atomic<u32>>;
+@group(0) @binding(4) var<storage, read> range4: array<vec4<u32>>;
+
+// One row (M = 1), one unit an invocation: grid (units / WG).
+@compute @workgroup_size(WG)
+fn act_quant_ranged(@builtin(workgroup_id) wg: vec3<u32>,
+                    @builtin(local_invocation_index) t: u32) {
+    // The slots' range, by every run of SG_LANES lanes (subgroup shuffles, no barrier: a
+    // workgroup reduction cost more than the loads).
+    // Two slots a 16-byte word; the loop's bound is a constant, so that it unrolls and its
+    // loads are in flight together (one at a time cost more than the pass this replaces).
+    let lanes = max(SG_LANES, 1u);
+    var neg = 0u;
+    var pos = 0u;
+    for (var j = 0u; j < RANGE_SLOTS / 2u / lanes; j++) {
+        let w = range4[p.range_at / 4u + j * lanes + t % lanes];
+        neg = max(neg, max(w.x, w.z));
+        pos = max(pos, max(w.y, w.w));
+    }
+    // #if subgroups
+    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
+        neg = max(neg, subgroupShuffleXor(neg, d));
+        pos = max(pos, subgroupShuffleXor(pos, d));
+    }
+    // #endif
+    let r = params_of(-bitcast<f32>(neg), bitcast<f32>(pos));
+    let u = wg.x * WG + t;
+    if u < units() {
+        pack_unit(0u, u, r);
+    }
+    if u == 0u {
+        put_params(0u, r);
+    }
+}
+
+// ---- matvec ----
 
 // ---- matvec ----
 
@@ -391,10 +449,78 @@ fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) 
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
-    let lane = t % TEAM;
-    let team = (wg.x + wg.y * nwg.x) * (WG / TEAM) + t / TEAM;
-    let row0 = team * RPT;
+    let wgi = wg.x + wg.y * nwg.x;
     let m = wg.z;
+    let s = team_sums(wgi, m, t);
+    if GLU {
+        glu_store(wgi, m, t, s);
+        return;
+    }
+    let lane = t % TEAM;
+    let row = wgi * (WG / TEAM) * RPT + t / TEAM * RPT + lane;
+    if lane < RPT && row < p.n {
+        var v = s[lane];
+        if INT_X {
+            v *= s_x;
+        }
+        if HAS_BIAS {
+            v += bias[p.n0 + row];
+        }
+        put(m, row, v);
+    }
+}
+
+// `matvec` with GLU whose stores also leave their range (RANGE): its own entry point, as the
+// ranges buffer takes the binding of y2, which no GLU store reaches.
+@compute @workgroup_size(WG)
+fn matvec_ranged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) t: u32) {
+    let wgi = wg.x + wg.y * nwg.x;
+    let v = glu_store(wgi, wg.z, t, team_sums(wgi, wg.z, t));
+    // A team's stores are its first lanes': their range by subgroup shuffles, then one atomic
+    // pair a team (a few thousand on few words cost the E2B gate/up mat-vec 4 us), each team on
+    // its own slot where there are enough. Lanes that store nothing hold 0, which is in every
+    // range, as is the buffer's starting 0: zeros need no atomic.
+    var neg = bitcast<u32>(abs(min(v, 0.0)));
+    var pos = bitcast<u32>(abs(max(v, 0.0)));
+    // #if subgroups
+    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
+        neg = max(neg, subgroupShuffleXor(neg, d));
+        pos = max(pos, subgroupShuffleXor(pos, d));
+    }
+    // #endif
+    let at = p.range_at + 2u * ((wgi * (WG / TEAM) + t / TEAM) % RANGE_SLOTS);
+    if t % max(SG_LANES, 1u) == 0u && (neg | pos) != 0u {
+        atomicMax(&ranges[at], neg);
+        atomicMax(&ranges[at + 1u], pos);
+    }
+}
+
+// The chain of this invocation's row of each half, stored (GLU), else 0.
+fn glu_store(wgi: u32, m: u32, t: u32, s: vec4<f32>) -> f32 {
+    let lane = t % TEAM;
+    let g0 = (wgi * (WG / TEAM) + t / TEAM) * (RPT / 2u);
+    let half = RPT / 2u;
+    if lane < half && g0 + lane < p.split {
+        var a = s[lane];
+        var z = s[lane + half];
+        if INT_X {
+            a *= s_x;
+            z *= s_x;
+        }
+        let ins = vec3<f32>(select(z, a, GLU_FIRST), select(a, z, GLU_FIRST), 0.0);
+        let v = apply_chain(ins.x, ins, p.words);
+        y[m * p.ldy + g0 + lane] = v;
+        return v;
+    }
+    return 0.0;
+}
+
+// The team's sums of its RPT rows (every invocation calls it: barriers), as lanes of a vec4.
+fn team_sums(wgi: u32, m: u32, t: u32) -> vec4<f32> {
+    let lane = t % TEAM;
+    let team = wgi * (WG / TEAM) + t / TEAM;
+    let row0 = team * RPT;
     // x vec4s per quad: 8 (4-bit), 4 (8-bit), 1 (f32).
     let xq = select(select(1u, 4u, KIND == 2u), 8u, KIND == 1u);
     let quads = p.k / (xq * 4u);
@@ -478,32 +604,7 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             acc.w += quad_dot(r3, quads, i, xs, sx);
         }
     }
-    let s = team_sum(acc, t, lane);
-    if GLU {
-        let half = RPT / 2u;
-        if lane < half && g0 + lane < p.split {
-            var a = s[lane];
-            var z = s[lane + half];
-            if INT_X {
-                a *= s_x;
-                z *= s_x;
-            }
-            let ins = vec3<f32>(select(z, a, GLU_FIRST), select(a, z, GLU_FIRST), 0.0);
-            y[m * p.ldy + g0 + lane] = apply_chain(ins.x, ins, p.words);
-        }
-        return;
-    }
-    let row = row0 + lane;
-    if lane < RPT && row < p.n {
-        var v = s[lane];
-        if INT_X {
-            v *= s_x;
-        }
-        if HAS_BIAS {
-            v += bias[p.n0 + row];
-        }
-        put(m, row, v);
-    }
+    return team_sum(acc, t, lane);
 }
 
 @compute @workgroup_size(TPR, RPW)

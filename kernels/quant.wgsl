@@ -167,6 +167,11 @@ fn row_params(lo_t: f32, hi_t: f32, t: u32) -> RowQuant {
         lo_all = red_lo[0];
         hi_all = red_hi[0];
     }
+    return params_of(lo_all, hi_all);
+}
+
+// The quantization of a row whose elements span [lo_all, hi_all] (with 0).
+fn params_of(lo_all: f32, hi_all: f32) -> RowQuant {
     if XNN_ROUNDING {
         // XNNPACK multiplies by 255 / range and picks the zero point from whichever end of the
         // range it represents with less error; ties round differently from torchao's divide.

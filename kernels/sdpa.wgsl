@@ -30,7 +30,8 @@ struct Params {
     scale: f32,
     softcap: f32,
     chunks: u32, // split/combine: chunks per query and head
-    _pad1: u32,
+    // combine with RANGE: the first word of the output's slots in the ranges buffer.
+    range_at: u32,
 }
 
 override WG: u32 = 64u;
@@ -56,6 +57,11 @@ override V_F16: bool = false;
 @group(0) @binding(4) var<storage, read> k: array<u32>;
 @group(0) @binding(5) var<storage, read> v: array<u32>;
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
+// combine with RANGE also leaves the range of its stores for the linear that quantizes them, as
+// linear.wgsl's `matvec` does (the ranges buffer's format is there).
+override RANGE: bool = false;
+override RANGE_SLOTS: u32 = 256u;
+@group(0) @binding(4) var<storage, read_write> ranges: array<atomic<u32>>;
 // combine's input: split's scratch, (m, l, acc[d]) per (batch, query, head, chunk).
 @group(0) @binding(3) var<storage, read> parts: array<f32>;
 
@@ -348,7 +354,14 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             lt += pk_l[k * 16u + el];
         }
         let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
-        o[qo + e] = select(at / lt, 0.0, lt == 0.0);
+        let v = select(at / lt, 0.0, lt == 0.0);
+        o[qo + e] = v;
+        if RANGE {
+            // Every storing invocation on its own slot, where there are enough.
+            let slot = p.range_at + 2u * (((wg.z * p.hq + h) * 64u + wg.y * 16u + el) % RANGE_SLOTS);
+            atomicMax(&ranges[slot], bitcast<u32>(abs(min(v, 0.0))));
+            atomicMax(&ranges[slot + 1u], bitcast<u32>(abs(max(v, 0.0))));
+        }
     }
 }
 

@@ -1074,6 +1074,100 @@ fn paired_gate_up_linears_store_their_chain() {
     }
 }
 
+/// A linear quantizing a decode row that a gate/up mat-vec's chain or a split attention stores
+/// takes the row's range from the producer's stores (`act_quant_ranged`, no pass over the row
+/// first): the same bits as the pass, and the CPU's values, by torchao's and XNNPACK's rounding
+/// for 4- and 8-bit weights, with and without subgroups, rows of 256 to 12288. More rows keep
+/// the pass.
+#[test]
+fn producers_leave_the_range_their_linear_quantizes_by() {
+    let pairs = fused_and_apart(ContextOptions {
+        separate_ranges: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(31);
+    let ranged = |fused: &Arc<Context>, t: &T| {
+        let mut gpu = GpuExecutor::new(fused.clone(), t.g.clone()).unwrap();
+        gpu.run(&values(&t.inputs)).unwrap();
+        let e = gpu.last_entries();
+        let n = |what: &str| e.iter().filter(|x| x.as_str() == what).count();
+        (n("linear:act_quant_ranged"), n("linear:act_quant_packed"))
+    };
+    let q4 = Weight::Q4 { group: 128 };
+    for (m, k, n) in [(1usize, 256usize, 256usize), (1, 128, 12288), (3, 256, 512)] {
+        for (w, aq) in packed_formats() {
+            let mut t = T::default();
+            let f = DType::F32;
+            let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+            let mut halves = Vec::new();
+            for _ in 0..2 {
+                let mut ins = vec![x];
+                ins.extend(quant_weight(&mut t, &mut rng, q4, n, k));
+                let kind = OpKind::Linear {
+                    weight: q4,
+                    act_quant: pteria::ir::ActQuant::Torchao,
+                    has_bias: false,
+                };
+                halves.push(t.op(kind, ins, f, &[m, n]));
+            }
+            let ge = t.op(
+                OpKind::Unary(UnaryOp::GeluTanh),
+                vec![halves[0]],
+                f,
+                &[m, n],
+            );
+            let y = t.op(
+                OpKind::Binary(BinaryOp::Mul),
+                vec![ge, halves[1]],
+                f,
+                &[m, n],
+            );
+            linears_of(&mut t, &mut rng, y, [m, n], &[(w, aq, 40)]);
+            assert_eq!(pteria::ir::passes::fuse_elementwise_chains(&mut t.g), 1);
+            let what = format!("{m}x{k} gate/up of {n}, then {w:?}/{aq:?}");
+            fusion_saves(&pairs, &what, &t, 0);
+            for (fused, _, name) in &pairs {
+                // The gate/up pair quantizes its input with a pass; the down linear not, in decode.
+                let want = if m == 1 { (1, 1) } else { (0, 2) };
+                assert_eq!(ranged(fused, &t), want, "{what}{name}");
+            }
+        }
+    }
+    // Attention of one query over a cache, its heads as one row of a linear.
+    for (hq, d, s) in [(4usize, 64usize, 1usize), (8, 256, 1), (2, 64, 3)] {
+        for (w, aq) in packed_formats() {
+            let mut t = T::default();
+            let f = DType::F32;
+            let (cache, start) = (40usize, 29i64);
+            let qs = attn_shape(AttnLayout::Bshd, 1, s, hq, d);
+            let ks = attn_shape(AttnLayout::Bshd, 1, cache, 1, d);
+            let q = t.input_f(&qs, &rng.floats(s * hq * d, 1.0));
+            let kc = t.input_f(&ks, &rng.floats(cache * d, 1.0));
+            let vc = t.input_f(&ks, &rng.floats(cache * d, 1.0));
+            let start = t.sym("start", start);
+            let kind = OpKind::Sdpa {
+                layout: AttnLayout::Bshd,
+                scale: 1.0,
+                causal: true,
+                window: None,
+                softcap: None,
+                start: Int::Sym(start),
+                all_rows: false,
+            };
+            let o = t.op(kind, vec![q, kc, vc], f, &qs);
+            let shape = vec![Int::Lit(s as i64), Int::Lit((hq * d) as i64)];
+            let row = t.op(OpKind::Reshape { shape }, vec![o], f, &[s, hq * d]);
+            linears_of(&mut t, &mut rng, row, [s, hq * d], &[(w, aq, 24)]);
+            let what = format!("attention of {s} queries, {hq}x{d}, then {w:?}/{aq:?}");
+            fusion_saves(&pairs, &what, &t, 0);
+            for (fused, _, name) in &pairs {
+                let want = if s == 1 { (1, 0) } else { (0, 1) };
+                assert_eq!(ranged(fused, &t), want, "{what}{name}");
+            }
+        }
+    }
+}
+
 /// Identity weights make the linear return its quantize-dequantized activations, so a single
 /// tie rounded the other way shows as a whole quantization step.
 #[test]

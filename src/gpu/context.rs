@@ -92,6 +92,9 @@ pub struct ContextOptions {
     /// Run a norm that reads another norm's rows in its own dispatch, never in that norm's
     /// (tests compare).
     pub separate_norms: bool,
+    /// Quantize a linear's int8 activations after a pass over the row for its range, never
+    /// from the range the producer of the row left as it stored it (tests compare).
+    pub separate_ranges: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -158,6 +161,7 @@ pub struct Context {
     separate_glu: bool,
     separate_cache_update: bool,
     separate_norms: bool,
+    separate_ranges: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -281,6 +285,7 @@ impl Context {
             separate_glu: opts.separate_glu,
             separate_cache_update: opts.separate_cache_update,
             separate_norms: opts.separate_norms,
+            separate_ranges: opts.separate_ranges,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -359,6 +364,7 @@ impl Context {
             glu: !self.separate_glu,
             cache_update: !self.separate_cache_update,
             norm_pairs: !self.separate_norms,
+            ranges: !self.separate_ranges,
         }
     }
 

@@ -154,10 +154,13 @@ pub struct GpuExecutor {
     ctx: Arc<Context>,
     graph: Graph,
     mem: MemoryPlan,
-    /// The plan's buffers, then the dummy, then the syms buffer.
+    /// The plan's buffers, then the dummy, the syms buffer and the ranges buffer.
     buffers: Vec<wgpu::Buffer>,
     dummy: usize,
     syms: usize,
+    /// Producers' ranges for the linears that quantize their stores (`ops::ranged`), zeroed
+    /// before every call: zero is in every range, so it is the atomics' starting point.
+    ranges: usize,
     literals: Vec<i64>,
     literal_slot: HashMap<i64, u32>,
     /// Per tensor root, whose storage it reads in the call being recorded (`ops::views`).
@@ -319,10 +322,17 @@ impl GpuExecutor {
         };
         buffers.push(small("dummy"));
         buffers.push(small("syms"));
+        buffers.push(device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("ranges"),
+            size: padded(mem.range_sites as u64 * ops::RANGE_SLOTS as u64 * 8),
+            usage,
+            mapped_at_creation: false,
+        }));
         let plans = PlanCache::new(&graph);
         let mut ex = GpuExecutor {
-            dummy: buffers.len() - 2,
-            syms: buffers.len() - 1,
+            dummy: buffers.len() - 3,
+            syms: buffers.len() - 2,
+            ranges: buffers.len() - 1,
             ctx,
             graph,
             mem,
@@ -422,6 +432,13 @@ impl GpuExecutor {
 
     /// Bytes of linear weights (packed values, scales, biases as held on the GPU) that every
     /// call must read in full, whatever its length: the floor a decode step's time is held to.
+    /// The last call's dispatches in recording order, as `kernel:entry`.
+    pub fn last_entries(&self) -> Vec<String> {
+        (self.last_rec.and_then(|i| self.recordings.get(i)))
+            .map(|(_, r)| r.dispatches.iter().map(|d| d.what.clone()).collect())
+            .unwrap_or_default()
+    }
+
     pub fn linear_weight_bytes(&self) -> u64 {
         let mut seen = std::collections::HashSet::new();
         self.graph
@@ -506,6 +523,10 @@ impl GpuExecutor {
         }
         if !syms.is_empty() {
             queue.write_buffer(&self.buffers[self.syms], 0, bytemuck::cast_slice(&syms));
+        }
+        if self.mem.range_sites > 0 {
+            let bytes = self.mem.range_sites * ops::RANGE_SLOTS * 8;
+            queue.write_buffer(&self.buffers[self.ranges], 0, &vec![0u8; bytes]);
         }
 
         let rec = &mut self.recordings[idx].1;
@@ -856,6 +877,7 @@ impl GpuExecutor {
             |what: String| GpuError::Device(format!("node {node}: {what} has no GPU buffer"));
         match r {
             Res::Dummy => Ok(self.dummy),
+            Res::Ranges => Ok(self.ranges),
             Res::Scratch(k) => self.mem.scratch[node]
                 .get(k)
                 .copied()

@@ -97,6 +97,16 @@ pub(crate) struct MemoryPlan {
     /// `paired_norm` is the inverse.
     pub norm_pair: Vec<Option<usize>>,
     pub paired_norm: Vec<Option<usize>>,
+    /// Per node: for a linear that quantizes its input itself (int8 activations), the op whose
+    /// stores make that input (a gate/up mat-vec storing its chain, or attention): that op
+    /// also leaves the range of what it stores in the linear's slots of the ranges buffer
+    /// (`range_site`), so the quantization needs no pass over the row first and spreads over
+    /// many workgroups (`ops::ranged`). `range_for` is the inverse.
+    pub range_by: Vec<Option<usize>>,
+    pub range_for: Vec<Option<usize>>,
+    pub range_site: Vec<Option<usize>>,
+    /// Sites in the ranges buffer, cleared at the start of every call.
+    pub range_sites: usize,
     /// Per node: a permute, or a select by a literal index, whose input is kept live as long as
     /// its output, so that where it is a view for a call's shapes (`ops::views`) the executor
     /// skips it and reads its input instead (a select from an offset into it).
@@ -114,6 +124,7 @@ pub(crate) struct Fusions {
     pub glu: bool,
     pub cache_update: bool,
     pub norm_pairs: bool,
+    pub ranges: bool,
 }
 
 /// Bytes per element of a representation, given the IR dtype's size.
@@ -189,6 +200,7 @@ impl MemoryPlan {
             glu: fuse_glu,
             cache_update: fuse_cache,
             norm_pairs: fuse_norm_pairs,
+            ranges: fuse_ranges,
         } = fusions;
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -801,6 +813,42 @@ impl MemoryPlan {
                 }
             }
         }
+        // A linear quantizing its input itself whose input is a rearrangement (reshapes,
+        // permutes: the same elements, so the same range) of what a gate/up mat-vec's chain or
+        // an attention stores: that producer takes the range as it stores.
+        let mut range_by: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut range_for: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut range_site: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut range_sites = 0;
+        if fuse_ranges {
+            for (l, node) in g.nodes.iter().enumerate() {
+                let Node::Op(op) = node else { continue };
+                let OpKind::Linear {
+                    weight, act_quant, ..
+                } = &op.kind
+                else {
+                    continue;
+                };
+                if *act_quant == crate::ir::ActQuant::None
+                    || matches!(weight, crate::ir::Weight::F32)
+                    || quant_from[l].is_some()
+                    || quant_by[l].is_some()
+                    || merged_into[l].is_some()
+                {
+                    continue;
+                }
+                let Some(producer) = range_producer(g, &root, &writes, &glu_lead, op.inputs[0])
+                else {
+                    continue;
+                };
+                if range_for[producer].is_none() {
+                    range_by[l] = Some(producer);
+                    range_for[producer] = Some(l);
+                    range_site[l] = Some(range_sites);
+                    range_sites += 1;
+                }
+            }
+        }
         let plan = MemoryPlan {
             max_binding,
             repr,
@@ -820,11 +868,47 @@ impl MemoryPlan {
             cache_filled,
             norm_pair,
             paired_norm,
+            range_by,
+            range_for,
+            range_site,
+            range_sites,
             view_op,
             buffers,
         };
         (plan, errors)
     }
+}
+
+/// The op whose stores are tensor `x`'s elements, through ops that only rearrange them
+/// (reshapes, permutes), where it can take their range as it stores them: the gate/up mat-vec
+/// that stores its chain (`glu_lead`), or an attention. `None` where anything else writes them.
+fn range_producer(
+    g: &Graph,
+    root: &[TensorId],
+    writes: &[Vec<usize>],
+    glu_lead: &[Option<usize>],
+    x: TensorId,
+) -> Option<usize> {
+    let mut t = x;
+    for _ in 0..8 {
+        // (A reshape sharing its input's storage is listed as a writer but writes nothing.)
+        let real: Vec<usize> = (writes[root[t]].iter().copied())
+            .filter(|&w| !matches!(&g.nodes[w], Node::Op(op) if reshape_view(g, op)))
+            .collect();
+        let [w] = real[..] else {
+            return None;
+        };
+        let Node::Op(op) = &g.nodes[w] else {
+            return None;
+        };
+        match op.kind {
+            OpKind::Sdpa { .. } => return Some(w),
+            OpKind::ElementwiseChain { .. } => return glu_lead[w],
+            OpKind::Reshape { .. } | OpKind::Permute { .. } => t = *op.inputs.first()?,
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// Whether `op` is a reshape that shares its input's storage (it writes nothing).

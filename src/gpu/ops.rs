@@ -30,6 +30,9 @@ pub(crate) enum Res {
     /// Scratch buffer `k` of another node (a linear whose input this op quantizes).
     ScratchOf(usize, usize),
     Dummy,
+    /// The ranges buffer: per `MemoryPlan::range_site`, RANGE_SLOTS pairs of words that a
+    /// producer leaves its stores' range in for the linear that quantizes them (`ranged`).
+    Ranges,
 }
 
 /// One kernel dispatch.
@@ -936,6 +939,7 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
             all_rows,
         } => sdpa(
             env,
+            node,
             op,
             Attn {
                 layout: *layout,
@@ -1522,6 +1526,61 @@ fn int_x(weight: Weight, act_quant: crate::ir::ActQuant, k: usize, n: usize, m: 
             || (xnn_exact && matvec_aligned(weight, k)))
 }
 
+/// Slots (pairs of words) per site of the ranges buffer: a producer's workgroups spread their
+/// atomics over them, so that thousands of them do not queue on one word.
+pub(crate) const RANGE_SLOTS: usize = 256;
+
+/// The word of the ranges buffer where linear `l`'s input's producer (`MemoryPlan::range_by`)
+/// leaves the range of what it stores for this call, when both take that path: `l` quantizes one
+/// row (decode) into int8 words, and the producer is the gate/up mat-vec storing its chain or an
+/// attention split over workgroups, storing exactly `l`'s row. Both ask, so they agree.
+pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
+    use crate::ir::Node;
+    let pn = env.mem.range_by.get(l).copied().flatten()?;
+    let site = env.mem.range_site.get(l).copied().flatten()?;
+    let (Node::Op(lop), Node::Op(pop)) = (&env.graph.nodes[l], &env.graph.nodes[pn]) else {
+        return None;
+    };
+    let OpKind::Linear {
+        weight, act_quant, ..
+    } = lop.kind
+    else {
+        return None;
+    };
+    let x = lop.inputs[0];
+    let k = *env.shape(x).last()?;
+    let n = *env.shape(lop.outputs[0]).last()?;
+    if env.numel(x) != k || !int_x(weight, act_quant, k, n, 1) {
+        return None;
+    }
+    let stored = match pop.kind {
+        OpKind::Linear { .. } => {
+            let (c, _, _) = glu_fused(env, pn)?;
+            let Node::Op(chain) = &env.graph.nodes[c] else {
+                return None;
+            };
+            chain.outputs[0]
+        }
+        OpKind::Sdpa { layout, .. } => {
+            let (qs, ks) = (env.shape(pop.inputs[0]), env.shape(pop.inputs[1]));
+            let dims = (qs.len() == 4 && ks.len() == 4)
+                .then(|| layout.dims(qs, ks))
+                .flatten()?;
+            if dims.s > SPLIT_MAX_S {
+                return None;
+            }
+            pop.outputs[0]
+        }
+        _ => return None,
+    };
+    (env.numel(stored) == k).then_some((site * 2 * RANGE_SLOTS) as u32)
+}
+
+/// `ranged` for the linear that producer `node` leaves its range for, if any.
+fn range_out(env: &Env, node: usize) -> Option<u32> {
+    ranged(env, env.mem.range_for.get(node).copied().flatten()?)
+}
+
 /// The longest element-wise chain row that quantizes for its linear (`prequantized`).
 const MAX_CHAIN_ROW: usize = 2048;
 
@@ -1647,24 +1706,57 @@ fn linear(
             .next_power_of_two()
             .clamp(64, env.max_invocations.clamp(64, 256) as usize);
         let aq_lanes = env.subgroup.map_or(1, |s| aq_wg.min(s as usize));
-        steps.push(step(
-            "linear",
-            if int_x {
-                "act_quant_packed"
-            } else {
-                "act_quant"
-            },
-            vec![
-                ("WG", aq_wg as f64),
-                ("XNN_ROUNDING", b(xnn)),
-                ("KIND", kind as f64),
-                ("SG_LANES", aq_lanes as f64),
-            ],
-            P::default().u(m).u(0).u(k).u(0).u(0).u(0),
-            Res::Scratch(0),
-            vec![Res::Tensor(x)],
-            env.grid(m, 1),
-        ));
+        if let Some(at) = ranged(env, node) {
+            // The producer left the row's range: each invocation quantizes one unit (8
+            // elements for 4-bit weights, else 4) over as many workgroups as that takes.
+            let units = if kind == 1 { k / 8 } else { k / 4 };
+            let wg = units.next_power_of_two().clamp(32, 256);
+            steps.push(step(
+                "linear",
+                "act_quant_ranged",
+                vec![
+                    ("WG", wg as f64),
+                    ("XNN_ROUNDING", b(xnn)),
+                    ("KIND", kind as f64),
+                    (
+                        "SG_LANES",
+                        env.subgroup.map_or(1, |s| wg.min(s as usize)) as f64,
+                    ),
+                    ("RANGE_SLOTS", RANGE_SLOTS as f64),
+                ],
+                P::default()
+                    .u(m)
+                    .u(0)
+                    .u(k)
+                    .u(0)
+                    .u(0)
+                    .u(0)
+                    .u(0)
+                    .u(at as usize),
+                Res::Scratch(0),
+                vec![Res::Tensor(x), Res::Ranges],
+                [units.div_ceil(wg) as u32, 1, 1],
+            ));
+        } else {
+            steps.push(step(
+                "linear",
+                if int_x {
+                    "act_quant_packed"
+                } else {
+                    "act_quant"
+                },
+                vec![
+                    ("WG", aq_wg as f64),
+                    ("XNN_ROUNDING", b(xnn)),
+                    ("KIND", kind as f64),
+                    ("SG_LANES", aq_lanes as f64),
+                ],
+                P::default().u(m).u(0).u(k).u(0).u(0).u(0),
+                Res::Scratch(0),
+                vec![Res::Tensor(x)],
+                env.grid(m, 1),
+            ));
+        }
         xsrc = Res::Scratch(0);
     }
     let (per, count, rows) = match second {
@@ -1675,7 +1767,7 @@ fn linear(
             (per, count, nn)
         }
     };
-    let (y2, split) = match second {
+    let (mut y2, split) = match second {
         Some((o2, _)) => (Res::Tensor(o2), nn),
         // Binding the output again keeps the layout the same; no row reaches it.
         None => (Res::Tensor(out), u32::MAX as usize),
@@ -1749,9 +1841,16 @@ fn linear(
             // Storing a chain of the pair's two outputs: a team owns rows of both halves.
             let glu = second.and_then(|_| glu_fused(env, node));
             let (mut p, mut y) = (p, Res::Tensor(out));
+            // A chain's stores may leave their range for the linear that quantizes them, in
+            // the ranges buffer bound where the second output would be (`matvec_ranged`).
+            let range = glu.and_then(|_| range_out(env, node));
             if let Some((c, chain, first)) = glu {
                 rpt = rpt.max(2);
-                let (q, cc) = chain_steps(p.u(0), chain);
+                if range.is_some() {
+                    y2 = Res::Ranges;
+                    consts.push(("RANGE_SLOTS", RANGE_SLOTS as f64));
+                }
+                let (q, cc) = chain_steps(p.u(range.unwrap_or(0) as usize), chain);
                 p = q;
                 consts.extend(cc);
                 consts.extend([("GLU", 1.0), ("GLU_FIRST", b(first))]);
@@ -1772,7 +1871,11 @@ fn linear(
             ]);
             steps.push(step(
                 "linear",
-                "matvec",
+                if range.is_some() {
+                    "matvec_ranged"
+                } else {
+                    "matvec"
+                },
                 consts,
                 p,
                 y,
@@ -2058,7 +2161,7 @@ struct Attn {
     all_rows: bool,
 }
 
-fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
+fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
     let (q, k, v, out) = (op.inputs[0], op.inputs[1], op.inputs[2], op.outputs[0]);
     let (qs, ks) = (env.shape(q).to_vec(), env.shape(k).to_vec());
     if qs.len() != 4 || ks.len() != 4 {
@@ -2226,14 +2329,26 @@ fn sdpa(env: &Env, op: &Op, at: Attn) -> Result<Vec<Step>, String> {
             inputs,
             per_query,
         ),
-        step(
-            "sdpa",
-            "combine",
-            consts,
-            p(),
-            Res::Tensor(out),
-            vec![Res::Scratch(0)],
-            [hq as u32, d.div_ceil(16) as u32, (s * bq) as u32],
-        ),
+        {
+            // Attention's stores leave their range for the linear that quantizes them.
+            let range = range_out(env, node);
+            let mut consts = consts;
+            consts.extend([
+                ("RANGE", b(range.is_some())),
+                ("RANGE_SLOTS", RANGE_SLOTS as f64),
+            ]);
+            Step {
+                writes: vec![range.map_or(Res::Dummy, |_| Res::Ranges)],
+                ..step(
+                    "sdpa",
+                    "combine",
+                    consts,
+                    p().u(range.unwrap_or(0) as usize),
+                    Res::Tensor(out),
+                    vec![Res::Scratch(0)],
+                    [hq as u32, d.div_ceil(16) as u32, (s * bq) as u32],
+                )
+            }
+        },
     ])
 }
