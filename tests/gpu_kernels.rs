@@ -1019,6 +1019,36 @@ fn paired_linears_match_separate_ones() {
     }
 }
 
+/// Two linears of `x` ([m, k]) to n outputs each, and gelu(one) · the other (an MLP's gate/up).
+fn gate_up(
+    t: &mut T,
+    rng: &mut Rng,
+    x: TensorId,
+    [m, k, n]: [usize; 3],
+    (weight, act_quant): (Weight, pteria::ir::ActQuant),
+    gelu_second: bool,
+) -> TensorId {
+    let f = DType::F32;
+    let mut halves = Vec::new();
+    for _ in 0..2 {
+        let mut ins = vec![x];
+        ins.extend(quant_weight(t, rng, weight, n, k));
+        let kind = OpKind::Linear {
+            weight,
+            act_quant,
+            has_bias: false,
+        };
+        halves.push(t.op(kind, ins, f, &[m, n]));
+    }
+    let (g, u) = if gelu_second {
+        (halves[1], halves[0])
+    } else {
+        (halves[0], halves[1])
+    };
+    let ge = t.op(OpKind::Unary(UnaryOp::GeluTanh), vec![g], f, &[m, n]);
+    t.op(OpKind::Binary(BinaryOp::Mul), vec![ge, u], f, &[m, n])
+}
+
 /// A paired gate/up linear whose two outputs only gelu(one) · the other reads stores that chain
 /// itself where it runs as a mat-vec (decode rows): one dispatch fewer and the same bits as the
 /// chain apart, for 4- and 8-bit weights with and without int8 activations and f32 weights,
@@ -1042,26 +1072,8 @@ fn paired_gate_up_linears_store_their_chain() {
         for (w, aq) in formats {
             for gelu_second in [false, true] {
                 let mut t = T::default();
-                let f = DType::F32;
                 let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
-                let mut halves = Vec::new();
-                for _ in 0..2 {
-                    let mut ins = vec![x];
-                    ins.extend(quant_weight(&mut t, &mut rng, w, n, k));
-                    let kind = OpKind::Linear {
-                        weight: w,
-                        act_quant: aq,
-                        has_bias: false,
-                    };
-                    halves.push(t.op(kind, ins, f, &[m, n]));
-                }
-                let (g, u) = if gelu_second {
-                    (halves[1], halves[0])
-                } else {
-                    (halves[0], halves[1])
-                };
-                let ge = t.op(OpKind::Unary(UnaryOp::GeluTanh), vec![g], f, &[m, n]);
-                let y = t.op(OpKind::Binary(BinaryOp::Mul), vec![ge, u], f, &[m, n]);
+                let y = gate_up(&mut t, &mut rng, x, [m, k, n], (w, aq), gelu_second);
                 t.out(y);
                 assert_eq!(pteria::ir::passes::fuse_elementwise_chains(&mut t.g), 1);
                 let what = format!(
@@ -1097,31 +1109,9 @@ fn producers_leave_the_range_their_linear_quantizes_by() {
     for (m, k, n) in [(1usize, 256usize, 256usize), (1, 128, 12288), (3, 256, 512)] {
         for (w, aq) in packed_formats() {
             let mut t = T::default();
-            let f = DType::F32;
             let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
-            let mut halves = Vec::new();
-            for _ in 0..2 {
-                let mut ins = vec![x];
-                ins.extend(quant_weight(&mut t, &mut rng, q4, n, k));
-                let kind = OpKind::Linear {
-                    weight: q4,
-                    act_quant: pteria::ir::ActQuant::Torchao,
-                    has_bias: false,
-                };
-                halves.push(t.op(kind, ins, f, &[m, n]));
-            }
-            let ge = t.op(
-                OpKind::Unary(UnaryOp::GeluTanh),
-                vec![halves[0]],
-                f,
-                &[m, n],
-            );
-            let y = t.op(
-                OpKind::Binary(BinaryOp::Mul),
-                vec![ge, halves[1]],
-                f,
-                &[m, n],
-            );
+            let torchao = pteria::ir::ActQuant::Torchao;
+            let y = gate_up(&mut t, &mut rng, x, [m, k, n], (q4, torchao), false);
             linears_of(&mut t, &mut rng, y, [m, n], &[(w, aq, 40)]);
             assert_eq!(pteria::ir::passes::fuse_elementwise_chains(&mut t.g), 1);
             let what = format!("{m}x{k} gate/up of {n}, then {w:?}/{aq:?}");

@@ -158,8 +158,9 @@ pub struct GpuExecutor {
     buffers: Vec<wgpu::Buffer>,
     dummy: usize,
     syms: usize,
-    /// Producers' ranges for the linears that quantize their stores (`ops::ranged`), zeroed
-    /// before every call: zero is in every range, so it is the atomics' starting point.
+    /// Producers' ranges for the linears that quantize their stores (`ops::ranged`), zeroed at
+    /// the start of every call (`encode`): zero is in every range, so it is the atomics'
+    /// starting point. Timed replays do not zero it: their ranges only widen.
     ranges: usize,
     literals: Vec<i64>,
     literal_slot: HashMap<i64, u32>,
@@ -524,10 +525,6 @@ impl GpuExecutor {
         if !syms.is_empty() {
             queue.write_buffer(&self.buffers[self.syms], 0, bytemuck::cast_slice(&syms));
         }
-        if self.mem.range_sites > 0 {
-            let bytes = self.mem.range_sites * ops::RANGE_SLOTS * 8;
-            queue.write_buffer(&self.buffers[self.ranges], 0, &vec![0u8; bytes]);
-        }
 
         let rec = &mut self.recordings[idx].1;
         rec.last_used = self.clock;
@@ -544,10 +541,12 @@ impl GpuExecutor {
                 // dispatches).
                 let mut piece = FIRST_PIECE;
                 let mut rest = rec.dispatches.as_slice();
+                let mut first = true;
                 while !rest.is_empty() {
                     let (now, later) = rest.split_at(piece.min(rest.len()));
                     rest = later;
-                    queue.submit([self.encode(rec, now, rest.is_empty())]);
+                    queue.submit([self.encode(rec, now, first, rest.is_empty())]);
+                    first = false;
                     self.stats.submits += 1;
                     piece *= 4;
                 }
@@ -559,7 +558,7 @@ impl GpuExecutor {
         if self.encode_ahead {
             self.ready = Some(Ready {
                 rec: idx,
-                commands: self.encode(rec, &rec.dispatches, true),
+                commands: self.encode(rec, &rec.dispatches, true, true),
             });
         }
         self.stats.last_upload_bytes = uploaded;
@@ -762,13 +761,23 @@ impl GpuExecutor {
         Ok(Some(out))
     }
 
-    /// One command buffer with `dispatches` of `rec`, then, when `last`, the copies of the
-    /// outputs into its readback buffer.
-    fn encode(&self, rec: &Recording, dispatches: &[Dispatch], last: bool) -> wgpu::CommandBuffer {
+    /// One command buffer with `dispatches` of `rec`, after zeroing the ranges buffer when
+    /// `first` (a call's first), then, when `last`, the copies of the outputs into its readback
+    /// buffer.
+    fn encode(
+        &self,
+        rec: &Recording,
+        dispatches: &[Dispatch],
+        first: bool,
+        last: bool,
+    ) -> wgpu::CommandBuffer {
         let mut enc = self
             .ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        if first && self.mem.range_sites > 0 {
+            enc.clear_buffer(&self.buffers[self.ranges], 0, None);
+        }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,

@@ -1526,6 +1526,42 @@ fn int_x(weight: Weight, act_quant: crate::ir::ActQuant, k: usize, n: usize, m: 
             || (xnn_exact && matvec_aligned(weight, k)))
 }
 
+/// A linear's weight format, activation quantization and rows (m of k, n out) in this call,
+/// with the op `by` that a fusion joins it to (the producer of its input).
+struct LinearCall<'a> {
+    weight: Weight,
+    act_quant: crate::ir::ActQuant,
+    m: usize,
+    k: usize,
+    n: usize,
+    by: &'a Op,
+}
+
+fn linear_call<'a>(env: &'a Env, l: usize, by: usize) -> Option<LinearCall<'a>> {
+    use crate::ir::Node;
+    let (Node::Op(lop), Node::Op(by)) = (&env.graph.nodes[l], &env.graph.nodes[by]) else {
+        return None;
+    };
+    let OpKind::Linear {
+        weight, act_quant, ..
+    } = lop.kind
+    else {
+        return None;
+    };
+    let x = lop.inputs[0];
+    let k = *env.shape(x).last()?;
+    let n = *env.shape(lop.outputs[0]).last()?;
+    let m = env.numel(x).checked_div(k)?;
+    Some(LinearCall {
+        weight,
+        act_quant,
+        m,
+        k,
+        n,
+        by,
+    })
+}
+
 /// Slots (pairs of words) per site of the ranges buffer: a producer's workgroups spread their
 /// atomics over them, so that thousands of them do not queue on one word.
 pub(crate) const RANGE_SLOTS: usize = 256;
@@ -1538,19 +1574,15 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
     use crate::ir::Node;
     let pn = env.mem.range_by.get(l).copied().flatten()?;
     let site = env.mem.range_site.get(l).copied().flatten()?;
-    let (Node::Op(lop), Node::Op(pop)) = (&env.graph.nodes[l], &env.graph.nodes[pn]) else {
-        return None;
-    };
-    let OpKind::Linear {
-        weight, act_quant, ..
-    } = lop.kind
-    else {
-        return None;
-    };
-    let x = lop.inputs[0];
-    let k = *env.shape(x).last()?;
-    let n = *env.shape(lop.outputs[0]).last()?;
-    if env.numel(x) != k || !int_x(weight, act_quant, k, n, 1) {
+    let LinearCall {
+        weight,
+        act_quant,
+        m,
+        k,
+        n,
+        by: pop,
+    } = linear_call(env, l, pn)?;
+    if m != 1 || !int_x(weight, act_quant, k, n, 1) {
         return None;
     }
     let stored = match pop.kind {
@@ -1596,21 +1628,14 @@ struct Prequant {
 /// words (8 elements for 4-bit). Both the norm and the linear ask, so they agree.
 fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
     let pn = env.mem.quant_by.get(l).copied().flatten()?;
-    let (crate::ir::Node::Op(lop), crate::ir::Node::Op(nop)) =
-        (&env.graph.nodes[l], &env.graph.nodes[pn])
-    else {
-        return None;
-    };
-    let OpKind::Linear {
-        weight, act_quant, ..
-    } = lop.kind
-    else {
-        return None;
-    };
-    let x = lop.inputs[0];
-    let k = *env.shape(x).last()?;
-    let n = *env.shape(lop.outputs[0]).last()?;
-    let m = env.numel(x).checked_div(k)?;
+    let LinearCall {
+        weight,
+        act_quant,
+        m,
+        k,
+        n,
+        by: nop,
+    } = linear_call(env, l, pn)?;
     let d = *env.shape(nop.outputs[0]).last()?;
     // A chain's rows are read as its first input's (rms_norm.wgsl with NORM off), and only
     // short ones: one workgroup walking a long row costs more than the dispatch it saves (E2B's
