@@ -22,7 +22,7 @@ struct Params {
     // Rows from `split` on are a second linear's (src/gpu/memory.rs pairs linears of one input):
     // its weights follow in the same buffers and its outputs go to y2 (N - split columns).
     split: u32,
-    // RANGE (matvec) / act_quant_ranged: the first word of the row's slots in the ranges buffer.
+    // matvec_ranged / act_quant_ranged: the first word of the row's site in the ranges buffer.
     range_at: u32,
     // GLU: the chain's step words (chain.wgsl `apply_chain`).
     words: array<vec4<u32>, 3>,
@@ -148,16 +148,20 @@ fn put_params(row: u32, r: RowQuant) {
     yu[p.m * p.k / 4u + 2u * row + 1u] = bitcast<u32>(r.zp);
 }
 
-// ---- the range of a row its producer leaves (src/gpu/ops.rs `ranged`) ----
-// A producer that stores a row's elements across many workgroups (the gate/up mat-vec storing
-// its chain, attention's combine) also leaves their range in RANGE_SLOTS pairs of words of the
-// ranges buffer, zeroed before every call: max(-v, 0) and max(v, 0) as the bits of non-negative
-// floats, whose order is their bits' (atomicMax). Min and max are exact in any order, and the
-// range includes 0 as both rules' does, so the linear that quantizes the row needs no pass over
-// it first and quantizes it over many workgroups (`act_quant_ranged`).
-override RANGE_SLOTS: u32 = 256u;
+// ---- quantizing from the range a row's producer left (range.wgsl) ----
 @group(0) @binding(8) var<storage, read_write> ranges: array<atomic<u32>>;
 @group(0) @binding(4) var<storage, read> range4: array<vec4<u32>>;
+
+// The largest of b over each run of SG_LANES lanes, in every lane of it.
+fn run_max(b: vec2<u32>) -> vec2<u32> {
+    var m = b;
+    // #if subgroups
+    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
+        m = max(m, subgroupShuffleXor(m, d));
+    }
+    // #endif
+    return m;
+}
 
 // One row (M = 1), one unit an invocation: grid (units / WG).
 @compute @workgroup_size(WG)
@@ -168,20 +172,13 @@ fn act_quant_ranged(@builtin(workgroup_id) wg: vec3<u32>,
     // Two slots a 16-byte word; the loop's bound is a constant, so that it unrolls and its
     // loads are in flight together (one at a time cost more than the pass this replaces).
     let lanes = max(SG_LANES, 1u);
-    var neg = 0u;
-    var pos = 0u;
+    var most = vec2<u32>(0u);
     for (var j = 0u; j < RANGE_SLOTS / 2u / lanes; j++) {
         let w = range4[p.range_at / 4u + j * lanes + t % lanes];
-        neg = max(neg, max(w.x, w.z));
-        pos = max(pos, max(w.y, w.w));
+        most = max(most, max(w.xy, w.zw));
     }
-    // #if subgroups
-    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
-        neg = max(neg, subgroupShuffleXor(neg, d));
-        pos = max(pos, subgroupShuffleXor(pos, d));
-    }
-    // #endif
-    let r = params_of(-bitcast<f32>(neg), bitcast<f32>(pos));
+    let span = range_span(run_max(most));
+    let r = params_of(span.x, span.y);
     let u = wg.x * WG + t;
     if u < units() {
         pack_unit(0u, u, r);
@@ -190,8 +187,6 @@ fn act_quant_ranged(@builtin(workgroup_id) wg: vec3<u32>,
         put_params(0u, r);
     }
 }
-
-// ---- matvec ----
 
 // ---- matvec ----
 
@@ -481,18 +476,11 @@ fn matvec_ranged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     // pair a team (a few thousand on few words cost the E2B gate/up mat-vec 4 us), each team on
     // its own slot where there are enough. Lanes that store nothing hold 0, which is in every
     // range, as is the buffer's starting 0: zeros need no atomic.
-    var neg = bitcast<u32>(abs(min(v, 0.0)));
-    var pos = bitcast<u32>(abs(max(v, 0.0)));
-    // #if subgroups
-    for (var d = SG_LANES / 2u; d > 0u; d = d / 2u) {
-        neg = max(neg, subgroupShuffleXor(neg, d));
-        pos = max(pos, subgroupShuffleXor(pos, d));
-    }
-    // #endif
+    let b = run_max(range_bits(v));
     let at = p.range_at + 2u * ((wgi * (WG / TEAM) + t / TEAM) % RANGE_SLOTS);
-    if t % max(SG_LANES, 1u) == 0u && (neg | pos) != 0u {
-        atomicMax(&ranges[at], neg);
-        atomicMax(&ranges[at + 1u], pos);
+    if t % max(SG_LANES, 1u) == 0u && any(b != vec2<u32>(0u)) {
+        atomicMax(&ranges[at], b.x);
+        atomicMax(&ranges[at + 1u], b.y);
     }
 }
 

@@ -57,10 +57,9 @@ override V_F16: bool = false;
 @group(0) @binding(4) var<storage, read> k: array<u32>;
 @group(0) @binding(5) var<storage, read> v: array<u32>;
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
-// combine with RANGE also leaves the range of its stores for the linear that quantizes them, as
-// linear.wgsl's `matvec` does (the ranges buffer's format is there).
+// combine with RANGE also leaves the range of its stores for the linear that quantizes them
+// (range.wgsl).
 override RANGE: bool = false;
-override RANGE_SLOTS: u32 = 256u;
 @group(0) @binding(4) var<storage, read_write> ranges: array<atomic<u32>>;
 // combine's input: split's scratch, (m, l, acc[d]) per (batch, query, head, chunk).
 @group(0) @binding(3) var<storage, read> parts: array<f32>;
@@ -359,8 +358,9 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         if RANGE {
             // Every storing invocation on its own slot, where there are enough.
             let slot = p.range_at + 2u * (((wg.z * p.hq + h) * 64u + wg.y * 16u + el) % RANGE_SLOTS);
-            atomicMax(&ranges[slot], bitcast<u32>(abs(min(v, 0.0))));
-            atomicMax(&ranges[slot + 1u], bitcast<u32>(abs(max(v, 0.0))));
+            let b = range_bits(v);
+            atomicMax(&ranges[slot], b.x);
+            atomicMax(&ranges[slot + 1u], b.y);
         }
     }
 }

@@ -21,10 +21,13 @@ fn kernel_source(name: &str) -> Option<&'static str> {
             include_str!("../../kernels/rms_norm.wgsl")
         ),
         // Activation quantization (quant.wgsl) is shared with rms_norm, which can do it too.
-        // A paired linear can store a chain of its two outputs (chain.wgsl; `GLU`).
+        // A paired linear can store a chain of its two outputs (chain.wgsl; `GLU`). Rows'
+        // ranges (range.wgsl) pass from the linears and attention that store them to the
+        // linears that quantize them.
         "linear" => concat!(
             include_str!("../../kernels/chain.wgsl"),
             include_str!("../../kernels/quant.wgsl"),
+            include_str!("../../kernels/range.wgsl"),
             include_str!("../../kernels/linear.wgsl")
         ),
         "matmul" => include_str!("../../kernels/matmul.wgsl"),
@@ -32,7 +35,10 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         "softmax" => include_str!("../../kernels/softmax.wgsl"),
         "reduce" => include_str!("../../kernels/reduce.wgsl"),
         "rope" => include_str!("../../kernels/rope.wgsl"),
-        "sdpa" => include_str!("../../kernels/sdpa.wgsl"),
+        "sdpa" => concat!(
+            include_str!("../../kernels/range.wgsl"),
+            include_str!("../../kernels/sdpa.wgsl")
+        ),
         "cache_update" => include_str!("../../kernels/cache_update.wgsl"),
         "layout" => include_str!("../../kernels/layout.wgsl"),
         "full" => include_str!("../../kernels/full.wgsl"),

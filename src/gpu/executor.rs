@@ -431,8 +431,6 @@ impl GpuExecutor {
         self.stats
     }
 
-    /// Bytes of linear weights (packed values, scales, biases as held on the GPU) that every
-    /// call must read in full, whatever its length: the floor a decode step's time is held to.
     /// The last call's dispatches in recording order, as `kernel:entry`.
     pub fn last_entries(&self) -> Vec<String> {
         (self.last_rec.and_then(|i| self.recordings.get(i)))
@@ -440,6 +438,8 @@ impl GpuExecutor {
             .unwrap_or_default()
     }
 
+    /// Bytes of linear weights (packed values, scales, biases as held on the GPU) that every
+    /// call must read in full, whatever its length: the floor a decode step's time is held to.
     pub fn linear_weight_bytes(&self) -> u64 {
         let mut seen = std::collections::HashSet::new();
         self.graph

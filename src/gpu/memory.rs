@@ -890,6 +890,7 @@ fn range_producer(
     x: TensorId,
 ) -> Option<usize> {
     let mut t = x;
+    // (Exports put a reshape or two and a permute between; a longer walk is not worth it.)
     for _ in 0..8 {
         // (A reshape sharing its input's storage is listed as a writer but writes nothing.)
         let real: Vec<usize> = (writes[root[t]].iter().copied())
