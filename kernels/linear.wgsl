@@ -327,6 +327,10 @@ override INT_X: bool = false;
 // GLU_FIRST: the chain's input 0 is the first half.
 override GLU: bool = false;
 override GLU_FIRST: bool = true;
+// x is an element-wise chain of x and y2 (src/gpu/ops.rs `chain_loaded`; INT_X, one row, a quad
+// a lane): each lane computes its quad's chain, the team the row's range, and the lane
+// quantizes its quad itself, as the chain's own dispatch would have before (the same bits).
+override CHAIN_X: bool = false;
 
 var<workgroup> red4: array<vec4<f32>, WG>;
 
@@ -446,7 +450,11 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
           @builtin(local_invocation_index) t: u32) {
     let wgi = wg.x + wg.y * nwg.x;
     let m = wg.z;
-    let s = team_sums(wgi, m, t);
+    var chained: array<vec4<u32>, 2>;
+    if CHAIN_X {
+        chained = chain_quad(t);
+    }
+    let s = team_sums(wgi, m, t, chained);
     if GLU {
         glu_store(wgi, m, t, s);
         return;
@@ -471,7 +479,7 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
 fn matvec_ranged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) t: u32) {
     let wgi = wg.x + wg.y * nwg.x;
-    let v = glu_store(wgi, wg.z, t, team_sums(wgi, wg.z, t));
+    let v = glu_store(wgi, wg.z, t, team_sums(wgi, wg.z, t, array<vec4<u32>, 2>()));
     // A team's stores are its first lanes': their range by subgroup shuffles, then one atomic
     // pair a team (a few thousand on few words cost the E2B gate/up mat-vec 4 us), each team on
     // its own slot where there are enough. Lanes that store nothing hold 0, which is in every
@@ -504,8 +512,60 @@ fn glu_store(wgi: u32, m: u32, t: u32, s: vec4<f32>) -> f32 {
     return 0.0;
 }
 
+// CHAIN_X: the row through the chain of x and y2 (workgroup memory, up to CHAIN_MAX_K), its
+// range and its int8 words as act_quant_packed packs them, computed by the whole workgroup:
+// each invocation chains and quantizes a few elements (every lane taking its own quad's 32
+// cost more than the dispatch it saves: tanh and the exact rounding are long). Returns the
+// invocation's quad for `team_sums` and sets zp_x and s_x. Every invocation calls it
+// (barriers). Called by `matvec` only: `matvec_ranged` binds y2's slot to the ranges buffer.
+const CHAIN_MAX_K = 512u;
+var<workgroup> chain_row: array<vec4<f32>, CHAIN_MAX_K / 4u>;
+var<workgroup> chain_words: array<u32, CHAIN_MAX_K / 4u>;
+
+fn chain_quad(t: u32) -> array<vec4<u32>, 2> {
+    let k4 = p.k / 4u;
+    var lo = vec4<f32>(0.0);
+    var hi = vec4<f32>(0.0);
+    for (var u = t; u < k4; u += WG) {
+        let a = bitcast<vec4<f32>>(xu4[u]);
+        let e = u * 4u;
+        let z = vec4<f32>(y2[e], y2[e + 1u], y2[e + 2u], y2[e + 3u]);
+        let c = vec4<f32>(apply_chain(a.x, vec3<f32>(a.x, z.x, 0.0), p.words),
+                          apply_chain(a.y, vec3<f32>(a.y, z.y, 0.0), p.words),
+                          apply_chain(a.z, vec3<f32>(a.z, z.z, 0.0), p.words),
+                          apply_chain(a.w, vec3<f32>(a.w, z.w, 0.0), p.words));
+        chain_row[u] = c;
+        lo = min(lo, c);
+        hi = max(hi, c);
+    }
+    // (Its barrier also makes chain_row visible.)
+    let r = row_params(min(min(lo.x, lo.y), min(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)), t);
+    zp_x = r.zp;
+    s_x = r.s;
+    for (var u = t; u < k4; u += WG) {
+        if KIND == 1u {
+            // Word u of unit u / 2: its even or odd elements.
+            chain_words[u] = nibble_word(chain_row[u & ~1u], chain_row[u | 1u], (u & 1u) == 1u, r);
+        } else {
+            chain_words[u] = pack4(chain_row[u], r);
+        }
+    }
+    workgroupBarrier();
+    var out: array<vec4<u32>, 2>;
+    let lane = t % TEAM;
+    let w = lane * select(4u, 8u, KIND == 1u);
+    if w < k4 {
+        out[0] = vec4<u32>(chain_words[w], chain_words[w + 1u], chain_words[w + 2u], chain_words[w + 3u]);
+        if KIND == 1u {
+            out[1] = vec4<u32>(chain_words[w + 4u], chain_words[w + 5u], chain_words[w + 6u],
+                               chain_words[w + 7u]);
+        }
+    }
+    return out;
+}
+
 // The team's sums of its RPT rows (every invocation calls it: barriers), as lanes of a vec4.
-fn team_sums(wgi: u32, m: u32, t: u32) -> vec4<f32> {
+fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32> {
     let lane = t % TEAM;
     let team = wgi * (WG / TEAM) + t / TEAM;
     let row0 = team * RPT;
@@ -540,14 +600,22 @@ fn team_sums(wgi: u32, m: u32, t: u32) -> vec4<f32> {
         // 16 x bytes per vec4 word: 2 words per 4-bit quad, 1 per 8-bit quad.
         let xw = select(1u, 2u, KIND == 1u);
         let xrow16 = m * p.k / 16u;
-        let pr = p.m * p.k / 4u + 2u * m;
-        zp_x = bitcast<f32>(xu4[(pr + 1u) / 4u][(pr + 1u) % 4u]);
-        s_x = bitcast<f32>(xu4[pr / 4u][pr % 4u]);
+        var xa = vec4<u32>(0u);
+        var xb = vec4<u32>(0u);
+        if CHAIN_X {
+            xa = chained[0];
+            xb = chained[1];
+        } else {
+            let pr = p.m * p.k / 4u + 2u * m;
+            zp_x = bitcast<f32>(xu4[(pr + 1u) / 4u][(pr + 1u) % 4u]);
+            s_x = bitcast<f32>(xu4[pr / 4u][pr % 4u]);
+        }
         for (var i = lane; i < quads; i += TEAM) {
-            let xa = xu4[xrow16 + i * xw];
-            var xb = vec4<u32>(0u);
-            if KIND == 1u {
-                xb = xu4[xrow16 + i * xw + 1u];
+            if !CHAIN_X {
+                xa = xu4[xrow16 + i * xw];
+                if KIND == 1u {
+                    xb = xu4[xrow16 + i * xw + 1u];
+                }
             }
             let ones = 0x01010101u;
             let sq = f32(dot4I8Packed(xa.x, ones) + dot4I8Packed(xa.y, ones)

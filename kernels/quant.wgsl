@@ -211,5 +211,10 @@ fn pack4(v: vec4<f32>, r: RowQuant) -> u32 {
 // masked with 0x0f0f0f0f: (0, 2, 4, 6), (1, 3, 5, 7). The packed layout (linear.wgsl
 // `act_quant_packed`): each row's K / 4 words of signed bytes, then (s, zp) per row.
 fn pack8_nibble_order(a: vec4<f32>, c: vec4<f32>, r: RowQuant) -> vec2<u32> {
-    return vec2<u32>(pack4(vec4<f32>(a.x, a.z, c.x, c.z), r), pack4(vec4<f32>(a.y, a.w, c.y, c.w), r));
+    return vec2<u32>(nibble_word(a, c, false, r), nibble_word(a, c, true, r));
+}
+
+// One word of `pack8_nibble_order`: the even elements, or the odd.
+fn nibble_word(a: vec4<f32>, c: vec4<f32>, odd: bool, r: RowQuant) -> u32 {
+    return pack4(select(vec4<f32>(a.x, a.z, c.x, c.z), vec4<f32>(a.y, a.w, c.y, c.w), odd), r);
 }

@@ -906,7 +906,9 @@ fn norms_quantize_for_the_linears_they_feed() {
             let xnn = aq == ActQuant::Xnnpack;
             // Packed rows (decode mat-vecs, XNNPACK's GEMM at any M) save all three
             // quantizations, short chain rows included.
-            let chain = (k <= 2048) as usize;
+            // A decode row short enough for a team is chained in its linear's loads: no
+            // dispatch for the chain either.
+            let chain = (k <= 2048) as usize + (m == 1 && k <= 512 && !xnn) as usize;
             let saved = if m <= 8 || xnn { 2 + chain } else { 0 };
             let what = format!("{m}x{k} norms quantizing for {w:?}/{aq:?}");
             fusion_saves(&pairs, &what, &t, saved);
@@ -1179,6 +1181,92 @@ fn producers_leave_the_range_their_linear_quantizes_by() {
 
 /// Identity weights make the linear return its quantize-dequantized activations, so a single
 /// tie rounded the other way shows as a whole quantization step.
+/// A linear whose input an element-wise chain of short rows makes, and nothing else reads,
+/// computes the chain as its decode mat-vec loads the chain's inputs and quantizes the row in
+/// each team (Gemma's per-layer input: gelu(gate) · a slice of the per-layer inputs, read in
+/// place): no dispatch for the chain, the same bits as the chain quantizing apart, for 4- and
+/// 8-bit weights, one or two chain inputs, with and without subgroups. The chain's inputs stay
+/// alive until the linear although a tensor is written in between. Prefill rows, rows longer
+/// than a team holds, and XNNPACK's rounding (its own GEMM) keep the chain's dispatch.
+#[test]
+fn linears_compute_the_chain_they_quantize() {
+    use pteria::ir::ActQuant;
+    let pairs = fused_and_apart(ContextOptions {
+        separate_chain_loads: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(37);
+    let torchao = [
+        (Weight::Q4 { group: 32 }, ActQuant::Torchao),
+        (Weight::Q4 { group: 128 }, ActQuant::Torchao),
+        (Weight::Q8 { group: 32 }, ActQuant::Torchao),
+    ];
+    // (rows, K, N, two inputs, format, fused)
+    let mut cases = Vec::new();
+    for (w, aq) in torchao {
+        for (m, k, n, two, fused) in [
+            (1, 256, 1536, true, true),
+            (1, 512, 29, true, true),
+            (1, 256, 40, false, true),
+            (3, 256, 40, true, false),
+            (1, 1024, 40, true, false),
+        ] {
+            cases.push((m, k, n, two, w, aq, fused));
+        }
+    }
+    cases.push((
+        1,
+        256,
+        40,
+        true,
+        Weight::Q4 { group: 32 },
+        ActQuant::Xnnpack,
+        false,
+    ));
+    for (m, k, n, two, w, aq, fused) in cases {
+        let mut t = T::default();
+        let f = DType::F32;
+        let sh = [m, k];
+        let x = t.input_f(&sh, &rng.floats(m * k, 2.0));
+        let all = t.input_f(&[m, 4, k], &rng.floats(m * 4 * k, 1.5));
+        let other = t.input_f(&sh, &rng.floats(m * k, 1.0));
+        // Activations (not graph inputs) on the chain's side, as in a model.
+        let gate = t.op(OpKind::RmsNorm { eps: 1e-6 }, vec![x], f, &sh);
+        let layers = t.op(OpKind::Unary(UnaryOp::Neg), vec![all], f, &[m, 4, k]);
+        let slice = t.op(
+            OpKind::Select {
+                dim: 1,
+                index: Int::Lit(2),
+            },
+            vec![layers],
+            f,
+            &sh,
+        );
+        let ge = t.op(OpKind::Unary(UnaryOp::GeluTanh), vec![gate], f, &sh);
+        let chain = if two {
+            t.op(OpKind::Binary(BinaryOp::Mul), vec![ge, slice], f, &sh)
+        } else {
+            t.op(OpKind::Unary(UnaryOp::Neg), vec![ge], f, &sh)
+        };
+        // Written between the chain and its linear: they must not take the storage of the
+        // chain's inputs (or of what the slice reads in place).
+        let wide = t.op(OpKind::Unary(UnaryOp::Exp), vec![all], f, &[m, 4, k]);
+        t.out(wide);
+        let between = t.op(OpKind::Unary(UnaryOp::Exp), vec![other], f, &sh);
+        t.out(between);
+        if !two {
+            t.out(slice);
+        }
+        linears_of(&mut t, &mut rng, chain, [m, k], &[(w, aq, n)]);
+        pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
+        let what = format!(
+            "{m}x{k}->{n} chain of {} inputs for {w:?}/{aq:?}",
+            1 + two as usize
+        );
+        fusion_saves(&pairs, &what, &t, fused as usize);
+    }
+}
+
 #[test]
 fn activation_quant_rounds_ties_as_its_reference() {
     use pteria::ir::cpu::{quant_dequant_row, quant_dequant_row_xnnpack};

@@ -101,6 +101,9 @@ pub struct ContextOptions {
     /// Quantize a linear's int8 activations after a pass over the row for its range, never
     /// from the range the producer of the row left as it stored it (tests compare).
     pub separate_ranges: bool,
+    /// Run an element-wise chain that quantizes for its linear in its own dispatch, never in the
+    /// linear's loads (tests compare).
+    pub separate_chain_loads: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -168,6 +171,7 @@ pub struct Context {
     separate_cache_update: bool,
     separate_norms: bool,
     separate_ranges: bool,
+    separate_chain_loads: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -292,6 +296,7 @@ impl Context {
             separate_cache_update: opts.separate_cache_update,
             separate_norms: opts.separate_norms,
             separate_ranges: opts.separate_ranges,
+            separate_chain_loads: opts.separate_chain_loads,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -371,6 +376,7 @@ impl Context {
             cache_update: !self.separate_cache_update,
             norm_pairs: !self.separate_norms,
             ranges: !self.separate_ranges,
+            chain_loads: !self.separate_chain_loads,
         }
     }
 

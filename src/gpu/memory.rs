@@ -107,6 +107,13 @@ pub(crate) struct MemoryPlan {
     pub range_site: Vec<Option<usize>>,
     /// Sites in the ranges buffer, cleared at the start of every call.
     pub range_sites: usize,
+    /// Per node: for a linear whose input an element-wise chain quantizes for it (`quant_by`)
+    /// and nothing else reads, that chain: where a call allows (`ops::chain_loaded`), the
+    /// linear's mat-vec computes the chain as it loads its inputs and quantizes the row itself,
+    /// and the chain is not dispatched (the per-layer input's gelu(gate) · input of Gemma).
+    /// The chain's inputs live until the linear. `loaded_by` is the inverse.
+    pub chain_load: Vec<Option<usize>>,
+    pub loaded_by: Vec<Option<usize>>,
     /// Per node: a permute, or a select by a literal index, whose input is kept live as long as
     /// its output, so that where it is a view for a call's shapes (`ops::views`) the executor
     /// skips it and reads its input instead (a select from an offset into it).
@@ -125,6 +132,7 @@ pub(crate) struct Fusions {
     pub cache_update: bool,
     pub norm_pairs: bool,
     pub ranges: bool,
+    pub chain_loads: bool,
 }
 
 /// Bytes per element of a representation, given the IR dtype's size.
@@ -201,6 +209,7 @@ impl MemoryPlan {
             cache_update: fuse_cache,
             norm_pairs: fuse_norm_pairs,
             ranges: fuse_ranges,
+            chain_loads: fuse_chain_loads,
         } = fusions;
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -637,6 +646,50 @@ impl MemoryPlan {
             }
         }
 
+        // An element-wise chain quantizing for a linear that alone reads it, of inputs of its
+        // own shape (at most two: the mat-vec binds them where x and a second output go), for a
+        // linear whose scratch no other linear shares and that computes its rows alone.
+        let mut chain_load: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut loaded_by: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        if fuse_chain_loads {
+            for (l, node) in g.nodes.iter().enumerate() {
+                let (Node::Op(lop), Some(c)) = (node, quant_by[l]) else {
+                    continue;
+                };
+                let Node::Op(cop) = &g.nodes[c] else { continue };
+                let Some(&o) = cop.outputs.first() else {
+                    continue;
+                };
+                let shape = &g.tensors[o].max_shape;
+                let ok = matches!(cop.kind, OpKind::ElementwiseChain { .. })
+                    && matches!(lop.kind, OpKind::Linear { act_quant, .. }
+                        if act_quant == crate::ir::ActQuant::Torchao)
+                    && (1..=2).contains(&cop.inputs.len())
+                    && (cop.inputs.iter())
+                        .all(|&i| g.tensors[i].max_shape == *shape && repr[root[i]] == Repr::F32)
+                    && root[o] == o
+                    && reads[o] == [l]
+                    && !g.outputs.contains(&o)
+                    && last_sharer[l] == l
+                    && partner[l].is_none()
+                    && merged_into[l].is_none();
+                if ok {
+                    chain_load[l] = Some(c);
+                    loaded_by[c] = Some(l);
+                    for &i in &cop.inputs {
+                        last_read[root[i]] = last_read[root[i]].max(l);
+                    }
+                }
+            }
+            // A view read in place keeps its input as long as itself (as above).
+            for (n, node) in g.nodes.iter().enumerate().rev() {
+                if let (true, Node::Op(op)) = (view_op[n], node) {
+                    let (i, o) = (root[op.inputs[0]], root[op.outputs[0]]);
+                    last_read[i] = last_read[i].max(last_read[o]);
+                }
+            }
+        }
+
         // An rms_norm (plain or rotated, rows in 16-byte words, not quantizing for a linear)
         // whose output only an in-place update of an f32 cache reads, as the rows it writes
         // along the axis before the last, stores its rows straight into the cache (rms_norm.wgsl
@@ -872,6 +925,8 @@ impl MemoryPlan {
             range_for,
             range_site,
             range_sites,
+            chain_load,
+            loaded_by,
             view_op,
             buffers,
         };

@@ -748,6 +748,12 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
         {
             Vec::new()
         }
+        // The linear that alone reads this chain computes it as it loads its input.
+        OpKind::ElementwiseChain { .. }
+            if env.mem.loaded_by[node].is_some_and(|l| chain_loaded(env, l).is_some()) =>
+        {
+            Vec::new()
+        }
         // Rows a quantized linear reads packed: the row kernel chains and quantizes them.
         OpKind::ElementwiseChain { steps }
             if env.mem.quant_into[node]
@@ -1608,6 +1614,47 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
     (env.numel(stored) == k).then_some((site * 2 * RANGE_SLOTS) as u32)
 }
 
+/// The longest row a linear chains as it loads it (linear.wgsl `CHAIN_MAX_K`): every workgroup
+/// computes the whole row (E2B's per-layer input: 256).
+const CHAIN_LOAD_MAX_K: usize = 512;
+
+/// For linear `l` whose input an element-wise chain makes (`MemoryPlan::chain_load`): that
+/// chain's op and steps, where this call computes the chain in `l`'s mat-vec as it loads its
+/// inputs (linear.wgsl `CHAIN_X`): one row of int8 activations, short enough that a team's lanes
+/// hold it with a quad each (and so its range), the weight in one binding, and the chain's
+/// inputs in buffers of their own (one is bound read-write). Both ask, so they agree.
+pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [ChainStep])> {
+    let c = env.mem.chain_load.get(l).copied().flatten()?;
+    let LinearCall {
+        weight,
+        act_quant,
+        m,
+        k,
+        n,
+        by,
+    } = linear_call(env, l, c)?;
+    let (OpKind::ElementwiseChain { steps }, crate::ir::Node::Op(lop)) =
+        (&by.kind, &env.graph.nodes[l])
+    else {
+        return None;
+    };
+    let per_quad = match weight {
+        Weight::Q4 { .. } => 32,
+        Weight::Q8 { .. } => 16,
+        Weight::F32 => return None,
+    };
+    let (team, _, _) = quad_matvec(weight, k, n)?;
+    let shape = env.shape(by.outputs[0]);
+    let storage = |t: TensorId| env.view_of[env.mem.root[t]];
+    let ok = m == 1
+        && int_x(weight, act_quant, k, n, 1)
+        && k <= (team * per_quad).min(CHAIN_LOAD_MAX_K)
+        && env.chunks(lop.inputs[1], n).1 == 1
+        && by.inputs.iter().all(|&i| env.shape(i) == shape)
+        && (by.inputs.len() < 2 || storage(by.inputs[0]) != storage(by.inputs[1]));
+    ok.then_some((by, steps.as_slice()))
+}
+
 /// `ranged` for the linear that producer `node` leaves its range for, if any.
 fn range_out(env: &Env, node: usize) -> Option<u32> {
     ranged(env, env.mem.range_for.get(node).copied().flatten()?)
@@ -1715,7 +1762,11 @@ fn linear(
     // the norm that produced the input quantized it into ours.
     let shared = env.mem.quant_from.get(node).copied().flatten().is_some()
         || prequantized(env, node).is_some();
-    if act_quant != crate::ir::ActQuant::None && shared {
+    // The chain that makes x, computed from its inputs as the mat-vec loads them.
+    let loaded = chain_loaded(env, node);
+    if let Some((cop, _)) = loaded {
+        xsrc = Res::Tensor(cop.inputs[0]);
+    } else if act_quant != crate::ir::ActQuant::None && shared {
         xsrc = Res::Scratch(0);
     } else if act_quant != crate::ir::ActQuant::None {
         let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
@@ -1794,8 +1845,12 @@ fn linear(
     };
     let (mut y2, split) = match second {
         Some((o2, _)) => (Res::Tensor(o2), nn),
-        // Binding the output again keeps the layout the same; no row reaches it.
-        None => (Res::Tensor(out), u32::MAX as usize),
+        // The chain's second input, read where a second output would be written.
+        None => match loaded.and_then(|(cop, _)| cop.inputs.get(1)) {
+            Some(&z) => (Res::Tensor(z), u32::MAX as usize),
+            // Binding the output again keeps the layout the same; no row reaches it.
+            None => (Res::Tensor(out), u32::MAX as usize),
+        },
     };
     let bias = if has_bias {
         Res::Tensor(op.inputs[1 + wc])
@@ -1883,6 +1938,12 @@ fn linear(
                     return Err("a fused chain is not an op".into());
                 };
                 y = Res::Tensor(cop.outputs[0]);
+            }
+            if let Some((_, chain)) = loaded {
+                let (q, cc) = chain_steps(p.u(0), chain);
+                p = q;
+                consts.extend(cc);
+                consts.push(("CHAIN_X", 1.0));
             }
             consts.extend([
                 ("TEAM", team as f64),
