@@ -32,6 +32,14 @@ struct Params {
     chunks: u32, // split/combine: chunks per query and head
     // combine with RANGE: the first word of the output's slots in the ranges buffer.
     range_at: u32,
+    // split_normed: the norm's eps, and its rotation's as rms_norm.wgsl's (rotated pairs,
+    // elements between positions, the sequence length, the start's syms slot, table rows).
+    eps: f32,
+    half: u32,
+    seq_stride: u32,
+    seq_len: u32,
+    rope_start: u32,
+    table_rows: u32,
 }
 
 override WG: u32 = 64u;
@@ -63,6 +71,18 @@ override RANGE: bool = false;
 @group(0) @binding(4) var<storage, read_write> ranges: array<atomic<u32>>;
 // combine's input: split's scratch, (m, l, acc[d]) per (batch, query, head, chunk).
 @group(0) @binding(3) var<storage, read> parts: array<f32>;
+// split_normed: q (binding 3) holds the rows of a rotated rms_norm's input (Gemma's q norm with
+// RoPE), which it norms (weight nw where HAS_W) and rotates (tables cos_t, sin_t) for its head
+// itself, as rms_norm.wgsl's `main4` with NORM_WG invocations summing runs of NORM_LANES lanes
+// does: the same bits (src/gpu/ops.rs `q_normed`).
+override HAS_W: bool = false;
+override INTERLEAVED: bool = false;
+override NORM_WG: u32 = 64u;
+override NORM_LANES: u32 = 1u;
+@group(0) @binding(7) var<storage, read> nw: array<f32>;
+@group(0) @binding(8) var<storage, read> cos_t: array<f32>;
+@group(0) @binding(9) var<storage, read> sin_t: array<f32>;
+var<workgroup> nq: array<f32, DMAX>;
 
 var<workgroup> qs: array<f32, DMAX>;
 var<workgroup> acc: array<f32, DMAX>;
@@ -217,6 +237,29 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // chunk's max m, sum l of exp(score - m) and sum of exp(score - m) · v to `o` (the scratch).
 @compute @workgroup_size(WG)
 fn split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let qo = split_q(wg);
+    for (var e = t; e < DMAX; e += WG) {
+        qs[e] = q[qo + e];
+    }
+    split_keys(wg, t);
+}
+
+// `split` with q the raw rows of a rotated norm (`norm_q`): its own entry point, as only it
+// binds the norm's weight and tables.
+@compute @workgroup_size(WG)
+fn split_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    norm_q(split_q(wg), t);
+    split_keys(wg, t);
+}
+
+// The first element of the workgroup's head and query in q.
+fn split_q(wg: vec3<u32>) -> u32 {
+    let i = wg.z % p.s;
+    return wg.z / p.s * p.q_strides.x + i * p.q_strides.y + wg.y * p.q_strides.z;
+}
+
+// `split` once qs holds the query (every invocation calls it).
+fn split_keys(wg: vec3<u32>, t: u32) {
     let NEG_INF = bitcast<f32>(0xff800000u);
     let TPK = WG / CK;
     let c = wg.x;
@@ -225,11 +268,7 @@ fn split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
     let bb = wg.z / p.s;
     let kh = h / p.group;
     let r = span(i);
-    let qo = bb * p.q_strides.x + i * p.q_strides.y + h * p.q_strides.z;
     let ko = bb * p.kv_strides.x + kh * p.kv_strides.z;
-    for (var e = t; e < DMAX; e += WG) {
-        qs[e] = q[qo + e];
-    }
     workgroupBarrier();
     let jl = t / TPK;
     let lane = t % TPK;
@@ -290,6 +329,70 @@ fn split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) 
             o[base + 2u + e] = a;
         }
     }
+}
+
+// The head's row of q at qo normed and rotated into qs. Every invocation calls it.
+fn norm_q(qo: u32, t: u32) {
+    // The sum of squares as main4 forms it: invocation t < NORM_WG takes words t, t + NORM_WG, ...
+    var s = 0.0;
+    if t < NORM_WG {
+        for (var j = t; j < DMAX / 4u; j += NORM_WG) {
+            let e = qo + 4u * j;
+            let v = vec4<f32>(q[e], q[e + 1u], q[e + 2u], q[e + 3u]);
+            s += dot(v, v);
+        }
+    }
+    let r = 1.0 / sqrt(norm_sum(s, t) / f32(DMAX) + p.eps);
+    for (var e = t; e < DMAX; e += WG) {
+        var v = q[qo + e] * r;
+        if HAS_W {
+            v *= nw[e];
+        }
+        nq[e] = v;
+    }
+    workgroupBarrier();
+    let pos = syms[p.rope_start] + i32((qo / p.seq_stride) % p.seq_len);
+    for (var e = t; e < DMAX; e += WG) {
+        var v = nq[e];
+        if e < 2u * p.half && pos >= 0 && u32(pos) < p.table_rows {
+            let rp = rope_pair(e, p.half, INTERLEAVED);
+            let ti = u32(pos) * p.half + rp.pair;
+            v = rope_rotate(nq[e], nq[rp.other], cos_t[ti], sin_t[ti], rp.first);
+        }
+        qs[e] = v;
+    }
+}
+
+// rms_norm.wgsl's `workgroup_sum` over NORM_WG invocations (in `sc`; the others add nothing).
+// The flat path ends with no barrier after its reads.
+fn norm_sum(v: f32, t: u32) -> f32 {
+    var s = v;
+    // #if subgroups
+    for (var k = NORM_LANES / 2u; k > 0u; k = k / 2u) {
+        s += subgroupShuffleXor(s, k);
+    }
+    // #endif
+    let lanes = max(NORM_LANES, 1u);
+    let runs = NORM_WG / lanes;
+    if t < NORM_WG && t % lanes == 0u {
+        sc[t / lanes] = s;
+    }
+    workgroupBarrier();
+    // (quant.wgsl's FLAT_RUNS.)
+    if runs <= 32u {
+        var total = sc[0];
+        for (var k = 1u; k < runs; k++) {
+            total += sc[k];
+        }
+        return total;
+    }
+    for (var k = runs / 2u; k > 0u; k = k / 2u) {
+        if t < k {
+            sc[t] += sc[t + k];
+        }
+        workgroupBarrier();
+    }
+    return sc[0];
 }
 
 // Merges split's chunks for 16 dims of one (head, query, batch): grid (hq, ceil(d / 16),

@@ -1267,6 +1267,97 @@ fn linears_compute_the_chain_they_quantize() {
     }
 }
 
+/// Decode attention whose q is a rotated rms_norm's rows (Gemma's q norm with RoPE), read
+/// through a permute that only moves size-1 dims, norms and rotates each head's row in `split`:
+/// no dispatch for the norm, the same bits as the norm apart, weighted or not, half or
+/// interleaved, all or part of the dims rotated, head dims 256 and 512, one query or a few (each
+/// at its own position), with and without subgroups. The norm's inputs stay alive until the
+/// attention although tensors are written in between. Queries whose permute moves data, or that
+/// take the matmuls, keep the norm's dispatch.
+#[test]
+fn attention_norms_and_rotates_its_q() {
+    let pairs = fused_and_apart(ContextOptions {
+        separate_q_norms: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(41);
+    // (queries, heads, head dim, rotated dims, weighted, style, permuted, fused)
+    let cases = [
+        (1, 8, 256, 256, true, RopeStyle::Half, true, true),
+        (1, 4, 512, 128, false, RopeStyle::Interleaved, false, true),
+        (1, 2, 256, 256, true, RopeStyle::Interleaved, true, true),
+        (3, 4, 256, 256, true, RopeStyle::Half, false, true),
+        (3, 4, 256, 256, true, RopeStyle::Half, true, false),
+        (8, 4, 256, 256, true, RopeStyle::Half, false, false),
+    ];
+    let (cache, hkv, start, max_pos) = (48, 1, 37i64, 64);
+    for (s, hq, d, rotary, weighted, style, permuted, fused) in cases {
+        let mut t = T::default();
+        let f = DType::F32;
+        let xs = [1, s, hq, d];
+        let n = s * hq * d;
+        let x = t.input_f(&xs, &rng.floats(n, 2.0));
+        let half = rotary / 2;
+        let cos = t.input_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+        let sin = t.input_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+        let pos = t.sym("start", start);
+        // Activations (not graph inputs) on the norm's side, as in a model.
+        let raw = t.op(OpKind::Unary(UnaryOp::Neg), vec![x], f, &xs);
+        let cos_a = t.op(OpKind::Unary(UnaryOp::Neg), vec![cos], f, &[max_pos, half]);
+        let mut ins = vec![raw];
+        if weighted {
+            ins.push(t.const_f(&[d], &rng.floats(d, 1.5)));
+        }
+        ins.extend([cos_a, sin]);
+        let kind = OpKind::RmsNormRope {
+            eps: 1e-6,
+            weighted,
+            style,
+            rotary,
+            seq_dim: 1,
+            start: Int::Sym(pos),
+        };
+        let normed = t.op(kind, ins, f, &xs);
+        // Written between the norm and the attention: they must not take the storage of the
+        // norm's input or tables.
+        let other = t.input_f(&xs, &rng.floats(n, 1.0));
+        let between = t.op(OpKind::Unary(UnaryOp::Exp), vec![other], f, &xs);
+        t.out(between);
+        let table = t.op(OpKind::Unary(UnaryOp::Exp), vec![cos], f, &[max_pos, half]);
+        t.out(table);
+        let layout = if permuted {
+            AttnLayout::Bhsd
+        } else {
+            AttnLayout::Bshd
+        };
+        let q = if permuted {
+            let perm = OpKind::Permute {
+                perm: vec![0, 2, 1, 3],
+            };
+            t.op(perm, vec![normed], f, &[1, hq, s, d])
+        } else {
+            normed
+        };
+        let ks = attn_shape(layout, 1, cache, hkv, d);
+        let k = t.input_f(&ks, &rng.floats(cache * hkv * d, 1.0));
+        let v = t.input_f(&ks, &rng.floats(cache * hkv * d, 1.0));
+        let kind = OpKind::Sdpa {
+            layout,
+            scale: 1.0,
+            causal: true,
+            window: None,
+            softcap: None,
+            start: Int::Sym(pos),
+            all_rows: false,
+        };
+        let qs = attn_shape(layout, 1, s, hq, d);
+        let y = t.op(kind, vec![q, k, v], f, &qs);
+        t.out(y);
+        let what = format!("{s} queries, {hq}x{d}, {rotary} rotated {style:?}, weighted {weighted}, permuted {permuted}");
+        fusion_saves(&pairs, &what, &t, fused as usize);
+    }
+}
+
 #[test]
 fn activation_quant_rounds_ties_as_its_reference() {
     use pteria::ir::cpu::{quant_dequant_row, quant_dequant_row_xnnpack};

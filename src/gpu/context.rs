@@ -104,6 +104,9 @@ pub struct ContextOptions {
     /// Run an element-wise chain that quantizes for its linear in its own dispatch, never in the
     /// linear's loads (tests compare).
     pub separate_chain_loads: bool,
+    /// Run the q norm with RoPE in its own dispatch, never in the attention's that reads it
+    /// (tests compare).
+    pub separate_q_norms: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -172,6 +175,7 @@ pub struct Context {
     separate_norms: bool,
     separate_ranges: bool,
     separate_chain_loads: bool,
+    separate_q_norms: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -297,6 +301,7 @@ impl Context {
             separate_norms: opts.separate_norms,
             separate_ranges: opts.separate_ranges,
             separate_chain_loads: opts.separate_chain_loads,
+            separate_q_norms: opts.separate_q_norms,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -377,6 +382,7 @@ impl Context {
             norm_pairs: !self.separate_norms,
             ranges: !self.separate_ranges,
             chain_loads: !self.separate_chain_loads,
+            q_norms: !self.separate_q_norms,
         }
     }
 

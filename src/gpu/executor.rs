@@ -816,6 +816,7 @@ impl GpuExecutor {
                 max_groups: self.ctx.max_workgroups(),
                 subgroup: self.ctx.subgroup_min(),
                 max_invocations: self.ctx.limits().max_compute_invocations_per_workgroup,
+                max_storage: self.ctx.limits().max_storage_buffers_per_shader_stage,
                 view_of: &self.view_of,
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {

@@ -114,6 +114,13 @@ pub(crate) struct MemoryPlan {
     /// The chain's inputs live until the linear. `loaded_by` is the inverse.
     pub chain_load: Vec<Option<usize>>,
     pub loaded_by: Vec<Option<usize>>,
+    /// Per node: for an attention whose q is (through reshapes and permutes nothing else reads)
+    /// the rows of a rotated rms_norm that nothing else reads, that norm: where a call allows
+    /// (`ops::q_normed`), attention's `split` norms and rotates its head's row itself and the
+    /// norm is not dispatched (Gemma's q norm with RoPE). Its inputs live until the attention.
+    /// `normed_q` is the inverse.
+    pub q_norm: Vec<Option<usize>>,
+    pub normed_q: Vec<Option<usize>>,
     /// Per node: a permute, or a select by a literal index, whose input is kept live as long as
     /// its output, so that where it is a view for a call's shapes (`ops::views`) the executor
     /// skips it and reads its input instead (a select from an offset into it).
@@ -133,6 +140,7 @@ pub(crate) struct Fusions {
     pub norm_pairs: bool,
     pub ranges: bool,
     pub chain_loads: bool,
+    pub q_norms: bool,
 }
 
 /// Bytes per element of a representation, given the IR dtype's size.
@@ -210,6 +218,7 @@ impl MemoryPlan {
             norm_pairs: fuse_norm_pairs,
             ranges: fuse_ranges,
             chain_loads: fuse_chain_loads,
+            q_norms: fuse_q_norms,
         } = fusions;
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -792,6 +801,36 @@ impl MemoryPlan {
             }
         }
 
+        let mut q_norm: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut normed_q: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        if fuse_q_norms {
+            for (a, node) in g.nodes.iter().enumerate() {
+                let Node::Op(op) = node else { continue };
+                if !matches!(op.kind, OpKind::Sdpa { .. }) {
+                    continue;
+                }
+                let Some(nn) = rotated_q(g, &root, &reads, &writes, a) else {
+                    continue;
+                };
+                if norm_cache[nn].is_some() || norm_pair[nn].is_some() || normed_q[nn].is_some() {
+                    continue;
+                }
+                q_norm[a] = Some(nn);
+                normed_q[nn] = Some(a);
+                if let Node::Op(nop) = &g.nodes[nn] {
+                    for &i in &nop.inputs {
+                        last_read[root[i]] = last_read[root[i]].max(a);
+                    }
+                }
+            }
+            for (n, node) in g.nodes.iter().enumerate().rev() {
+                if let (true, Node::Op(op)) = (view_op[n], node) {
+                    let (i, o) = (root[op.inputs[0]], root[op.outputs[0]]);
+                    last_read[i] = last_read[i].max(last_read[o]);
+                }
+            }
+        }
+
         // Liveness-ordered pool: at each node, allocate what it writes (and its scratch), then
         // release what it read last.
         let mut scratch: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
@@ -927,6 +966,8 @@ impl MemoryPlan {
             range_sites,
             chain_load,
             loaded_by,
+            q_norm,
+            normed_q,
             view_op,
             buffers,
         };
@@ -961,6 +1002,44 @@ fn range_producer(
             OpKind::Sdpa { .. } => return Some(w),
             OpKind::ElementwiseChain { .. } => return glu_lead[w],
             OpKind::Reshape { .. } | OpKind::Permute { .. } => t = *op.inputs.first()?,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// The rotated rms_norm whose rows attention `a` reads as q through reshapes and permutes, where
+/// nothing else reads the norm's output or anything on the way and none of it is a graph output.
+fn rotated_q(
+    g: &Graph,
+    root: &[TensorId],
+    reads: &[Vec<usize>],
+    writes: &[Vec<usize>],
+    a: usize,
+) -> Option<usize> {
+    let Node::Op(op) = &g.nodes[a] else {
+        return None;
+    };
+    let (mut t, mut reader) = (*op.inputs.first()?, a);
+    let is_view = |n: usize| matches!(&g.nodes[n], Node::Op(op) if reshape_view(g, op));
+    for _ in 0..8 {
+        let r = root[t];
+        // (Reshapes sharing the storage read and write it too, and so do their readers.)
+        let real: Vec<usize> = (writes[r].iter().copied())
+            .filter(|&w| !is_view(w))
+            .collect();
+        let [w] = real[..] else {
+            return None;
+        };
+        let alone = reads[r].iter().all(|&n| n == reader || is_view(n))
+            && reads[r].iter().filter(|&&n| n == reader).count() == 1
+            && !g.outputs.iter().any(|&o| root[o] == r);
+        let Node::Op(wop) = &g.nodes[w] else {
+            return None;
+        };
+        match wop.kind {
+            OpKind::RmsNormRope { .. } if alone => return Some(w),
+            OpKind::Permute { .. } if alone => (t, reader) = (*wop.inputs.first()?, w),
             _ => return None,
         }
     }

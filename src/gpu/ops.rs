@@ -63,6 +63,8 @@ pub(crate) struct Env<'a> {
     pub subgroup: Option<u32>,
     /// Invocations a workgroup may have.
     pub max_invocations: u32,
+    /// Storage buffers a kernel may bind.
+    pub max_storage: u32,
     /// Per tensor root: the root whose storage holds its values in this call (a view op's
     /// output reads its input's, a select's from an offset; `views`), else itself.
     pub view_of: &'a [TensorId],
@@ -323,6 +325,8 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op, max_binding: u64) -> Vec<u64> {
 /// Attention with at most this many queries per call splits its keys over workgroups
 /// (`sdpa.wgsl` `split`): a decode step's few (query, head) pairs alone would leave the GPU idle.
 const SPLIT_MAX_S: usize = 4;
+/// Invocations of a `split` workgroup.
+const SPLIT_WG: usize = 256;
 /// Keys per workgroup in the split (`PTERIA_SDPA_KEYS` = 8..=64, a power of two, overrides, for
 /// benchmark sweeps).
 fn split_keys(cache_rows: usize) -> usize {
@@ -834,6 +838,12 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
         } => {
             let then = NormThen::Chain(*norm_input, steps);
             rms_norm(env, node, op, *eps, *weighted, then)?
+        }
+        // The attention that alone reads these rows norms and rotates them itself.
+        OpKind::RmsNormRope { .. }
+            if env.mem.normed_q[node].is_some_and(|a| q_normed(env, a).is_some()) =>
+        {
+            Vec::new()
         }
         OpKind::RmsNormRope {
             eps,
@@ -1367,20 +1377,8 @@ fn rms_norm(
             ("ROPE_D", d as f64),
         ]);
     }
-    // About one element (or 16-byte word) per invocation: a row's latency is the cost.
     let vec4 = d % 4 == 0;
-    let units = if vec4 { d / 4 } else { d };
-    let max_wg = (env.max_invocations as usize).clamp(32, 1024);
-    let mut wg = units.next_power_of_two().clamp(32, max_wg);
-    if let Some(sg) = env.subgroup.map(|s| s as usize) {
-        // Whole subgroups to the row's length where the reductions read the runs after one
-        // barrier (quant.wgsl `FLAT_RUNS`); a tree needs a power of two.
-        let fit = units.div_ceil(sg) * sg;
-        if (32..=max_wg).contains(&fit) && fit / sg <= FLAT_RUNS {
-            wg = fit;
-        }
-    }
-    let lanes = env.subgroup.map_or(1, |s| wg.min(s as usize));
+    let (wg, lanes) = norm_workgroup(env, if vec4 { d / 4 } else { d });
     consts.extend([("WG", wg as f64), ("SG_LANES", lanes as f64)]);
     let mut inputs = vec![Res::Tensor(op.inputs[0]), w];
     inputs.extend(others.iter().map(|&t| Res::Tensor(t)));
@@ -1459,6 +1457,98 @@ fn rms_norm(
         s.entry = "main4_quant";
     }
     Ok(vec![s])
+}
+
+/// A norm's workgroup for rows of `units` elements or 16-byte words, and the lanes its reductions
+/// sum by subgroup shuffles: about one unit per invocation, as a row's latency is the cost.
+fn norm_workgroup(env: &Env, units: usize) -> (usize, usize) {
+    let max_wg = (env.max_invocations as usize).clamp(32, 1024);
+    let mut wg = units.next_power_of_two().clamp(32, max_wg);
+    if let Some(sg) = env.subgroup.map(|s| s as usize) {
+        // Whole subgroups to the row's length where the reductions read the runs after one
+        // barrier (quant.wgsl `FLAT_RUNS`); a tree needs a power of two.
+        let fit = units.div_ceil(sg) * sg;
+        if (32..=max_wg).contains(&fit) && fit / sg <= FLAT_RUNS {
+            wg = fit;
+        }
+    }
+    (wg, env.subgroup.map_or(1, |s| wg.min(s as usize)))
+}
+
+/// The rotated rms_norm whose rows attention `a` reads as q (`MemoryPlan::q_norm`), with the
+/// words `split` takes for it (sdpa.wgsl `split_normed`), where this call splits the keys, reads q in
+/// the norm's storage (the permutes on the way are views), the rows are the heads' (16-byte
+/// words), the norm's workgroup fits split's, and the device binds 9 storage buffers. Both ask,
+/// so they agree.
+struct QNorm<'a> {
+    op: &'a Op,
+    weighted: bool,
+    interleaved: bool,
+    /// eps, half, seq_stride, seq_len, start slot, table rows (sdpa.wgsl `Params`).
+    words: (f32, [usize; 5]),
+    /// The norm's workgroup and subgroup lanes (`norm_workgroup`).
+    wg: usize,
+    lanes: usize,
+}
+
+fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
+    use crate::ir::Node;
+    let nn = env.mem.q_norm.get(a).copied().flatten()?;
+    let (Node::Op(aop), Node::Op(nop)) = (&env.graph.nodes[a], &env.graph.nodes[nn]) else {
+        return None;
+    };
+    let (
+        OpKind::Sdpa { layout, .. },
+        OpKind::RmsNormRope {
+            eps,
+            weighted,
+            style,
+            rotary,
+            seq_dim,
+            start,
+        },
+    ) = (&aop.kind, &nop.kind)
+    else {
+        return None;
+    };
+    let (qs, ks) = (env.shape(aop.inputs[0]), env.shape(aop.inputs[1]));
+    let dims = (qs.len() == 4 && ks.len() == 4)
+        .then(|| layout.dims(qs, ks))
+        .flatten()?;
+    let xs = env.shape(nop.inputs[0]);
+    let out = nop.outputs[0];
+    let d = *env.shape(out).last()?;
+    let seq_dim = (*seq_dim < xs.len()).then_some(*seq_dim)?;
+    let (wg, lanes) = norm_workgroup(env, d / 4);
+    let cos = nop.inputs[1 + *weighted as usize];
+    let half = rotary / 2;
+    let same_storage = env.view_of[env.mem.root[aop.inputs[0]]] == env.mem.root[out];
+    let ok = dims.s <= SPLIT_MAX_S
+        && same_storage
+        && d == dims.d
+        && d % 4 == 0
+        && xs == env.shape(out)
+        && env.numel(out) == dims.b * dims.s * dims.hq * d
+        && wg <= SPLIT_WG
+        && half > 0
+        && env.max_storage >= 9;
+    ok.then(|| QNorm {
+        op: nop,
+        weighted: *weighted,
+        interleaved: *style == RopeStyle::Interleaved,
+        words: (
+            *eps,
+            [
+                half,
+                strides(xs)[seq_dim],
+                xs[seq_dim],
+                (env.slot)(*start) as usize,
+                env.numel(cos) / half,
+            ],
+        ),
+        wg,
+        lanes,
+    })
 }
 
 /// The longest row a quantizing norm keeps in workgroup memory (`QROW`), and so the longest a
@@ -2308,7 +2398,7 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
             .f(at.softcap.unwrap_or(1.0))
             .u(chunks)
     };
-    let wg = if split { 256.0 } else { 64.0 };
+    let wg = if split { SPLIT_WG as f64 } else { 64.0 };
     let consts = vec![
         ("WG", wg),
         ("DMAX", d as f64),
@@ -2405,14 +2495,47 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
         )]);
     }
     let per_query = [chunks as u32, hq as u32, (s * bq) as u32];
+    // q is a rotated norm's rows, which split norms and rotates for its head itself.
+    let (mut split_consts, mut split_p, mut split_inputs) = (consts.clone(), p(), inputs);
+    let mut entry = "split";
+    if let Some(qn) = q_normed(env, node) {
+        entry = "split_normed";
+        let (eps, [half, seq_stride, seq_len, start, table_rows]) = qn.words;
+        split_p = split_p
+            .u(0)
+            .f(eps)
+            .u(half)
+            .u(seq_stride)
+            .u(seq_len)
+            .u(start)
+            .u(table_rows);
+        split_consts.extend([
+            ("HAS_W", b(qn.weighted)),
+            ("INTERLEAVED", b(qn.interleaved)),
+            ("NORM_WG", qn.wg as f64),
+            ("NORM_LANES", qn.lanes as f64),
+        ]);
+        let ins = &qn.op.inputs;
+        let w = qn.weighted as usize;
+        split_inputs[0] = Res::Tensor(ins[0]);
+        split_inputs.extend([
+            if qn.weighted {
+                Res::Tensor(ins[1])
+            } else {
+                Res::Dummy
+            },
+            Res::Tensor(ins[1 + w]),
+            Res::Tensor(ins[2 + w]),
+        ]);
+    }
     Ok(vec![
         step(
             "sdpa",
-            "split",
-            consts.clone(),
-            p(),
+            entry,
+            split_consts,
+            split_p,
             Res::Scratch(0),
-            inputs,
+            split_inputs,
             per_query,
         ),
         {
