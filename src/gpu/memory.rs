@@ -685,16 +685,7 @@ impl MemoryPlan {
                 if ok {
                     chain_load[l] = Some(c);
                     loaded_by[c] = Some(l);
-                    for &i in &cop.inputs {
-                        last_read[root[i]] = last_read[root[i]].max(l);
-                    }
-                }
-            }
-            // A view read in place keeps its input as long as itself (as above).
-            for (n, node) in g.nodes.iter().enumerate().rev() {
-                if let (true, Node::Op(op)) = (view_op[n], node) {
-                    let (i, o) = (root[op.inputs[0]], root[op.outputs[0]]);
-                    last_read[i] = last_read[i].max(last_read[o]);
+                    read_until(&mut last_read, &root, &cop.inputs, l);
                 }
             }
         }
@@ -818,16 +809,16 @@ impl MemoryPlan {
                 q_norm[a] = Some(nn);
                 normed_q[nn] = Some(a);
                 if let Node::Op(nop) = &g.nodes[nn] {
-                    for &i in &nop.inputs {
-                        last_read[root[i]] = last_read[root[i]].max(a);
-                    }
+                    read_until(&mut last_read, &root, &nop.inputs, a);
                 }
             }
-            for (n, node) in g.nodes.iter().enumerate().rev() {
-                if let (true, Node::Op(op)) = (view_op[n], node) {
-                    let (i, o) = (root[op.inputs[0]], root[op.outputs[0]]);
-                    last_read[i] = last_read[i].max(last_read[o]);
-                }
+        }
+        // A view read in place keeps its input as long as itself (as above), now that the fused
+        // ops' inputs live longer.
+        for (n, node) in g.nodes.iter().enumerate().rev() {
+            if let (true, Node::Op(op)) = (view_op[n], node) {
+                let (i, o) = (root[op.inputs[0]], root[op.outputs[0]]);
+                last_read[i] = last_read[i].max(last_read[o]);
             }
         }
 
@@ -988,13 +979,7 @@ fn range_producer(
     let mut t = x;
     // (Exports put a reshape or two and a permute between; a longer walk is not worth it.)
     for _ in 0..8 {
-        // (A reshape sharing its input's storage is listed as a writer but writes nothing.)
-        let real: Vec<usize> = (writes[root[t]].iter().copied())
-            .filter(|&w| !matches!(&g.nodes[w], Node::Op(op) if reshape_view(g, op)))
-            .collect();
-        let [w] = real[..] else {
-            return None;
-        };
+        let w = sole_writer(g, writes, root[t])?;
         let Node::Op(op) = &g.nodes[w] else {
             return None;
         };
@@ -1006,6 +991,25 @@ fn range_producer(
         }
     }
     None
+}
+
+/// The one node that writes root `r`: a reshape sharing its input's storage is listed as a writer
+/// but writes nothing.
+fn sole_writer(g: &Graph, writes: &[Vec<usize>], r: TensorId) -> Option<usize> {
+    let real: Vec<usize> = (writes[r].iter().copied())
+        .filter(|&w| !matches!(&g.nodes[w], Node::Op(op) if reshape_view(g, op)))
+        .collect();
+    match real[..] {
+        [w] => Some(w),
+        _ => None,
+    }
+}
+
+/// Keeps the storage of `inputs` (the inputs of an op that a later node `n` runs) until `n`.
+fn read_until(last_read: &mut [usize], root: &[TensorId], inputs: &[TensorId], n: usize) {
+    for &i in inputs {
+        last_read[root[i]] = last_read[root[i]].max(n);
+    }
 }
 
 /// The rotated rms_norm whose rows attention `a` reads as q through reshapes and permutes, where
@@ -1024,13 +1028,8 @@ fn rotated_q(
     let is_view = |n: usize| matches!(&g.nodes[n], Node::Op(op) if reshape_view(g, op));
     for _ in 0..8 {
         let r = root[t];
-        // (Reshapes sharing the storage read and write it too, and so do their readers.)
-        let real: Vec<usize> = (writes[r].iter().copied())
-            .filter(|&w| !is_view(w))
-            .collect();
-        let [w] = real[..] else {
-            return None;
-        };
+        let w = sole_writer(g, writes, r)?;
+        // (Reshapes sharing the storage read it too, and so do their readers.)
         let alone = reads[r].iter().all(|&n| n == reader || is_view(n))
             && reads[r].iter().filter(|&&n| n == reader).count() == 1
             && !g.outputs.iter().any(|&o| root[o] == r);
