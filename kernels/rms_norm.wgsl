@@ -25,7 +25,8 @@ struct Params {
     steps: u32,
     norm_input: u32,
     rank: u32,
-    _pad1: u32,
+    // main4_cache_kv: the second norm's rows.
+    v_rows: u32,
     shape: array<vec4<u32>, 2>,
     // Element strides over `shape` of the chain's other inputs; 0 on broadcast dims.
     strides: array<array<vec4<u32>, 2>, 2>,
@@ -251,6 +252,15 @@ fn main4_cache(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     if row >= p.rows {
         return;
     }
+    let at = cache_word(row);
+    if at < 0 {
+        return;
+    }
+    norm_row4(row, t, u32(at));
+}
+
+// The first word of value row `row`'s cache row, or -1 where it is not stored.
+fn cache_word(row: u32) -> i32 {
     let block = row / p.value_len;
     let r = row % p.value_len;
     let indexed = p.cache_indexed != 0u;
@@ -260,9 +270,52 @@ fn main4_cache(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
     let dst = cache_dst(indexed, index, syms[p.cache_start], r, p.value_len, p.cache_len);
     if dst < 0 {
+        return -1;
+    }
+    return i32((block * p.cache_len + u32(dst)) * (p.d / 4u));
+}
+
+// main4_cache for its first p.rows rows, then p.v_rows rows of a second norm, unweighted and not
+// rotated (eps2), of vx4 into the cache vc4 at the same cache rows: the v norm in the k norm's
+// dispatch (src/gpu/memory.rs `kv_guest`). Its rows are normed as main4 norms them alone.
+@group(0) @binding(8) var<storage, read> vx4: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> vc4: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn main4_cache_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) t: u32) {
+    let flat = wg.x + wg.y * nwg.x;
+    let second = flat >= p.rows;
+    let row = select(flat, flat - p.rows, second);
+    if row >= select(p.rows, p.v_rows, second) {
         return;
     }
-    norm_row4(row, t, (block * p.cache_len + u32(dst)) * (p.d / 4u));
+    let at = cache_word(row);
+    if at < 0 {
+        return;
+    }
+    if !second {
+        norm_row4(row, t, u32(at));
+        return;
+    }
+    let d4 = p.d / 4u;
+    let base = row * d4;
+    var first = vec4<f32>();
+    if t < d4 {
+        first = vx4[base + t];
+    }
+    var s = dot(first, first);
+    for (var j = t + WG; j < d4; j += WG) {
+        let v = vx4[base + j];
+        s += dot(v, v);
+    }
+    let r = 1.0 / sqrt(workgroup_sum(s, t) / f32(p.d) + p.eps2);
+    if t < d4 {
+        vc4[u32(at) + t] = scaled(first, r, false, first);
+    }
+    for (var j = t + WG; j < d4; j += WG) {
+        vc4[u32(at) + j] = vx4[base + j] * r;
+    }
 }
 
 // main4, then the stored row quantized (QUANT). Its own entry point: a module variable that an

@@ -2879,6 +2879,103 @@ fn norms_store_their_rows_into_the_kv_cache() {
     }
 }
 
+/// A v norm (unweighted, not rotated) storing into its KV cache runs in the dispatch of the k
+/// norm after it that stores as many rows into a cache of the same shape at the same rows:
+/// call after call both caches hold the same bits as with the norms apart and match the CPU,
+/// for indexed and start-position updates, prompt and decode rows, with and without subgroups.
+/// The k norm before the v norm, or an op reading the v cache between them, keeps them apart.
+#[test]
+fn the_v_norm_runs_in_the_k_norms_dispatch() {
+    let pairs = fused_and_apart(ContextOptions {
+        separate_kv_norms: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(43);
+    let (h, d, cache, max_t, max_pos) = (2usize, 16usize, 12usize, 4usize, 16usize);
+    let f = DType::F32;
+    for indexed in [true, false] {
+        for (k_first, peek) in [(false, false), (true, false), (false, true)] {
+            let mut t = T::default();
+            let xs = [1, h, max_t, d];
+            let xk = t.input(f, &xs, &xs, vec![0; 4 * h * max_t * d]);
+            let xv = t.input(f, &xs, &xs, vec![0; 4 * h * max_t * d]);
+            let idx = t.input(DType::I64, &[max_t], &[max_t], vec![0; 8 * max_t]);
+            let start = t.sym("start", 0);
+            let cs = [1, h, cache, d];
+            let kc = t.g.add_tensor("k_cache", f, cs.to_vec(), Role::State(None));
+            let vc = t.g.add_tensor("v_cache", f, cs.to_vec(), Role::State(None));
+            let w = t.const_f(&[d], &rng.floats(d, 1.5));
+            let half = d / 2;
+            let cos = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+            let sin = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+            let update = |t: &mut T, c: TensorId, rows: TensorId| {
+                let (ins, at) = if indexed {
+                    (vec![c, rows, idx], Int::Lit(0))
+                } else {
+                    (vec![c, rows], Int::Sym(start))
+                };
+                let u = t.op(OpKind::CacheUpdate { axis: 2, start: at }, ins, f, &cs);
+                t.out(u);
+            };
+            let k_norm = |t: &mut T| {
+                let kind = OpKind::RmsNormRope {
+                    eps: 1e-6,
+                    weighted: true,
+                    style: RopeStyle::Half,
+                    rotary: d,
+                    seq_dim: 2,
+                    start: Int::Sym(start),
+                };
+                let k = t.op(kind, vec![xk, w, cos, sin], f, &xs);
+                update(t, kc, k);
+            };
+            if k_first {
+                k_norm(&mut t);
+            }
+            // (An activation, whose storage the k norm's rows would take were it freed.)
+            let xv_a = t.op(OpKind::Unary(UnaryOp::Neg), vec![xv], f, &xs);
+            let v = t.op(OpKind::RmsNorm { eps: 1e-5 }, vec![xv_a], f, &xs);
+            update(&mut t, vc, v);
+            if peek {
+                let seen = t.op(OpKind::Unary(UnaryOp::Neg), vec![vc], f, &cs);
+                t.out(seen);
+            }
+            // Written between the norms: it must not take the v norm's input's storage.
+            let between = t.op(OpKind::Unary(UnaryOp::Exp), vec![xk], f, &xs);
+            t.out(between);
+            if !k_first {
+                k_norm(&mut t);
+            }
+            let fused = !k_first && !peek;
+            let what = format!("indexed {indexed}, k first {k_first}, peek {peek}");
+            for (on, apart, name) in &pairs {
+                let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+                let mut gf = GpuExecutor::new(on.clone(), t.g.clone()).unwrap();
+                let mut ga = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
+                for (n, at) in [(3usize, 0i64), (1, 3), (1, 4), (2, 5), (1, 12)] {
+                    t.inputs[0] =
+                        Val::Tensor(vec![1, h, n, d], f32_bytes(&rng.floats(h * n * d, 2.0)));
+                    t.inputs[1] =
+                        Val::Tensor(vec![1, h, n, d], f32_bytes(&rng.floats(h * n * d, 2.0)));
+                    let pos: Vec<i64> = (at..at + n as i64).collect();
+                    t.inputs[2] = Val::Tensor(vec![n], i64_bytes(&pos));
+                    t.inputs[3] = Val::Sym(at);
+                    let vals = values(&t.inputs);
+                    let what = format!("{what}, {n} rows at {at}{name}");
+                    let (got, want) = (gf.run(&vals).unwrap(), ga.run(&vals).unwrap());
+                    assert!(got == want, "{what}: fused and apart differ");
+                    let (a, b) = (gf.stats().last_dispatches, ga.stats().last_dispatches);
+                    assert_eq!(a + fused as usize, b, "{what}: {a} dispatches against {b}");
+                    match cpu.run(&vals) {
+                        Ok(reference) => compare(&what, &got, &reference, TOL, 1e-3),
+                        Err(e) => assert!(at + n as i64 > cache as i64, "{what}: {e}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Rel-L2 allowed for an output computed from f16 KV caches: f16 keeps 11 significant bits (a
 /// cached value is off by up to 2^-12 of itself); measured on lavapipe, the worst output below
 /// is 2.6e-4.

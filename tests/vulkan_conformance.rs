@@ -218,11 +218,14 @@ fn f16_kv_caches_halve_the_stock_exports_caches_within_a_measured_error() {
     assert_eq!(m32.kv_cache, 6 * 2048 + 2 * 4096, "{m32:?}");
     assert_eq!(m16.kv_cache * 2, m32.kv_cache, "{m16:?}");
     assert_eq!(m16.states * 2, m32.states, "{m16:?}");
+    // Only the caches shrink. The f32 plan may keep an activation longer: its norms store
+    // into f32 caches, and a v norm running in the k norm's dispatch keeps its input until then.
     assert_eq!(
-        m16.total() + m16.kv_cache,
-        m32.total(),
+        (m16.constants, m16.inputs),
+        (m32.constants, m32.inputs),
         "only the caches shrink"
     );
+    assert!(m16.activations <= m32.activations, "{m16:?} {m32:?}");
     for (i, (a, b)) in l16.iter().zip(&l32).enumerate() {
         let e = pteria::runtime::rel_l2(a, b);
         println!("call {i}: f16 vs f32 KV caches, rel-L2 {e:.2e}");

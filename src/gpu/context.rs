@@ -107,6 +107,9 @@ pub struct ContextOptions {
     /// Run the q norm with RoPE in its own dispatch, never in the attention's that reads it
     /// (tests compare).
     pub separate_q_norms: bool,
+    /// Run the k and v norms that store into KV caches in a dispatch each, never together
+    /// (tests compare).
+    pub separate_kv_norms: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -176,6 +179,7 @@ pub struct Context {
     separate_ranges: bool,
     separate_chain_loads: bool,
     separate_q_norms: bool,
+    separate_kv_norms: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -302,6 +306,7 @@ impl Context {
             separate_ranges: opts.separate_ranges,
             separate_chain_loads: opts.separate_chain_loads,
             separate_q_norms: opts.separate_q_norms,
+            separate_kv_norms: opts.separate_kv_norms,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -383,6 +388,7 @@ impl Context {
             ranges: !self.separate_ranges,
             chain_loads: !self.separate_chain_loads,
             q_norms: !self.separate_q_norms,
+            kv_norms: !self.separate_kv_norms,
         }
     }
 

@@ -121,6 +121,14 @@ pub(crate) struct MemoryPlan {
     /// `normed_q` is the inverse.
     pub q_norm: Vec<Option<usize>>,
     pub normed_q: Vec<Option<usize>>,
+    /// Per node: for an rms_norm storing its rows into a KV cache (`norm_cache`), an earlier
+    /// one storing as many rows into a cache of the same shape at the same rows, unweighted and
+    /// not rotated (Gemma's v norm before its k norm): where a call allows
+    /// (`ops::kv_norms`), this norm's dispatch runs that one too (`main4_cache_kv`) and that one
+    /// dispatches nothing. Nothing between the two touches the earlier's cache, and its input
+    /// lives until this one. `kv_guest_of` is the inverse.
+    pub kv_guest: Vec<Option<usize>>,
+    pub kv_guest_of: Vec<Option<usize>>,
     /// Per node: a permute, or a select by a literal index, whose input is kept live as long as
     /// its output, so that where it is a view for a call's shapes (`ops::views`) the executor
     /// skips it and reads its input instead (a select from an offset into it).
@@ -141,6 +149,7 @@ pub(crate) struct Fusions {
     pub ranges: bool,
     pub chain_loads: bool,
     pub q_norms: bool,
+    pub kv_norms: bool,
 }
 
 /// Bytes per element of a representation, given the IR dtype's size.
@@ -219,6 +228,7 @@ impl MemoryPlan {
             ranges: fuse_ranges,
             chain_loads: fuse_chain_loads,
             q_norms: fuse_q_norms,
+            kv_norms: fuse_kv_norms,
         } = fusions;
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -743,6 +753,45 @@ impl MemoryPlan {
             }
         }
 
+        let mut kv_guest: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut kv_guest_of: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        if fuse_kv_norms {
+            // (cache update, its cache's root) of a norm storing into a cache.
+            let update = |n: usize| {
+                let Node::Op(up) = &g.nodes[norm_cache[n]?] else {
+                    return None;
+                };
+                Some((up, root[*up.inputs.first()?]))
+            };
+            for h in 0..g.nodes.len() {
+                let Some((hup, hc)) = update(h) else { continue };
+                let Node::Op(hop) = &g.nodes[h] else { continue };
+                for e in (0..h).rev() {
+                    let (Some((eup, ec)), Node::Op(eop)) = (update(e), &g.nodes[e]) else {
+                        continue;
+                    };
+                    let shape = |t: Option<&TensorId>| t.map(|&t| &g.tensors[t].max_shape);
+                    let ok = matches!(eop.kind, OpKind::RmsNorm { .. })
+                        && eop.inputs.len() == 1
+                        && kv_guest_of[e].is_none()
+                        && kv_guest[e].is_none()
+                        && ec != hc
+                        && eup.kind == hup.kind
+                        && eup.inputs.get(2) == hup.inputs.get(2)
+                        && shape(eup.inputs.first()) == shape(hup.inputs.first())
+                        && shape(eop.outputs.first()) == shape(hop.outputs.first())
+                        && (reads[ec].iter().chain(&writes[ec]))
+                            .all(|&v| v <= e || v > h || Some(v) == norm_cache[e]);
+                    if ok {
+                        kv_guest[h] = Some(e);
+                        kv_guest_of[e] = Some(h);
+                        read_until(&mut last_read, &root, &eop.inputs, h);
+                    }
+                    break;
+                }
+            }
+        }
+
         // A plain rms_norm B quantizing for its linears whose input another rms_norm A (not
         // rotated, not quantizing, not storing into a cache) writes alone: A's dispatch may norm
         // its rows again as B (the second norm's f32 rows are not stored), so everything that
@@ -959,6 +1008,8 @@ impl MemoryPlan {
             loaded_by,
             q_norm,
             normed_q,
+            kv_guest,
+            kv_guest_of,
             view_op,
             buffers,
         };

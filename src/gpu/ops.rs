@@ -1309,8 +1309,12 @@ fn rms_norm(
     let n = env.numel(out);
     let d = *oshape.last().ok_or("rms_norm of a scalar")?;
     let rows = n.checked_div(d).unwrap_or(0);
-    // A norm whose rows the norm before it normed again in its own dispatch (`norm_pair`).
-    if rows == 0 || env.mem.paired_norm[node].is_some_and(|a| norm_pair(env, a).is_some()) {
+    // A norm whose rows the norm before it normed again in its own dispatch (`norm_pair`), or
+    // that a later norm's dispatch stores into its cache (`kv_norms`).
+    if rows == 0
+        || env.mem.paired_norm[node].is_some_and(|a| norm_pair(env, a).is_some())
+        || env.mem.kv_guest_of[node].is_some_and(|h| kv_norms(env, h).is_some())
+    {
         return Ok(Vec::new());
     }
     let pair = norm_pair(env, node);
@@ -1418,6 +1422,17 @@ fn rms_norm(
         s.inputs
             .push(up.inputs.get(2).map_or(Res::Dummy, |&i| Res::Tensor(i)));
         s.entry = "main4_cache";
+        // The earlier norm's rows go into its cache at the same rows, from the workgroups
+        // after this one's: its input at binding 8, its cache at 9, its eps as eps2 (word 3)
+        // and its rows in word 7 (rms_norm.wgsl `main4_cache_kv`).
+        if let Some((gop, geps, gcache)) = kv_norms(env, node) {
+            s.params[3] = geps.to_bits();
+            s.params[7] = rows as u32;
+            s.inputs.push(Res::Tensor(gop.inputs[0]));
+            s.writes = vec![Res::Tensor(gcache)];
+            s.groups = env.grid(2 * rows, 1);
+            s.entry = "main4_cache_kv";
+        }
         return Ok(vec![s]);
     }
     // This norm's rows are normed again by the norm that reads them, which then quantizes them
@@ -1549,6 +1564,28 @@ fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
         wg,
         lanes,
     })
+}
+
+/// For a norm storing into a KV cache whose dispatch may also run an earlier one's
+/// (`MemoryPlan::kv_guest`): that norm, its eps and its cache, where this call gives both the
+/// same rows in 16-byte words and the device binds 9 storage buffers. Both ask, so they agree.
+fn kv_norms<'a>(env: &'a Env, h: usize) -> Option<(&'a Op, f32, TensorId)> {
+    use crate::ir::Node;
+    let e = env.mem.kv_guest.get(h).copied().flatten()?;
+    let u = env.mem.norm_cache.get(e).copied().flatten()?;
+    let (Node::Op(hop), Node::Op(eop), Node::Op(up)) = (
+        &env.graph.nodes[h],
+        &env.graph.nodes[e],
+        &env.graph.nodes[u],
+    ) else {
+        return None;
+    };
+    let OpKind::RmsNorm { eps } = eop.kind else {
+        return None;
+    };
+    let (ho, eo) = (env.shape(hop.outputs[0]), env.shape(eop.outputs[0]));
+    let ok = ho == eo && ho.last().is_some_and(|d| d % 4 == 0) && env.max_storage >= 9;
+    ok.then_some((eop, eps, *up.inputs.first()?))
 }
 
 /// The longest row a quantizing norm keeps in workgroup memory (`QROW`), and so the longest a
