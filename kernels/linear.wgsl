@@ -327,9 +327,9 @@ override INT_X: bool = false;
 // GLU_FIRST: the chain's input 0 is the first half.
 override GLU: bool = false;
 override GLU_FIRST: bool = true;
-// x is an element-wise chain of x and y2 (src/gpu/ops.rs `chain_loaded`; INT_X, one row, a quad
-// a lane): each lane computes its quad's chain, the team the row's range, and the lane
-// quantizes its quad itself, as the chain's own dispatch would have before (the same bits).
+// x is an element-wise chain of x and y2 (src/gpu/ops.rs `chain_loaded`; INT_X, one row, one
+// quad a lane): the workgroup chains and quantizes the row itself (`chain_quad`), as the chain's
+// own dispatch would have (the same bits).
 override CHAIN_X: bool = false;
 
 var<workgroup> red4: array<vec4<f32>, WG>;

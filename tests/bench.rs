@@ -179,10 +179,14 @@ fn program_bench_with_f16_kv_caches_reports_their_bytes_and_error() {
         2 * bytes(&v16, "kv_cache_bytes"),
         bytes(&v32, "kv_cache_bytes")
     );
-    assert_eq!(
+    // The caches' saving, and at most a little more: the f32 plan may hold a few more
+    // activation bytes (its norms store into the f32 caches themselves, and the v norm's input
+    // lives until the k norm's dispatch: src/gpu/memory.rs `kv_guest`).
+    let (saved, kv16) = (
         bytes(&v32, "gpu_bytes") - bytes(&v16, "gpu_bytes"),
-        bytes(&v16, "kv_cache_bytes")
+        bytes(&v16, "kv_cache_bytes"),
     );
+    assert!(saved >= kv16 && saved < kv16 + kv16 / 4, "{v32} {v16}");
     // Within the bound tests/vulkan_conformance.rs measures for this program.
     let worst = v16["kv_f16_rel_l2_worst"].as_f64().unwrap();
     assert!(worst > 0.0 && worst <= 0.15, "{v16}");

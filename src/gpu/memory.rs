@@ -753,6 +753,8 @@ impl MemoryPlan {
             }
         }
 
+        // Norms storing into caches, each with the nearest earlier one (`kv_guest`): the
+        // earlier's rows then land at the later norm's node.
         let mut kv_guest: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut kv_guest_of: Vec<Option<usize>> = vec![None; g.nodes.len()];
         if fuse_kv_norms {
@@ -841,6 +843,7 @@ impl MemoryPlan {
             }
         }
 
+        // Attentions that norm and rotate their own q (`q_norm`).
         let mut q_norm: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut normed_q: Vec<Option<usize>> = vec![None; g.nodes.len()];
         if fuse_q_norms {

@@ -1490,11 +1490,7 @@ fn norm_workgroup(env: &Env, units: usize) -> (usize, usize) {
     (wg, env.subgroup.map_or(1, |s| wg.min(s as usize)))
 }
 
-/// The rotated rms_norm whose rows attention `a` reads as q (`MemoryPlan::q_norm`), with the
-/// words `split` takes for it (sdpa.wgsl `split_normed`), where this call splits the keys, reads q in
-/// the norm's storage (the permutes on the way are views), the rows are the heads' (16-byte
-/// words), the norm's workgroup fits split's, and the device binds 9 storage buffers. Both ask,
-/// so they agree.
+/// What `split_normed` (sdpa.wgsl) takes for the rotated rms_norm whose rows are its q.
 struct QNorm<'a> {
     op: &'a Op,
     weighted: bool,
@@ -1506,6 +1502,10 @@ struct QNorm<'a> {
     lanes: usize,
 }
 
+/// The rotated rms_norm whose rows attention `a` reads as q (`MemoryPlan::q_norm`), where this
+/// call splits the keys, reads q in the norm's storage (the permutes on the way are views), the
+/// rows are the heads' (16-byte words), the norm's workgroup fits split's, and the device binds
+/// 9 storage buffers. Both ask, so they agree.
 fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
     use crate::ir::Node;
     let nn = env.mem.q_norm.get(a).copied().flatten()?;
@@ -1747,9 +1747,9 @@ const CHAIN_LOAD_MAX_K: usize = 512;
 
 /// For linear `l` whose input an element-wise chain makes (`MemoryPlan::chain_load`): that
 /// chain's op and steps, where this call computes the chain in `l`'s mat-vec as it loads its
-/// inputs (linear.wgsl `CHAIN_X`): one row of int8 activations, short enough that a team's lanes
-/// hold it with a quad each (and so its range), the weight in one binding, and the chain's
-/// inputs in buffers of their own (one is bound read-write). Both ask, so they agree.
+/// inputs (linear.wgsl `CHAIN_X`): one row of int8 activations, short enough that each lane of
+/// a team takes one quad of it, the weight in one binding, and the chain's inputs in buffers of
+/// their own (one is bound read-write). Both ask, so they agree.
 pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [ChainStep])> {
     let c = env.mem.chain_load.get(l).copied().flatten()?;
     let LinearCall {
