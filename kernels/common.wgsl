@@ -1,5 +1,9 @@
 // Shared by every kernel file (appended to each by src/gpu/context.rs).
 
+// Runs of subgroup lanes that a reduction sums by every invocation reading all of them after
+// one barrier (quant.wgsl, norm_sum.wgsl); more take a shared-memory tree.
+const FLAT_RUNS: u32 = 32u;
+
 // (x / d, x % d) for d > 0 without an integer division. Shape arithmetic divides every
 // element's index by runtime sizes, and an integer division is a scalar instruction per lane
 // on CPU drivers (lavapipe spent most of a broadcast multiply in `div`). A float reciprocal

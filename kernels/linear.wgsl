@@ -512,15 +512,17 @@ fn glu_store(wgi: u32, m: u32, t: u32, s: vec4<f32>) -> f32 {
     return 0.0;
 }
 
-// CHAIN_X: the row through the chain of x and y2 (workgroup memory, up to CHAIN_MAX_K), its
+// CHAIN_X: the row through the chain of x and y2 (workgroup memory, CHAIN_K4 words), its
 // range and its int8 words as act_quant_packed packs them, computed by the whole workgroup:
 // each invocation chains and quantizes a few elements (every lane taking its own quad's 32
 // cost more than the dispatch it saves: tanh and the exact rounding are long). Returns the
 // invocation's quad for `team_sums` and sets zp_x and s_x. Every invocation calls it
 // (barriers). Called by `matvec` only: `matvec_ranged` binds y2's slot to the ranges buffer.
-const CHAIN_MAX_K = 512u;
-var<workgroup> chain_row: array<vec4<f32>, CHAIN_MAX_K / 4u>;
-var<workgroup> chain_words: array<u32, CHAIN_MAX_K / 4u>;
+// The row's 16-byte words where CHAIN_X, else 1: `matvec` reaches these arrays whether or not
+// CHAIN_X is on, and every mat-vec would otherwise hold them (src/gpu/ops.rs `CHAIN_LOAD_MAX_K`).
+override CHAIN_K4: u32 = 1u;
+var<workgroup> chain_row: array<vec4<f32>, CHAIN_K4>;
+var<workgroup> chain_words: array<u32, CHAIN_K4>;
 
 fn chain_quad(t: u32) -> array<vec4<u32>, 2> {
     let k4 = p.k / 4u;

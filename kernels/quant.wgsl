@@ -104,9 +104,6 @@ fn round_quotient(a: f32, r: RowQuant) -> f32 {
     return select(q, -q, a < 0.0);
 }
 
-// Runs (of SG_LANES lanes) that a reduction sums by every invocation reading all of them after
-// one barrier; more take a shared-memory tree.
-const FLAT_RUNS: u32 = 32u;
 
 var<workgroup> red_lo: array<f32, WG>;
 var<workgroup> red_hi: array<f32, WG>;

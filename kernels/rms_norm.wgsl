@@ -51,6 +51,9 @@ override WG: u32 = 256u;
 override HAS_W: bool = false;
 // Lanes summed by subgroup shuffles (a power of two up to the subgroup size; 1: none).
 override SG_LANES: u32 = 1u;
+// norm_sum.wgsl's: WG and SG_LANES (src/gpu/ops.rs sets both pairs alike).
+override NORM_WG: u32 = 256u;
+override NORM_LANES: u32 = 1u;
 override CHAIN: bool = false;
 override NORM: bool = true;
 // The chain's other inputs: how many; whether one differs in shape from x (and is not a
@@ -81,7 +84,6 @@ override QUANT: u32 = 0u;
 // main4_cache: the cache rows of the value's rows (an update's indices), when it has them.
 @group(0) @binding(7) var<storage, read> cache_idx: array<i32>;
 
-var<workgroup> red: array<f32, WG>;
 
 // The chain applied to element i, whose normed value is n.
 fn chained(n: f32, i: u32) -> f32 {
@@ -149,37 +151,6 @@ fn chained4(n: vec4<f32>, i: u32) -> vec4<f32> {
         return n;
     }
     return vec4<f32>(chained(n.x, i), chained(n.y, i + 1u), chained(n.z, i + 2u), chained(n.w, i + 3u));
-}
-
-// The sum of `v` over the workgroup, in every invocation. Once per workgroup: the flat path
-// ends with no barrier after its reads of `red`.
-fn workgroup_sum(v: f32, t: u32) -> f32 {
-    var s = v;
-    // #if subgroups
-    for (var k = SG_LANES / 2u; k > 0u; k = k / 2u) {
-        s += subgroupShuffleXor(s, k);
-    }
-    // #endif
-    let lanes = max(SG_LANES, 1u);
-    if t % lanes == 0u {
-        red[t / lanes] = s;
-    }
-    workgroupBarrier();
-    if WG / lanes <= FLAT_RUNS {
-        // One barrier; every invocation adds the runs' sums in the same order.
-        var total = red[0];
-        for (var k = 1u; k < WG / lanes; k++) {
-            total += red[k];
-        }
-        return total;
-    }
-    for (var k = WG / lanes / 2u; k > 0u; k = k / 2u) {
-        if t < k {
-            red[t] += red[t + k];
-        }
-        workgroupBarrier();
-    }
-    return red[0];
 }
 
 @compute @workgroup_size(WG)

@@ -342,7 +342,7 @@ fn norm_q(qo: u32, t: u32) {
             s += dot(v, v);
         }
     }
-    let r = 1.0 / sqrt(norm_sum(s, t) / f32(DMAX) + p.eps);
+    let r = 1.0 / sqrt(workgroup_sum(s, t) / f32(DMAX) + p.eps);
     for (var e = t; e < DMAX; e += WG) {
         var v = q[qo + e] * r;
         if HAS_W {
@@ -361,38 +361,6 @@ fn norm_q(qo: u32, t: u32) {
         }
         qs[e] = v;
     }
-}
-
-// rms_norm.wgsl's `workgroup_sum` over NORM_WG invocations (in `sc`; the others add nothing).
-// The flat path ends with no barrier after its reads.
-fn norm_sum(v: f32, t: u32) -> f32 {
-    var s = v;
-    // #if subgroups
-    for (var k = NORM_LANES / 2u; k > 0u; k = k / 2u) {
-        s += subgroupShuffleXor(s, k);
-    }
-    // #endif
-    let lanes = max(NORM_LANES, 1u);
-    let runs = NORM_WG / lanes;
-    if t < NORM_WG && t % lanes == 0u {
-        sc[t / lanes] = s;
-    }
-    workgroupBarrier();
-    // (quant.wgsl's FLAT_RUNS.)
-    if runs <= 32u {
-        var total = sc[0];
-        for (var k = 1u; k < runs; k++) {
-            total += sc[k];
-        }
-        return total;
-    }
-    for (var k = runs / 2u; k > 0u; k = k / 2u) {
-        if t < k {
-            sc[t] += sc[t + k];
-        }
-        workgroupBarrier();
-    }
-    return sc[0];
 }
 
 // Merges split's chunks for 16 dims of one (head, query, batch): grid (hq, ceil(d / 16),

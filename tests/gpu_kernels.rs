@@ -48,6 +48,18 @@ fn small_binding_ctx() -> Option<Arc<Context>> {
     .clone()
 }
 
+/// A device that binds at most WebGPU's default 8 storage buffers per kernel.
+fn eight_binding_ctx() -> Option<Arc<Context>> {
+    static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        open(ContextOptions {
+            max_storage_buffers: Some(8),
+            ..Default::default()
+        })
+    })
+    .clone()
+}
+
 /// A device with subgroup operations left off, so kernels take their shared-memory paths.
 fn no_subgroup_ctx() -> Option<Arc<Context>> {
     static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
@@ -1355,6 +1367,10 @@ fn attention_norms_and_rotates_its_q() {
         t.out(y);
         let what = format!("{s} queries, {hq}x{d}, {rotary} rotated {style:?}, weighted {weighted}, permuted {permuted}");
         fusion_saves(&pairs, &what, &t, fused as usize);
+        // A device binding 8 storage buffers keeps the norm apart.
+        if let (Some(narrow), Some((_, apart, _))) = (eight_binding_ctx(), pairs.first()) {
+            fusion_saves(&[(narrow, apart.clone(), " (8 bindings)")], &what, &t, 0);
+        }
     }
 }
 
@@ -2948,7 +2964,13 @@ fn the_v_norm_runs_in_the_k_norms_dispatch() {
             }
             let fused = !k_first && !peek;
             let what = format!("indexed {indexed}, k first {k_first}, peek {peek}");
-            for (on, apart, name) in &pairs {
+            // (A device binding 8 storage buffers keeps the norms apart.)
+            let narrow = eight_binding_ctx().zip(pairs.first().map(|p| p.1.clone()));
+            let runs = (pairs
+                .iter()
+                .map(|(on, apart, name)| (on.clone(), apart.clone(), *name, fused)))
+            .chain(narrow.map(|(on, apart)| (on, apart, " (8 bindings)", false)));
+            for (on, apart, name, fused) in runs {
                 let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
                 let mut gf = GpuExecutor::new(on.clone(), t.g.clone()).unwrap();
                 let mut ga = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();

@@ -18,6 +18,7 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         "rms_norm" => concat!(
             include_str!("../../kernels/chain.wgsl"),
             include_str!("../../kernels/quant.wgsl"),
+            include_str!("../../kernels/norm_sum.wgsl"),
             include_str!("../../kernels/rms_norm.wgsl")
         ),
         // Activation quantization (quant.wgsl) is shared with rms_norm, which can do it too.
@@ -35,8 +36,10 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         "softmax" => include_str!("../../kernels/softmax.wgsl"),
         "reduce" => include_str!("../../kernels/reduce.wgsl"),
         "rope" => include_str!("../../kernels/rope.wgsl"),
+        // Attention may norm its q as rms_norm does (norm_sum.wgsl, `split_normed`).
         "sdpa" => concat!(
             include_str!("../../kernels/range.wgsl"),
+            include_str!("../../kernels/norm_sum.wgsl"),
             include_str!("../../kernels/sdpa.wgsl")
         ),
         "cache_update" => include_str!("../../kernels/cache_update.wgsl"),
@@ -76,6 +79,9 @@ pub struct ContextOptions {
     /// Plan as if the device's largest storage binding were at most this many bytes. Tests use
     /// it to force the row splitting of big weights on any device.
     pub max_storage_binding: Option<u64>,
+    /// Ask for at most this many storage buffers per kernel. Tests use it to run as a device
+    /// with WebGPU's default 8, where the fusions that bind 9 stay apart.
+    pub max_storage_buffers: Option<u32>,
     /// Backends to try; `None` means every one wgpu offers here (`WGPU_BACKEND` still applies).
     pub backends: Option<wgpu::Backends>,
     /// Leave subgroup operations off even where the adapter has them, so that the kernels'
@@ -251,8 +257,13 @@ impl Context {
             features.remove(wgpu::Features::SUBGROUP);
         }
         // Ask for everything the adapter offers: weights want the largest bindings and buffers,
-        // kernels up to eight storage bindings.
-        let limits = adapter.limits();
+        // kernels up to eight storage bindings, and some fusions nine where the device has them
+        // (`ops::WIDE_BINDINGS`).
+        let mut limits = adapter.limits();
+        if let Some(n) = opts.max_storage_buffers {
+            let have = limits.max_storage_buffers_per_shader_stage;
+            limits.max_storage_buffers_per_shader_stage = have.min(n);
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("pteria"),
             required_features: features,

@@ -327,6 +327,9 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op, max_binding: u64) -> Vec<u64> {
 const SPLIT_MAX_S: usize = 4;
 /// Invocations of a `split` workgroup.
 const SPLIT_WG: usize = 256;
+/// Storage buffers that the fused kernels binding more than WebGPU's default 8 take
+/// (`split_normed`, `main4_cache_kv`); a device with fewer keeps those ops apart.
+const WIDE_BINDINGS: u32 = 9;
 /// Keys per workgroup in the split (`PTERIA_SDPA_KEYS` = 8..=64, a power of two, overrides, for
 /// benchmark sweeps).
 fn split_keys(cache_rows: usize) -> usize {
@@ -1231,7 +1234,7 @@ fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize, usiz
     Some((team, team.max(64), rpt))
 }
 
-/// Subgroup runs a reduction reads after one barrier (quant.wgsl `FLAT_RUNS`).
+/// Subgroup runs a reduction reads after one barrier (common.wgsl `FLAT_RUNS`).
 const FLAT_RUNS: usize = 32;
 
 /// Outputs per workgroup of `matvec_q` (its `ROWS`).
@@ -1383,7 +1386,12 @@ fn rms_norm(
     }
     let vec4 = d % 4 == 0;
     let (wg, lanes) = norm_workgroup(env, if vec4 { d / 4 } else { d });
-    consts.extend([("WG", wg as f64), ("SG_LANES", lanes as f64)]);
+    consts.extend([
+        ("WG", wg as f64),
+        ("SG_LANES", lanes as f64),
+        ("NORM_WG", wg as f64),
+        ("NORM_LANES", lanes as f64),
+    ]);
     let mut inputs = vec![Res::Tensor(op.inputs[0]), w];
     inputs.extend(others.iter().map(|&t| Res::Tensor(t)));
     inputs.resize(2 + CHAIN_INPUTS - 1, Res::Dummy);
@@ -1481,7 +1489,7 @@ fn norm_workgroup(env: &Env, units: usize) -> (usize, usize) {
     let mut wg = units.next_power_of_two().clamp(32, max_wg);
     if let Some(sg) = env.subgroup.map(|s| s as usize) {
         // Whole subgroups to the row's length where the reductions read the runs after one
-        // barrier (quant.wgsl `FLAT_RUNS`); a tree needs a power of two.
+        // barrier (common.wgsl `FLAT_RUNS`); a tree needs a power of two.
         let fit = units.div_ceil(sg) * sg;
         if (32..=max_wg).contains(&fit) && fit / sg <= FLAT_RUNS {
             wg = fit;
@@ -1546,7 +1554,7 @@ fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
         && env.numel(out) == dims.b * dims.s * dims.hq * d
         && wg <= SPLIT_WG
         && half > 0
-        && env.max_storage >= 9;
+        && env.max_storage >= WIDE_BINDINGS;
     ok.then(|| QNorm {
         op: nop,
         weighted: *weighted,
@@ -1584,7 +1592,7 @@ fn kv_norms<'a>(env: &'a Env, h: usize) -> Option<(&'a Op, f32, TensorId)> {
         return None;
     };
     let (ho, eo) = (env.shape(hop.outputs[0]), env.shape(eop.outputs[0]));
-    let ok = ho == eo && ho.last().is_some_and(|d| d % 4 == 0) && env.max_storage >= 9;
+    let ok = ho == eo && ho.last().is_some_and(|d| d % 4 == 0) && env.max_storage >= WIDE_BINDINGS;
     ok.then_some((eop, eps, *up.inputs.first()?))
 }
 
@@ -1741,8 +1749,8 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
     (env.numel(stored) == k).then_some((site * 2 * RANGE_SLOTS) as u32)
 }
 
-/// The longest row a linear chains as it loads it (linear.wgsl `CHAIN_MAX_K`): every workgroup
-/// computes the whole row (E2B's per-layer input: 256).
+/// The longest row a linear chains as it loads it: every workgroup computes the whole row in
+/// workgroup memory (linear.wgsl `CHAIN_K4`; E2B's per-layer input: 256).
 const CHAIN_LOAD_MAX_K: usize = 512;
 
 /// For linear `l` whose input an element-wise chain makes (`MemoryPlan::chain_load`): that
@@ -2070,7 +2078,7 @@ fn linear(
                 let (q, cc) = chain_steps(p.u(0), chain);
                 p = q;
                 consts.extend(cc);
-                consts.push(("CHAIN_X", 1.0));
+                consts.extend([("CHAIN_X", 1.0), ("CHAIN_K4", (k / 4) as f64)]);
             }
             consts.extend([
                 ("TEAM", team as f64),
