@@ -76,3 +76,10 @@ fn cache_dst(indexed: bool, index: i32, start: i32, r: u32, value_len: u32, cach
     }
     return start + i32(r);
 }
+
+// -8 · s for a scale s whose product is a normal float (src/gpu/memory.rs `derived_bias` checks
+// every one), by its bits: exponent + 3, sign flipped. Not `-8.0 * s`: a shader compiler may
+// rewrite s · q + (-8 · s) into s · (q - 8), which rounds differently (lavapipe's does).
+fn neg8(s: f32) -> f32 {
+    return bitcast<f32>((bitcast<u32>(s) ^ 0x80000000u) + (3u << 23u));
+}

@@ -25,6 +25,8 @@ override WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read> ids: array<u32>;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
 @group(0) @binding(6) var<storage, read> biases: array<f32>;
+// The biases are -8 · scales: computed, not bound (linear.wgsl's DERIVED_BIAS).
+override DERIVED_BIAS: bool = false;
 
 fn byte_at(b: u32) -> u32 {
     return (w[b / 4u] >> ((b % 4u) * 8u)) & 0xffu;
@@ -68,5 +70,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         q = f32(extractBits(i32(byte_at(r * p.cols + c)), 0u, 8u));
     }
     let g = r * p.groups + c / GROUP;
-    y[i] = scales[g] * q + biases[g];
+    var bi: f32;
+    if DERIVED_BIAS {
+        bi = neg8(scales[g]);
+    } else {
+        bi = biases[g];
+    }
+    y[i] = scales[g] * q + bi;
 }

@@ -48,6 +48,16 @@ override WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read> w4: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
 @group(0) @binding(6) var<storage, read> biases: array<f32>;
+// The biases are -8 · scales (symmetric 4-bit weights, nibbles q + 8): computed, not bound
+// (src/gpu/memory.rs `derived_bias`); the same f32 the front end stored.
+override DERIVED_BIAS: bool = false;
+
+fn bias_at(g: u32) -> f32 {
+    if DERIVED_BIAS {
+        return neg8(scales[g]);
+    }
+    return biases[g];
+}
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
 @group(0) @binding(8) var<storage, read_write> y2: array<f32>;
 
@@ -263,7 +273,7 @@ fn row_dot(row: u32, words: u32, i: u32, k0: u32, xa: vec4<f32>, xb: vec4<f32>, 
         dq = dot(xa, signed_bytes(word));
     }
     let g = row * p.groups + k0 / GROUP;
-    return scales[g] * dq + biases[g] * sx;
+    return scales[g] * dq + bias_at(g) * sx;
 }
 
 @compute @workgroup_size(WG)
@@ -394,7 +404,7 @@ fn quad_dot(row: u32, quads: u32, i: u32, xs: array<vec4<f32>, 8>, sx: f32) -> f
     }
     let per_quad = select(16u, 32u, KIND == 1u);
     let g = row * p.groups + i * per_quad / GROUP;
-    return scales[g] * dq + biases[g] * sx;
+    return scales[g] * dq + bias_at(g) * sx;
 }
 
 // The row of x's zero point and scale (INT_X), read before the loop.
@@ -440,9 +450,14 @@ fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) 
         // 4-bit weights are n = round(w / s) + 8 with bias b = -8s: subtracting 8 Σ (q - zp)
         // in integers leaves one rounding, where s·Σ(q-zp)·n + b·Σ(q-zp) rounds two products
         // that mostly cancel (errors of several ulps, enough to flip a later int8 rounding).
+        // Derived biases make the second term (+0) · qs, which leaves every sum unchanged
+        // (they start at +0, so none is ever -0).
+        if DERIVED_BIAS {
+            return scales[g] * (qn - 8.0 * qs);
+        }
         return scales[g] * (qn - 8.0 * qs) + (biases[g] + 8.0 * scales[g]) * qs;
     }
-    return scales[g] * qn + biases[g] * qs;
+    return scales[g] * qn + bias_at(g) * qs;
 }
 
 @compute @workgroup_size(WG)
@@ -714,7 +729,7 @@ fn weight(n: u32, k: u32) -> f32 {
         q = f32(extractBits(i32(byte_at(n * p.k + k)), 0u, 8u));
     }
     let g = n * p.groups + k / GROUP;
-    return scales[g] * q + biases[g];
+    return scales[g] * q + bias_at(g);
 }
 
 // tiled: the next K slice's x and W are loaded into registers while this slice's products run
@@ -760,7 +775,7 @@ fn load_slice(m0: u32, n0: u32, k0: u32, t: u32) {
             pword = w[(n * p.k + k) / per];
             let g = n * p.groups + k / GROUP;
             pscale = scales[g];
-            pbias = biases[g];
+            pbias = bias_at(g);
         }
     }
 }
@@ -1075,7 +1090,7 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
                 } else {
                     yv += opq(f32(qn) * s);
                 }
-                let rest = biases[gi] + opq(zero * s);
+                let rest = bias_at(gi) + opq(zero * s);
                 if rest != 0.0 {
                     rest_sum += opq(rest * f32(sq - i32(zp) * i32(GROUP)));
                 }

@@ -1033,6 +1033,107 @@ fn paired_linears_match_separate_ones() {
     }
 }
 
+/// A symmetric 4-bit weight as the Vulkan front end lowers one: random nibbles, positive scales,
+/// and biases of -8 · scale (the stored nibbles are q + 8); `off_by_one`: one bias an ulp off.
+fn symmetric_q4(
+    t: &mut T,
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    group: usize,
+    off_by_one: bool,
+) -> Vec<TensorId> {
+    let g = cols / group;
+    let packed = t.constant(DType::U8, &[rows, cols / 2], rng.bytes(rows * cols / 2));
+    let s: Vec<f32> = rng
+        .floats(rows * g, 0.02)
+        .iter()
+        .map(|v| v.abs() + 0.001)
+        .collect();
+    let mut b: Vec<f32> = s.iter().map(|v| -8.0 * v).collect();
+    if off_by_one {
+        let i = b.len() / 2;
+        b[i] = f32::from_bits(b[i].to_bits() + 1);
+    }
+    let scales = t.const_f(&[rows, g], &s);
+    let biases = t.const_f(&[rows, g], &b);
+    vec![packed, scales, biases]
+}
+
+/// Biases that are -8 · scales bit for bit (symmetric 4-bit linears and embeddings) are computed
+/// from the scales, not stored: the same bits as reading them, without their bytes. Decode rows
+/// (int8 activations and f32), prefill rows (tiled), groups smaller than a quad, paired linears
+/// (whose biases share a buffer) and an embedding; biases with one an ulp off stay stored.
+#[test]
+fn symmetric_biases_are_computed_not_stored() {
+    use pteria::ir::ActQuant;
+    let pairs = fused_and_apart(ContextOptions {
+        stored_biases: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(61);
+    // Bytes of f32 biases for a [rows, cols] weight in groups of `group`, and a buffer's
+    // size for some bytes (16-byte multiples).
+    let held = |rows: usize, cols: usize, group: usize| (rows * (cols / group) * 4) as u64;
+    let padded = |bytes: u64| bytes.max(16).div_ceil(16) * 16;
+    for off_by_one in [false, true] {
+        for (m, k, group, aq) in [
+            (1, 256, 32, ActQuant::Torchao),
+            (1, 384, 128, ActQuant::None),
+            (3, 256, 128, ActQuant::Torchao),
+            (20, 160, 32, ActQuant::Torchao),
+            (2, 40, 8, ActQuant::None),
+        ] {
+            let mut t = T::default();
+            let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+            // Two linears of x (paired: one dispatch, their biases in one buffer).
+            let mut saved = 0;
+            for n in [37, 64] {
+                let mut ins = vec![x];
+                ins.extend(symmetric_q4(&mut t, &mut rng, n, k, group, off_by_one));
+                let y = t.op(
+                    OpKind::Linear {
+                        weight: Weight::Q4 { group },
+                        act_quant: aq,
+                        has_bias: false,
+                    },
+                    ins,
+                    DType::F32,
+                    &[m, n],
+                );
+                t.out(y);
+                saved += held(n, k, group);
+            }
+            let e_ins = symmetric_q4(&mut t, &mut rng, 50, k, group, false);
+            let ids = t.input_i(&[1, 3], &[49, 0, 17]);
+            let e = t.op(
+                OpKind::Embedding {
+                    weight: Weight::Q4 { group },
+                },
+                vec![e_ins[0], e_ins[1], e_ins[2], ids],
+                DType::F32,
+                &[1, 3, k],
+            );
+            t.out(e);
+            // A bias an ulp off: the linears' biases stay stored, the embedding's not.
+            let saved = if off_by_one { 0 } else { padded(saved) } + padded(held(50, k, group));
+            for (derived, stored, name) in &pairs {
+                let what = format!("symmetric biases {m}x{k} g{group} {aq:?}{name}");
+                let (a, b) = same_bits_fused_and_apart(derived, stored, &what, &t);
+                assert_eq!(a, b, "{what}: dispatches");
+                let bytes = |ctx: &Arc<Context>| {
+                    GpuExecutor::new(ctx.clone(), t.g.clone())
+                        .unwrap()
+                        .memory()
+                        .constants
+                };
+                let (got, want) = (bytes(derived), bytes(stored));
+                assert_eq!(got + saved, want, "{what}: constants {got} against {want}");
+            }
+        }
+    }
+}
+
 /// Two linears of `x` ([m, k]) to n outputs each, and gelu(one) · the other (an MLP's gate/up).
 fn gate_up(
     t: &mut T,

@@ -116,6 +116,9 @@ pub struct ContextOptions {
     /// Run the k and v norms that store into KV caches in a dispatch each, never together
     /// (tests compare).
     pub separate_kv_norms: bool,
+    /// Store every 4-bit weight's biases, never compute those that are -8 · scale from the
+    /// scales (tests compare).
+    pub stored_biases: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -186,6 +189,7 @@ pub struct Context {
     separate_chain_loads: bool,
     separate_q_norms: bool,
     separate_kv_norms: bool,
+    stored_biases: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -318,6 +322,7 @@ impl Context {
             separate_chain_loads: opts.separate_chain_loads,
             separate_q_norms: opts.separate_q_norms,
             separate_kv_norms: opts.separate_kv_norms,
+            stored_biases: opts.stored_biases,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -400,6 +405,7 @@ impl Context {
             chain_loads: !self.separate_chain_loads,
             q_norms: !self.separate_q_norms,
             kv_norms: !self.separate_kv_norms,
+            derived_biases: !self.stored_biases,
         }
     }
 

@@ -438,14 +438,16 @@ impl GpuExecutor {
             .unwrap_or_default()
     }
 
-    /// Bytes of linear weights (packed values, scales, biases as held on the GPU) that every
-    /// call must read in full, whatever its length: the floor a decode step's time is held to.
+    /// Bytes of linear weights (packed values, scales, biases as held on the GPU: not those
+    /// derived from the scales) that every call must read in full, whatever its length: the
+    /// floor a decode step's time is held to.
     pub fn linear_weight_bytes(&self) -> u64 {
         let mut seen = std::collections::HashSet::new();
         self.graph
             .ops()
             .filter(|op| matches!(op.kind, OpKind::Linear { .. }))
             .flat_map(ops::weight_tensors)
+            .filter(|&t| !self.mem.derived_bias[self.mem.root[t]])
             .filter(|&t| seen.insert(self.mem.root[t]))
             .map(|t| self.mem.bytes(t, &self.graph))
             .sum()

@@ -74,6 +74,10 @@ pub(crate) struct MemoryPlan {
     pub partner: Vec<Option<usize>>,
     /// Per node: the linear that computes this one's rows (the inverse of `partner`).
     pub merged_into: Vec<Option<usize>>,
+    /// Per root: a 4-bit weight's biases that are -8 · its scales bit for bit (symmetric
+    /// weights, whose nibbles hold q + 8: the Vulkan front end derives such biases). Kernels
+    /// compute them from the scales (`ops::derived_bias`); they get no buffer.
+    pub derived_bias: Vec<bool>,
     /// Per node: for an rms_norm or element-wise chain whose output a quantized linear quantizes
     /// first, that linear; the producer writes the quantized rows into the linear's scratch
     /// (allocated at the producer) where the linear takes them packed (`ops::prequantized`),
@@ -150,6 +154,72 @@ pub(crate) struct Fusions {
     pub chain_loads: bool,
     pub q_norms: bool,
     pub kv_norms: bool,
+    /// Compute 4-bit biases that are -8 · scales instead of storing them (`derived_bias`).
+    pub derived_biases: bool,
+}
+
+/// Per root: whether it is a 4-bit weight's biases equal to -8 · its scales bit for bit (as the
+/// kernels form it: `neg8_bits`), for every op that reads it (4-bit linears and embeddings, whose last weight tensor it is). Such biases
+/// are what symmetric 4-bit weights (nibbles q + 8) carry; a kernel computing -8 · scale gets
+/// the same f32 the front end stored, so nothing changes but the bytes: E2B's 4-bit per-layer
+/// embedding table alone has 294 MB of them.
+fn derive_biases(g: &Graph, root: &[TensorId], reads: &[Vec<usize>]) -> Vec<bool> {
+    use crate::ir::Weight;
+    let nt = g.tensors.len();
+    let mut derived = vec![false; nt];
+    let data = |t: TensorId| match &g.tensors[t].role {
+        Role::Constant(b) if root[t] == t => {
+            Some(crate::runtime::tensor::to_f32(g.tensors[t].dtype, b))
+        }
+        _ => None,
+    };
+    // The (scales, biases) pairs already compared.
+    let mut seen: Vec<((TensorId, TensorId), bool)> = Vec::new();
+    for (b, readers) in reads.iter().enumerate() {
+        if readers.is_empty() || root[b] != b {
+            continue;
+        }
+        derived[b] = readers.iter().all(|&n| {
+            let Node::Op(op) = &g.nodes[n] else {
+                return false;
+            };
+            let q4 = matches!(
+                op.kind,
+                OpKind::Linear {
+                    weight: Weight::Q4 { .. },
+                    ..
+                } | OpKind::Embedding {
+                    weight: Weight::Q4 { .. }
+                }
+            );
+            let ws = ops::weight_tensors(op);
+            if !q4 || ws.len() != 3 || ws[2] != b || ws[1..].iter().any(|&t| root[t] != t) {
+                return false;
+            }
+            let pair = (ws[1], b);
+            if let Some(&(_, ok)) = seen.iter().find(|(p, _)| *p == pair) {
+                return ok;
+            }
+            let ok = match (data(pair.0), data(pair.1)) {
+                (Some(sc), Some(bi)) => {
+                    sc.len() == bi.len()
+                        && sc.iter().zip(bi.iter()).all(|(&s, &b)| {
+                            b.to_bits() == (-8.0 * s).to_bits() && b.to_bits() == neg8_bits(s)
+                        })
+                }
+                _ => false,
+            };
+            seen.push((pair, ok));
+            ok
+        });
+    }
+    derived
+}
+
+/// The bits of -8 · s as kernels compute a derived bias (common.wgsl `neg8`): exponent + 3, sign
+/// flipped. Those of the product wherever that is a normal float (not for zeros or subnormals).
+fn neg8_bits(s: f32) -> u32 {
+    (s.to_bits() ^ 0x8000_0000).wrapping_add(3 << 23)
 }
 
 /// Bytes per element of a representation, given the IR dtype's size.
@@ -229,6 +299,7 @@ impl MemoryPlan {
             chain_loads: fuse_chain_loads,
             q_norms: fuse_q_norms,
             kv_norms: fuse_kv_norms,
+            derived_biases,
         } = fusions;
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -437,6 +508,12 @@ impl MemoryPlan {
             }
         }
 
+        let derived_bias = if derived_biases {
+            derive_biases(g, &root, &reads)
+        } else {
+            vec![false; nt]
+        };
+
         // Linears reading one input with one activation quantization and weight format (q/k,
         // gate/up) pair up: the first computes both in one dispatch (a decode mat-vec's cost is
         // mostly fixed), each of its weight tensors sharing one buffer with the second's, laid
@@ -468,7 +545,16 @@ impl MemoryPlan {
                     })
                     && root[out] == out
                     && matches!(g.tensors[out].role, Role::Activation);
-                ok.then(|| (root[op.inputs[0]], format!("{weight:?}/{act_quant:?}")))
+                // Partners' biases lie in one buffer: both stored, or both derived.
+                let derived = ops::weight_tensors(op)
+                    .last()
+                    .is_some_and(|&b| derived_bias[root[b]]);
+                ok.then(|| {
+                    (
+                        root[op.inputs[0]],
+                        format!("{weight:?}/{act_quant:?}/{derived}"),
+                    )
+                })
             };
             let mut open: Vec<((TensorId, String), usize)> = Vec::new();
             for (n, node) in g.nodes.iter().enumerate() {
@@ -558,7 +644,7 @@ impl MemoryPlan {
         let mut place: Vec<Vec<usize>> = vec![Vec::new(); nt];
         let mut pooled = Vec::new();
         for t in 0..nt {
-            if root[t] != t || !used[t] || absorbed[t] {
+            if root[t] != t || !used[t] || absorbed[t] || derived_bias[t] {
                 continue;
             }
             let size = bytes[t];
@@ -995,6 +1081,7 @@ impl MemoryPlan {
             quant_from,
             partner,
             merged_into,
+            derived_bias,
             quant_into,
             quant_by,
             glu_chain,

@@ -254,6 +254,13 @@ pub(crate) fn packed_weight(op: &Op) -> Option<TensorId> {
 }
 
 /// Weight tensors an op reads by rows (and so may read split into chunks).
+/// Whether 4-bit `op` computes its biases as -8 · scale instead of reading them (their buffer is
+/// not bound: `MemoryPlan::derived_bias`).
+fn derived_bias(env: &Env, op: &Op) -> bool {
+    let ws = weight_tensors(op);
+    ws.len() == 3 && env.mem.derived_bias[env.mem.root[ws[2]]]
+}
+
 pub(crate) fn weight_tensors(op: &Op) -> Vec<TensorId> {
     match &op.kind {
         OpKind::Linear { weight, .. } => op
@@ -1993,11 +2000,12 @@ fn linear(
         Res::Dummy
     };
     let (tpr, rpw) = (32usize, 8usize);
+    let derived = derived_bias(env, op);
     for c in 0..count {
         let n0 = c * per;
         let nc = per.min(rows - n0);
         let q = |i: usize| {
-            if kind == 0 {
+            if kind == 0 || (derived && i == 3) {
                 Res::Dummy
             } else {
                 Res::Chunk(op.inputs[i], c)
@@ -2016,6 +2024,7 @@ fn linear(
             ("KIND", kind as f64),
             ("GROUP", group as f64),
             ("HAS_BIAS", b(has_bias)),
+            ("DERIVED_BIAS", b(derived)),
         ];
         let quad = if matvec {
             quad_matvec(weight, k, nc)
@@ -2337,15 +2346,17 @@ fn embedding(env: &Env, op: &Op, weight: Weight) -> Result<Vec<Step>, String> {
         ));
     }
     let (per, count) = env.chunks(w, rows);
+    let derived = derived_bias(env, op);
     let consts = vec![
         ("KIND", kind as f64),
         ("GROUP", group as f64),
         ("IDS_INT", b(env.int(ids))),
+        ("DERIVED_BIAS", b(derived)),
     ];
     Ok((0..count)
         .map(|c| {
             let q = |i: usize| {
-                if kind == 0 {
+                if kind == 0 || (derived && i == 2) {
                     Res::Dummy
                 } else {
                     Res::Chunk(op.inputs[i], c)
