@@ -23,6 +23,7 @@ struct Params {
     // its weights follow in the same buffers and its outputs go to y2 (N - split columns).
     split: u32,
     // matvec_ranged / act_quant_ranged: the first word of the row's site in the ranges buffer.
+    // `linear3` (a third linear's rows, never ranged): the row where the third's begin.
     range_at: u32,
     // GLU: the chain's step words (chain.wgsl `apply_chain`).
     words: array<vec4<u32>, 3>,
@@ -60,13 +61,26 @@ fn bias_at(g: u32) -> f32 {
 }
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
 @group(0) @binding(8) var<storage, read_write> y2: array<f32>;
+// #if triple
+// `linear3`: rows from p.range_at on are a third linear's (src/gpu/memory.rs `third`), stored
+// to y3.
+@group(0) @binding(9) var<storage, read_write> y3: array<f32>;
+// #endif
 
 // Output `row` (of this chunk) of x row m.
 fn put(m: u32, row: u32, v: f32) {
+    var end2 = p.n;
+    // #if triple
+    end2 = p.range_at;
+    if row >= end2 {
+        y3[m * (p.n - end2) + row - end2] = v;
+        return;
+    }
+    // #endif
     if row < p.split {
         y[m * p.ldy + p.n0 + row] = v;
     } else {
-        y2[m * (p.n - p.split) + row - p.split] = v;
+        y2[m * (end2 - p.split) + row - p.split] = v;
     }
 }
 

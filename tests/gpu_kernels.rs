@@ -813,9 +813,9 @@ fn linears_of_one_input_share_its_quantization() {
             TOL,
             0.05,
         );
-        // 3 quantizations (q4/torchao once for three linears, q8, xnnpack) and 4 mat-vecs:
-        // the first two q4/torchao linears run as one.
-        assert_eq!(gpu.stats().last_dispatches, 7, "{m} rows");
+        // 3 quantizations (q4/torchao once for three linears, q8, xnnpack) and 3 mat-vecs:
+        // the three q4/torchao linears run as one.
+        assert_eq!(gpu.stats().last_dispatches, 6, "{m} rows");
     }
 }
 
@@ -1019,8 +1019,8 @@ fn paired_linears_match_separate_ones() {
         for (merged, apart, name) in &pairs {
             let what = format!("paired linears, {m} rows{name}");
             let (a, b) = same_bits_fused_and_apart(merged, apart, &what, &t);
-            // 9 linears in 5 pairs and one alone (the third q4/torchao), 2 quantizations.
-            assert_eq!(a, 7, "{what}");
+            // 9 linears in one triple (q4/torchao) and 3 pairs, 2 quantizations.
+            assert_eq!(a, 6, "{what}");
             assert_eq!(b, 11, "{what}");
         }
         // With a 64 KiB binding the 600-row q4 weight is split (its pair runs apart, in 1 + 2
@@ -1028,7 +1028,14 @@ fn paired_linears_match_separate_ones() {
         if let Some(small) = small_binding_ctx() {
             let what = format!("paired linears, {m} rows, small binding");
             let gpu = check_on(small, &what, &t, TOL, 0.05);
-            assert_eq!(gpu.stats().last_dispatches, 10, "{what}");
+            assert_eq!(gpu.stats().last_dispatches, 9, "{what}");
+        }
+        // A device binding 8 storage buffers has no third output: the q4/torchao linears run as
+        // a pair and one alone.
+        if let Some(eight) = eight_binding_ctx() {
+            let what = format!("paired linears, {m} rows, 8 bindings");
+            let gpu = check_on(eight, &what, &t, TOL, 0.05);
+            assert_eq!(gpu.stats().last_dispatches, 7, "{what}");
         }
     }
 }
@@ -1130,6 +1137,75 @@ fn symmetric_biases_are_computed_not_stored() {
                 let (got, want) = (bytes(derived), bytes(stored));
                 assert_eq!(got + saved, want, "{what}: constants {got} against {want}");
             }
+        }
+    }
+}
+
+/// Three linears of one input (q/k/v) run as one dispatch writing three outputs (linear.wgsl's
+/// `linear3`) on every path a linear takes: decode mat-vecs of 16-byte quads (4- and 8-bit,
+/// int8 or f32 activations), of single words (groups of 8), of f32 weights, and prefill's tiled
+/// kernel; the same bits as a pair and one alone.
+#[test]
+fn three_linears_of_one_input_run_as_one() {
+    use pteria::ir::ActQuant;
+    let pairs = fused_and_apart(ContextOptions {
+        separate_triples: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(67);
+    let cases = [
+        // (format, quantization, M, K, the three Ns)
+        (
+            Weight::Q4 { group: 128 },
+            ActQuant::Torchao,
+            1,
+            512,
+            [80, 16, 16],
+        ),
+        (
+            Weight::Q4 { group: 32 },
+            ActQuant::None,
+            1,
+            256,
+            [33, 7, 50],
+        ),
+        (
+            Weight::Q8 { group: 64 },
+            ActQuant::Torchao,
+            3,
+            256,
+            [40, 9, 9],
+        ),
+        (Weight::Q4 { group: 8 }, ActQuant::None, 2, 40, [19, 5, 11]),
+        (Weight::F32, ActQuant::None, 1, 100, [30, 6, 6]),
+        (
+            Weight::Q4 { group: 32 },
+            ActQuant::Torchao,
+            20,
+            160,
+            [45, 17, 17],
+        ),
+        (Weight::F32, ActQuant::None, 37, 64, [70, 9, 13]),
+    ];
+    for (w, aq, m, k, ns) in cases {
+        let mut t = T::default();
+        let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+        let three: Vec<_> = ns.iter().map(|&n| (w, aq, n)).collect();
+        linears_of(&mut t, &mut rng, x, [m, k], &three);
+        let what = format!("three linears {w:?} {aq:?} {m}x{k}->{ns:?}");
+        fusion_saves(&pairs, &what, &t, 1);
+        if let Some(eight) = eight_binding_ctx() {
+            let fused = check_on(ctx().unwrap(), &what, &t, TOL, 0.05);
+            let mut apart = check_on(eight, &format!("{what}, 8 bindings"), &t, TOL, 0.05);
+            let got = apart.run(&values(&t.inputs)).unwrap();
+            let mut fused = fused;
+            let want = fused.run(&values(&t.inputs)).unwrap();
+            assert!(got == want, "{what}: 8 bindings and the triple differ");
+            assert_eq!(
+                apart.stats().last_dispatches,
+                fused.stats().last_dispatches + 1,
+                "{what}: 8 bindings"
+            );
         }
     }
 }

@@ -25,7 +25,8 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         // A paired linear can store a chain of its two outputs (chain.wgsl; `GLU`). Rows'
         // ranges (range.wgsl) pass from the linears and attention that store them to the
         // linears that quantize them.
-        "linear" => concat!(
+        // `linear3`: the variant with a third output (`with_blocks`).
+        "linear" | "linear3" => concat!(
             include_str!("../../kernels/chain.wgsl"),
             include_str!("../../kernels/quant.wgsl"),
             include_str!("../../kernels/range.wgsl"),
@@ -49,12 +50,14 @@ fn kernel_source(name: &str) -> Option<&'static str> {
     })
 }
 
-/// A kernel's source for this device. A module that names subgroup builtins fails validation on
-/// a device without the feature, and `override` constants cannot hide them: so the lines between
-/// `// #if subgroups` and `// #endif` are kept only on devices with subgroups (naga 30 wants no
-/// `enable subgroups;`); an `override` still picks the path at run time.
-fn with_subgroups(src: &'static str, subgroups: bool) -> std::borrow::Cow<'static, str> {
-    if !src.contains("// #if subgroups") {
+/// A kernel's source for this device and variant. A module that names subgroup builtins fails
+/// validation on a device without the feature, and `override` constants cannot hide them: so the
+/// lines between `// #if subgroups` and `// #endif` are kept only on devices with subgroups
+/// (naga 30 wants no `enable subgroups;`); an `override` still picks the path at run time.
+/// Likewise `// #if triple` lines only in `linear3`: a binding that a kernel names must be in its
+/// layout, and every other linear would then bind a ninth storage buffer (WebGPU's default is 8).
+fn with_blocks(src: &'static str, subgroups: bool, triple: bool) -> std::borrow::Cow<'static, str> {
+    if !src.contains("// #if ") {
         return src.into();
     }
     let mut out = String::with_capacity(src.len());
@@ -62,6 +65,7 @@ fn with_subgroups(src: &'static str, subgroups: bool) -> std::borrow::Cow<'stati
     for line in src.lines() {
         match line.trim() {
             "// #if subgroups" => keep = subgroups,
+            "// #if triple" => keep = triple,
             "// #endif" => keep = true,
             _ if keep => {
                 out.push_str(line);
@@ -119,6 +123,9 @@ pub struct ContextOptions {
     /// Store every 4-bit weight's biases, never compute those that are -8 · scale from the
     /// scales (tests compare).
     pub stored_biases: bool,
+    /// Run three linears of one input as a pair and one alone, never all three in one dispatch
+    /// (tests compare).
+    pub separate_triples: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -190,6 +197,7 @@ pub struct Context {
     separate_q_norms: bool,
     separate_kv_norms: bool,
     stored_biases: bool,
+    separate_triples: bool,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -323,6 +331,7 @@ impl Context {
             separate_q_norms: opts.separate_q_norms,
             separate_kv_norms: opts.separate_kv_norms,
             stored_biases: opts.stored_biases,
+            separate_triples: opts.separate_triples,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -406,6 +415,10 @@ impl Context {
             q_norms: !self.separate_q_norms,
             kv_norms: !self.separate_kv_norms,
             derived_biases: !self.stored_biases,
+            // The third output binds one more storage buffer.
+            triples: !self.separate_linears
+                && !self.separate_triples
+                && self.limits.max_storage_buffers_per_shader_stage >= super::ops::WIDE_BINDINGS,
         }
     }
 
@@ -508,7 +521,11 @@ impl Context {
                 None => {
                     let src =
                         kernel_source(kernel).ok_or_else(|| shader_err("no such kernel".into()))?;
-                    let src = with_subgroups(src, self.features.contains(wgpu::Features::SUBGROUP));
+                    let src = with_blocks(
+                        src,
+                        self.features.contains(wgpu::Features::SUBGROUP),
+                        kernel == "linear3",
+                    );
                     let src = format!("{src}\n{}", include_str!("../../kernels/common.wgsl"));
                     let m = self
                         .scoped(|| {

@@ -366,14 +366,19 @@ impl GpuExecutor {
                     tensor,
                     range,
                     then,
-                } => (*tensor, range.clone(), *then),
-                BufferKind::State(t) => (*t, 0..self.mem.bytes(*t, &self.graph), None),
+                } => (*tensor, range.clone(), then.clone()),
+                BufferKind::State(t) => (*t, 0..self.mem.bytes(*t, &self.graph), Vec::new()),
                 _ => continue,
             };
-            let after = range.end - range.start;
-            for (t, range, at) in std::iter::once((t, range, 0))
-                .chain(then.map(|b| (b, 0..self.mem.bytes(b, &self.graph), after)))
-            {
+            // Each laid after the one before.
+            let mut at = range.end - range.start;
+            let mut laid = vec![(t, range, 0)];
+            for b in then {
+                let len = self.mem.bytes(b, &self.graph);
+                laid.push((b, 0..len, at));
+                at += len;
+            }
+            for (t, range, at) in laid {
                 let def = &self.graph.tensors[t];
                 let blob = match &def.role {
                     Role::Constant(b) | Role::State(Some(b)) => b,

@@ -336,7 +336,7 @@ const SPLIT_MAX_S: usize = 4;
 const SPLIT_WG: usize = 256;
 /// Storage buffers that the fused kernels binding more than WebGPU's default 8 take
 /// (`split_normed`, `main4_cache_kv`); a device with fewer keeps those ops apart.
-const WIDE_BINDINGS: u32 = 9;
+pub(crate) const WIDE_BINDINGS: u32 = 9;
 /// Keys per workgroup in the split (`PTERIA_SDPA_KEYS` = 8..=64, a power of two, overrides, for
 /// benchmark sweeps).
 fn split_keys(cache_rows: usize) -> usize {
@@ -1861,20 +1861,24 @@ fn linear(
     if m == 0 || nn == 0 || env.mem.merged_into.get(node).copied().flatten().is_some() {
         return Ok(Vec::new());
     }
-    // This linear's partner, its output and rows, computed here after this one's.
-    let second = match env.mem.partner.get(node).copied().flatten() {
-        Some(pn) => match &env.graph.nodes[pn] {
-            crate::ir::Node::Op(o) => {
-                let o2 = o.outputs[0];
-                Some((
-                    o2,
-                    *env.shape(o2).last().ok_or("linear output is a scalar")?,
-                ))
-            }
-            _ => None,
-        },
-        None => None,
+    // This linear's partner (and third), its output and rows, computed here after this one's.
+    let merged = |of: &[Option<usize>]| -> Result<Option<(TensorId, usize)>, String> {
+        Ok(match of.get(node).copied().flatten() {
+            Some(pn) => match &env.graph.nodes[pn] {
+                crate::ir::Node::Op(o) => {
+                    let o2 = o.outputs[0];
+                    Some((
+                        o2,
+                        *env.shape(o2).last().ok_or("linear output is a scalar")?,
+                    ))
+                }
+                _ => None,
+            },
+            None => None,
+        })
     };
+    let second = merged(&env.mem.partner)?;
+    let third = merged(&env.mem.third)?;
     let wc = weight.tensor_count();
     let w = op.inputs[1];
     let (kind, group) = match weight {
@@ -1977,9 +1981,10 @@ fn linear(
         }
         xsrc = Res::Scratch(0);
     }
+    let n3 = third.map_or(0, |(_, n3)| n3);
     let (per, count, rows) = match second {
         // Paired weights are never split (the planner checks they fit one binding together).
-        Some((_, n2)) => (nn + n2, 1, nn + n2),
+        Some((_, n2)) => (nn + n2 + n3, 1, nn + n2 + n3),
         None => {
             let (per, count) = env.chunks(w, nn);
             (per, count, nn)
@@ -2001,6 +2006,8 @@ fn linear(
     };
     let (tpr, rpw) = (32usize, 8usize);
     let derived = derived_bias(env, op);
+    // A third linear's rows go to a third output binding, in linear.wgsl's `linear3` variant.
+    let kernel = if third.is_some() { "linear3" } else { "linear" };
     for c in 0..count {
         let n0 = c * per;
         let nc = per.min(rows - n0);
@@ -2012,7 +2019,7 @@ fn linear(
             }
         };
         let inputs = vec![xsrc, Res::Chunk(w, c), q(2), q(3), bias];
-        let p = P::default()
+        let mut p = P::default()
             .u(m)
             .u(nc)
             .u(k)
@@ -2020,6 +2027,10 @@ fn linear(
             .u(n0)
             .u(k / group)
             .u(split);
+        // `linear3` finds the third's rows from here on (a triple is never ranged or chained).
+        if let (Some((_, n2)), Some(_)) = (second, third) {
+            p = p.u(nn + n2);
+        }
         let mut consts = vec![
             ("KIND", kind as f64),
             ("GROUP", group as f64),
@@ -2053,7 +2064,7 @@ fn linear(
                 ("WG", 64.0),
             ]);
             steps.push(step(
-                "linear",
+                kernel,
                 "xnn_gemm",
                 consts,
                 p,
@@ -2100,7 +2111,7 @@ fn linear(
                 ),
             ]);
             steps.push(step(
-                "linear",
+                kernel,
                 if range.is_some() {
                     "matvec_ranged"
                 } else {
@@ -2119,7 +2130,7 @@ fn linear(
                 ("WG", (tpr * rpw) as f64),
             ]);
             steps.push(step(
-                "linear",
+                kernel,
                 "matvec_f32",
                 consts,
                 p,
@@ -2136,7 +2147,7 @@ fn linear(
                 .clamp(32, 256);
             consts.push(("WG", wg as f64));
             steps.push(step(
-                "linear",
+                kernel,
                 "matvec_q",
                 consts,
                 p,
@@ -2153,7 +2164,7 @@ fn linear(
             }
             consts.push(("WORDS", b(kind != 0 && matvec_aligned(weight, k))));
             steps.push(step(
-                "linear",
+                kernel,
                 "tiled",
                 consts,
                 p,
@@ -2164,7 +2175,10 @@ fn linear(
         }
         if !xnn_exact {
             if let Some(s) = steps.last_mut() {
-                s.writes = vec![y2];
+                s.writes = match third {
+                    Some((o3, _)) => vec![y2, Res::Tensor(o3)],
+                    None => vec![y2],
+                };
             }
         }
     }
