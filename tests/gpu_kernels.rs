@@ -1041,25 +1041,29 @@ fn paired_linears_match_separate_ones() {
 }
 
 /// A symmetric 4-bit weight as the Vulkan front end lowers one: random nibbles, positive scales,
-/// and biases of -8 · scale (the stored nibbles are q + 8); `off_by_one`: one bias an ulp off.
+/// and biases of -8 · scale (the stored nibbles are q + 8). `flaw` 1: one bias an ulp off; 2: one
+/// scale 0 (its bias -0, the product, which kernels do not form from the scale's bits).
 fn symmetric_q4(
     t: &mut T,
     rng: &mut Rng,
     rows: usize,
     cols: usize,
     group: usize,
-    off_by_one: bool,
+    flaw: u8,
 ) -> Vec<TensorId> {
     let g = cols / group;
     let packed = t.constant(DType::U8, &[rows, cols / 2], rng.bytes(rows * cols / 2));
-    let s: Vec<f32> = rng
+    let mut s: Vec<f32> = rng
         .floats(rows * g, 0.02)
         .iter()
         .map(|v| v.abs() + 0.001)
         .collect();
+    let i = s.len() / 2;
+    if flaw == 2 {
+        s[i] = 0.0;
+    }
     let mut b: Vec<f32> = s.iter().map(|v| -8.0 * v).collect();
-    if off_by_one {
-        let i = b.len() / 2;
+    if flaw == 1 {
         b[i] = f32::from_bits(b[i].to_bits() + 1);
     }
     let scales = t.const_f(&[rows, g], &s);
@@ -1070,7 +1074,8 @@ fn symmetric_q4(
 /// Biases that are -8 · scales bit for bit (symmetric 4-bit linears and embeddings) are computed
 /// from the scales, not stored: the same bits as reading them, without their bytes. Decode rows
 /// (int8 activations and f32), prefill rows (tiled), groups smaller than a quad, paired linears
-/// (whose biases share a buffer) and an embedding; biases with one an ulp off stay stored.
+/// (whose biases share a buffer) and an embedding; biases with one an ulp off, or with a scale of
+/// 0, stay stored.
 #[test]
 fn symmetric_biases_are_computed_not_stored() {
     use pteria::ir::ActQuant;
@@ -1083,7 +1088,7 @@ fn symmetric_biases_are_computed_not_stored() {
     // size for some bytes (16-byte multiples).
     let held = |rows: usize, cols: usize, group: usize| (rows * (cols / group) * 4) as u64;
     let padded = |bytes: u64| bytes.max(16).div_ceil(16) * 16;
-    for off_by_one in [false, true] {
+    for flaw in [0, 1, 2] {
         for (m, k, group, aq) in [
             (1, 256, 32, ActQuant::Torchao),
             (1, 384, 128, ActQuant::None),
@@ -1097,7 +1102,7 @@ fn symmetric_biases_are_computed_not_stored() {
             let mut saved = 0;
             for n in [37, 64] {
                 let mut ins = vec![x];
-                ins.extend(symmetric_q4(&mut t, &mut rng, n, k, group, off_by_one));
+                ins.extend(symmetric_q4(&mut t, &mut rng, n, k, group, flaw));
                 let y = t.op(
                     OpKind::Linear {
                         weight: Weight::Q4 { group },
@@ -1111,7 +1116,7 @@ fn symmetric_biases_are_computed_not_stored() {
                 t.out(y);
                 saved += held(n, k, group);
             }
-            let e_ins = symmetric_q4(&mut t, &mut rng, 50, k, group, false);
+            let e_ins = symmetric_q4(&mut t, &mut rng, 50, k, group, 0);
             let ids = t.input_i(&[1, 3], &[49, 0, 17]);
             let e = t.op(
                 OpKind::Embedding {
@@ -1122,10 +1127,10 @@ fn symmetric_biases_are_computed_not_stored() {
                 &[1, 3, k],
             );
             t.out(e);
-            // A bias an ulp off: the linears' biases stay stored, the embedding's not.
-            let saved = if off_by_one { 0 } else { padded(saved) } + padded(held(50, k, group));
+            // A flaw: the linears' biases stay stored, the embedding's not.
+            let saved = if flaw > 0 { 0 } else { padded(saved) } + padded(held(50, k, group));
             for (derived, stored, name) in &pairs {
-                let what = format!("symmetric biases {m}x{k} g{group} {aq:?}{name}");
+                let what = format!("symmetric biases {m}x{k} g{group} {aq:?} flaw {flaw}{name}");
                 let (a, b) = same_bits_fused_and_apart(derived, stored, &what, &t);
                 assert_eq!(a, b, "{what}: dispatches");
                 let bytes = |ctx: &Arc<Context>| {
