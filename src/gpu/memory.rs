@@ -165,10 +165,10 @@ pub(crate) struct Fusions {
 }
 
 /// Per root: whether it is a 4-bit weight's biases equal to -8 · its scales bit for bit (as the
-/// kernels form it: `neg8_bits`), for every op that reads it (4-bit linears and embeddings, whose last weight tensor it is). Such biases
-/// are what symmetric 4-bit weights (nibbles q + 8) carry; a kernel computing -8 · scale gets
-/// the same f32 the front end stored, so nothing changes but the bytes: E2B's 4-bit per-layer
-/// embedding table alone has 294 MB of them.
+/// kernels form it: `neg8_bits`), for every op that reads it (4-bit linears and embeddings, whose
+/// last weight tensor it is). Such biases are what symmetric 4-bit weights (nibbles q + 8)
+/// carry; a kernel forming -8 · scale gets the same f32 the front end stored, so nothing changes
+/// but the bytes: E2B's 4-bit per-layer embedding table alone has 294 MB of them.
 fn derive_biases(g: &Graph, root: &[TensorId], reads: &[Vec<usize>]) -> Vec<bool> {
     use crate::ir::Weight;
     let nt = g.tensors.len();
@@ -525,8 +525,9 @@ impl MemoryPlan {
         // gate/up) pair up: the first computes both in one dispatch (a decode mat-vec's cost is
         // mostly fixed), each of its weight tensors sharing one buffer with the second's, laid
         // end to end. With `triples`, a third joins (q/k/v: the E2B-shaped decode step 2605 ->
-        // 2575 us on an H100, 15 dispatches fewer). Only unsplit constants read by nothing else, without bias, and outputs in
-        // the pool (the second's is written at the first's node); not XNNPACK's exact GEMM.
+        // 2575 us on an H100, 15 dispatches fewer). Only unsplit constants read by nothing else,
+        // without bias, and outputs in the pool (the second's is written at the first's node);
+        // not XNNPACK's exact GEMM.
         let mut partner: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut third: Vec<Option<usize>> = vec![None; g.nodes.len()];
         let mut merged_into: Vec<Option<usize>> = vec![None; g.nodes.len()];

@@ -253,7 +253,6 @@ pub(crate) fn packed_weight(op: &Op) -> Option<TensorId> {
     }
 }
 
-/// Weight tensors an op reads by rows (and so may read split into chunks).
 /// Whether 4-bit `op` computes its biases as -8 · scale instead of reading them (their buffer is
 /// not bound: `MemoryPlan::derived_bias`).
 fn derived_bias(env: &Env, op: &Op) -> bool {
@@ -261,6 +260,7 @@ fn derived_bias(env: &Env, op: &Op) -> bool {
     ws.len() == 3 && env.mem.derived_bias[env.mem.root[ws[2]]]
 }
 
+/// Weight tensors an op reads by rows (and so may read split into chunks).
 pub(crate) fn weight_tensors(op: &Op) -> Vec<TensorId> {
     match &op.kind {
         OpKind::Linear { weight, .. } => op
