@@ -1213,6 +1213,30 @@ fn three_linears_of_one_input_run_as_one() {
             );
         }
     }
+    // Three 200-row 4-bit weights with a 64 KiB binding: a pair's nibbles (51200 bytes) fit one,
+    // a triple's (76800) do not, so the third runs alone: a quantization and two mat-vecs.
+    if let Some(small) = small_binding_ctx() {
+        let (m, k) = (1, 256);
+        let mut t = T::default();
+        let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+        let w = Weight::Q4 { group: 32 };
+        linears_of(
+            &mut t,
+            &mut rng,
+            x,
+            [m, k],
+            &[(w, ActQuant::Torchao, 200); 3],
+        );
+        let what = "three linears past the binding";
+        let mut gpu = check_on(small, what, &t, TOL, 0.05);
+        assert_eq!(gpu.stats().last_dispatches, 3, "{what}");
+        let mut one = GpuExecutor::new(pairs[0].1.clone(), t.g.clone()).unwrap();
+        let vals = values(&t.inputs);
+        assert!(
+            gpu.run(&vals).unwrap() == one.run(&vals).unwrap(),
+            "{what}: bits"
+        );
+    }
 }
 
 /// Two linears of `x` ([m, k]) to n outputs each, and gelu(one) · the other (an MLP's gate/up).
