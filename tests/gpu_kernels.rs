@@ -1144,6 +1144,34 @@ fn symmetric_biases_are_computed_not_stored() {
             }
         }
     }
+    // A weight split by rows past a 64 KiB binding (600 rows of 128 bytes): its derived biases,
+    // split at the same rows, are formed in every chunk's dispatch.
+    let small = |stored_biases| {
+        open(ContextOptions {
+            max_storage_binding: Some(64 << 10),
+            stored_biases,
+            ..Default::default()
+        })
+    };
+    if let (Some(derived), Some(stored)) = (small(false), small(true)) {
+        for m in [1, 20] {
+            let mut t = T::default();
+            let x = t.input_f(&[m, 256], &rng.floats(m * 256, 1.0));
+            let mut ins = vec![x];
+            ins.extend(symmetric_q4(&mut t, &mut rng, 600, 256, 32, 0));
+            let kind = OpKind::Linear {
+                weight: Weight::Q4 { group: 32 },
+                act_quant: ActQuant::Torchao,
+                has_bias: false,
+            };
+            let y = t.op(kind, ins, DType::F32, &[m, 600]);
+            t.out(y);
+            let what = format!("symmetric biases of a split weight, {m} rows");
+            let (a, b) = same_bits_fused_and_apart(&derived, &stored, &what, &t);
+            // The quantization and one mat-vec a chunk.
+            assert_eq!((a, b), (3, 3), "{what}");
+        }
+    }
 }
 
 /// Three linears of one input (q/k/v) run as one dispatch writing three outputs (linear.wgsl's
