@@ -347,8 +347,11 @@ fn split_keys(cache_rows: usize) -> usize {
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|k| k.is_power_of_two() && (8..=64).contains(k))
             // Measured on an H100 (E2B-shaped decode at position ~130): 8 keys 3909 µs a step,
-            // 16 3925, 32 3965; small chunks keep each invocation's chain of loads short.
-            .unwrap_or(8)
+            // 16 3925, 32 3965; small chunks keep each invocation's chain of loads short. Since
+            // the q norm moved into `split` (and more): 16 keys 2588-2596 µs after 128 tokens
+            // against 2579-2590 for 8, 2631-2637 against 2662-2666 after 512, and 2638 against
+            // 2675-2684 after 900 (32 keys: 2676-2687 after 128).
+            .unwrap_or(16)
     });
     // `combine` keeps two words per chunk in shared memory: at most SPLIT_CHUNKS chunks.
     keys.max(cache_rows.div_ceil(SPLIT_CHUNKS).next_power_of_two())
