@@ -104,7 +104,6 @@ fn round_quotient(a: f32, r: RowQuant) -> f32 {
     return select(q, -q, a < 0.0);
 }
 
-
 var<workgroup> red_lo: array<f32, WG>;
 var<workgroup> red_hi: array<f32, WG>;
 

@@ -84,7 +84,6 @@ override QUANT: u32 = 0u;
 // main4_cache: the cache rows of the value's rows (an update's indices), when it has them.
 @group(0) @binding(7) var<storage, read> cache_idx: array<i32>;
 
-
 // The chain applied to element i, whose normed value is n.
 fn chained(n: f32, i: u32) -> f32 {
     if !CHAIN {

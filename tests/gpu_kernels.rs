@@ -3042,6 +3042,38 @@ fn indexed_cache_update_scatters_rows_and_keeps_the_cache() {
     assert!(err.contains("outside a cache of 10 rows"), "{err}");
 }
 
+/// Calls of a cache-writing graph at positions 0, 3, 4, 5 and 12 (1-3 rows; the last runs past a
+/// 12-row cache), each on `on` and on `apart` and, where it fits, the CPU: the same bits on both
+/// devices, `saved` dispatches fewer on `on`, and the CPU's values. `set(t, rows, at)` writes a
+/// call's inputs.
+#[allow(clippy::too_many_arguments)]
+fn cache_calls(
+    t: &mut T,
+    on: &Arc<Context>,
+    apart: &Arc<Context>,
+    what: &str,
+    saved: usize,
+    cache: usize,
+    mut set: impl FnMut(&mut T, usize, i64),
+) {
+    let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+    let mut gf = GpuExecutor::new(on.clone(), t.g.clone()).unwrap();
+    let mut ga = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
+    for (n, at) in [(3usize, 0i64), (1, 3), (1, 4), (2, 5), (1, 12)] {
+        set(t, n, at);
+        let vals = values(&t.inputs);
+        let what = format!("{what}, {n} rows at {at}");
+        let (got, want) = (gf.run(&vals).unwrap(), ga.run(&vals).unwrap());
+        assert!(got == want, "{what}: fused and apart differ");
+        let (a, b) = (gf.stats().last_dispatches, ga.stats().last_dispatches);
+        assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
+        match cpu.run(&vals) {
+            Ok(reference) => compare(&what, &got, &reference, TOL, 1e-3),
+            Err(e) => assert!(at + n as i64 > cache as i64, "{what}: {e}"),
+        }
+    }
+}
+
 /// An rms_norm whose rows only an update of an f32 KV cache reads stores them straight into the
 /// cache (one dispatch fewer): call after call the cache holds the same bits as with the update
 /// apart and matches the CPU, for indexed and start-position updates, plain and rotated norms,
@@ -3099,30 +3131,22 @@ fn norms_store_their_rows_into_the_kv_cache() {
                 }
                 let what = format!("indexed {indexed}, rope {rope}, peek {peek}");
                 for (fused, apart, name) in &pairs {
-                    let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
-                    let mut gf = GpuExecutor::new(fused.clone(), t.g.clone()).unwrap();
-                    let mut ga = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
-                    for (n, at) in [(3usize, 0i64), (1, 3), (1, 4), (2, 5), (1, 12)] {
-                        let xv = rng.floats(h * n * d, 2.0);
-                        t.inputs[0] = Val::Tensor(vec![1, h, n, d], f32_bytes(&xv));
-                        let pos: Vec<i64> = (at..at + n as i64).collect();
-                        t.inputs[1] = Val::Tensor(vec![n], i64_bytes(&pos));
-                        t.inputs[2] = Val::Sym(at);
-                        let vals = values(&t.inputs);
-                        let what = format!("{what}, {n} rows at {at}{name}");
-                        let (got, want) = (gf.run(&vals).unwrap(), ga.run(&vals).unwrap());
-                        assert!(got == want, "{what}: fused and apart differ");
-                        let (a, b) = (gf.stats().last_dispatches, ga.stats().last_dispatches);
-                        assert_eq!(
-                            a + (!peek) as usize,
-                            b,
-                            "{what}: {a} dispatches against {b}"
-                        );
-                        match cpu.run(&vals) {
-                            Ok(reference) => compare(&what, &got, &reference, TOL, 1e-3),
-                            Err(e) => assert!(at + n as i64 > cache as i64, "{what}: {e}"),
-                        }
-                    }
+                    let what = format!("{what}{name}");
+                    cache_calls(
+                        &mut t,
+                        fused,
+                        apart,
+                        &what,
+                        !peek as usize,
+                        cache,
+                        |t, n, at| {
+                            let xv = rng.floats(h * n * d, 2.0);
+                            t.inputs[0] = Val::Tensor(vec![1, h, n, d], f32_bytes(&xv));
+                            let pos: Vec<i64> = (at..at + n as i64).collect();
+                            t.inputs[1] = Val::Tensor(vec![n], i64_bytes(&pos));
+                            t.inputs[2] = Val::Sym(at);
+                        },
+                    );
                 }
             }
         }
@@ -3205,28 +3229,24 @@ fn the_v_norm_runs_in_the_k_norms_dispatch() {
                 .map(|(on, apart, name)| (on.clone(), apart.clone(), *name, fused)))
             .chain(narrow.map(|(on, apart)| (on, apart, " (8 bindings)", false)));
             for (on, apart, name, fused) in runs {
-                let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
-                let mut gf = GpuExecutor::new(on.clone(), t.g.clone()).unwrap();
-                let mut ga = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
-                for (n, at) in [(3usize, 0i64), (1, 3), (1, 4), (2, 5), (1, 12)] {
-                    t.inputs[0] =
-                        Val::Tensor(vec![1, h, n, d], f32_bytes(&rng.floats(h * n * d, 2.0)));
-                    t.inputs[1] =
-                        Val::Tensor(vec![1, h, n, d], f32_bytes(&rng.floats(h * n * d, 2.0)));
-                    let pos: Vec<i64> = (at..at + n as i64).collect();
-                    t.inputs[2] = Val::Tensor(vec![n], i64_bytes(&pos));
-                    t.inputs[3] = Val::Sym(at);
-                    let vals = values(&t.inputs);
-                    let what = format!("{what}, {n} rows at {at}{name}");
-                    let (got, want) = (gf.run(&vals).unwrap(), ga.run(&vals).unwrap());
-                    assert!(got == want, "{what}: fused and apart differ");
-                    let (a, b) = (gf.stats().last_dispatches, ga.stats().last_dispatches);
-                    assert_eq!(a + fused as usize, b, "{what}: {a} dispatches against {b}");
-                    match cpu.run(&vals) {
-                        Ok(reference) => compare(&what, &got, &reference, TOL, 1e-3),
-                        Err(e) => assert!(at + n as i64 > cache as i64, "{what}: {e}"),
-                    }
-                }
+                let what = format!("{what}{name}");
+                cache_calls(
+                    &mut t,
+                    &on,
+                    &apart,
+                    &what,
+                    fused as usize,
+                    cache,
+                    |t, n, at| {
+                        for i in 0..2 {
+                            let x = rng.floats(h * n * d, 2.0);
+                            t.inputs[i] = Val::Tensor(vec![1, h, n, d], f32_bytes(&x));
+                        }
+                        let pos: Vec<i64> = (at..at + n as i64).collect();
+                        t.inputs[2] = Val::Tensor(vec![n], i64_bytes(&pos));
+                        t.inputs[3] = Val::Sym(at);
+                    },
+                );
             }
         }
     }

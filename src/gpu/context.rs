@@ -25,7 +25,7 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         // A paired linear can store a chain of its two outputs (chain.wgsl; `GLU`). Rows'
         // ranges (range.wgsl) pass from the linears and attention that store them to the
         // linears that quantize them.
-        // `linear3`: the variant with a third output (`with_blocks`).
+        // `linear3`: the variant with a third output (`variant_blocks`).
         "linear" | "linear3" => concat!(
             include_str!("../../kernels/chain.wgsl"),
             include_str!("../../kernels/quant.wgsl"),
@@ -50,28 +50,36 @@ fn kernel_source(name: &str) -> Option<&'static str> {
     })
 }
 
-/// A kernel's source for this device and variant. A module that names subgroup builtins fails
-/// validation on a device without the feature, and `override` constants cannot hide them: so the
-/// lines between `// #if subgroups` and `// #endif` are kept only on devices with subgroups
-/// (naga 30 wants no `enable subgroups;`); an `override` still picks the path at run time.
-/// Likewise `// #if triple` lines only in `linear3`: a binding that a kernel names must be in its
-/// layout, and every other linear would then bind a ninth storage buffer (WebGPU's default is 8).
-fn with_blocks(src: &'static str, subgroups: bool, triple: bool) -> std::borrow::Cow<'static, str> {
+/// The `// #if` blocks a kernel variant keeps beyond the device's (a variant shares its file).
+/// `linear3`: linear.wgsl with a third output binding (`triple`), which every other linear
+/// would otherwise have to bind too: a binding that a kernel names must be in its layout.
+fn variant_blocks(kernel: &str) -> &'static [&'static str] {
+    match kernel {
+        "linear3" => &["triple"],
+        _ => &[],
+    }
+}
+
+/// A kernel's source with the lines between `// #if NAME` and `// #endif` kept only where NAME
+/// is on. `subgroups` is on for devices with the feature: a module that names subgroup builtins
+/// fails validation on a device without it, and `override` constants cannot hide them (naga 30
+/// wants no `enable subgroups;`); an `override` still picks the path at run time. The others
+/// are variants' (`variant_blocks`).
+fn with_blocks(src: &'static str, on: &[&str]) -> std::borrow::Cow<'static, str> {
     if !src.contains("// #if ") {
         return src.into();
     }
     let mut out = String::with_capacity(src.len());
     let mut keep = true;
     for line in src.lines() {
-        match line.trim() {
-            "// #if subgroups" => keep = subgroups,
-            "// #if triple" => keep = triple,
-            "// #endif" => keep = true,
-            _ if keep => {
-                out.push_str(line);
-                out.push('\n');
-            }
-            _ => {}
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix("// #if ") {
+            keep = on.contains(&name.trim());
+        } else if l == "// #endif" {
+            keep = true;
+        } else if keep {
+            out.push_str(line);
+            out.push('\n');
         }
     }
     out.into()
@@ -186,18 +194,9 @@ pub struct Context {
     limits: wgpu::Limits,
     features: wgpu::Features,
     max_binding: u64,
-    separate_linears: bool,
     f16_kv_cache: bool,
-    separate_quant: bool,
-    separate_glu: bool,
-    separate_cache_update: bool,
-    separate_norms: bool,
-    separate_ranges: bool,
-    separate_chain_loads: bool,
-    separate_q_norms: bool,
-    separate_kv_norms: bool,
-    stored_biases: bool,
-    separate_triples: bool,
+    /// The planner's fusions, decided once from the options and the device's limits.
+    fusions: super::memory::Fusions,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
     /// handler panics, which an engine must never do.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -313,6 +312,22 @@ impl Context {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             max_storage_binding: max_binding,
         };
+        let fusions = super::memory::Fusions {
+            pair_linears: !opts.separate_linears,
+            quant: !opts.separate_quant,
+            glu: !opts.separate_glu,
+            cache_update: !opts.separate_cache_update,
+            norm_pairs: !opts.separate_norms,
+            ranges: !opts.separate_ranges,
+            chain_loads: !opts.separate_chain_loads,
+            q_norms: !opts.separate_q_norms,
+            kv_norms: !opts.separate_kv_norms,
+            derived_biases: !opts.stored_biases,
+            // The third output binds one more storage buffer.
+            triples: !opts.separate_linears
+                && !opts.separate_triples
+                && limits.max_storage_buffers_per_shader_stage >= super::ops::WIDE_BINDINGS,
+        };
         Ok(Context {
             device,
             queue,
@@ -320,18 +335,8 @@ impl Context {
             limits,
             features,
             max_binding,
-            separate_linears: opts.separate_linears,
             f16_kv_cache: opts.f16_kv_cache,
-            separate_quant: opts.separate_quant,
-            separate_glu: opts.separate_glu,
-            separate_cache_update: opts.separate_cache_update,
-            separate_norms: opts.separate_norms,
-            separate_ranges: opts.separate_ranges,
-            separate_chain_loads: opts.separate_chain_loads,
-            separate_q_norms: opts.separate_q_norms,
-            separate_kv_norms: opts.separate_kv_norms,
-            stored_biases: opts.stored_biases,
-            separate_triples: opts.separate_triples,
+            fusions,
             uncaptured,
             modules: Mutex::default(),
             layouts: Mutex::default(),
@@ -404,22 +409,7 @@ impl Context {
 
     /// Which of the planner's fusions are on (`ContextOptions` turns each off for tests).
     pub(crate) fn fusions(&self) -> super::memory::Fusions {
-        super::memory::Fusions {
-            pair_linears: !self.separate_linears,
-            quant: !self.separate_quant,
-            glu: !self.separate_glu,
-            cache_update: !self.separate_cache_update,
-            norm_pairs: !self.separate_norms,
-            ranges: !self.separate_ranges,
-            chain_loads: !self.separate_chain_loads,
-            q_norms: !self.separate_q_norms,
-            kv_norms: !self.separate_kv_norms,
-            derived_biases: !self.stored_biases,
-            // The third output binds one more storage buffer.
-            triples: !self.separate_linears
-                && !self.separate_triples
-                && self.limits.max_storage_buffers_per_shader_stage >= super::ops::WIDE_BINDINGS,
-        }
+        self.fusions
     }
 
     /// Whether executors hold KV caches as f16 (`ContextOptions::f16_kv_cache`).
@@ -521,11 +511,11 @@ impl Context {
                 None => {
                     let src =
                         kernel_source(kernel).ok_or_else(|| shader_err("no such kernel".into()))?;
-                    let src = with_blocks(
-                        src,
-                        self.features.contains(wgpu::Features::SUBGROUP),
-                        kernel == "linear3",
-                    );
+                    let mut on = variant_blocks(kernel).to_vec();
+                    if self.features.contains(wgpu::Features::SUBGROUP) {
+                        on.push("subgroups");
+                    }
+                    let src = with_blocks(src, &on);
                     let src = format!("{src}\n{}", include_str!("../../kernels/common.wgsl"));
                     let m = self
                         .scoped(|| {
@@ -584,5 +574,23 @@ impl fmt::Debug for Context {
         f.debug_struct("Context")
             .field("adapter", &self.summary)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each `// #if NAME` block is kept only where NAME is on: the device's subgroups and a
+    /// variant's blocks (`linear3`'s third output) apart.
+    #[test]
+    fn blocks_are_kept_by_name() {
+        let src = "a\n// #if subgroups\nb\n// #endif\nc\n  // #if triple\nd\n  // #endif\ne\n";
+        let kept = |on: &[&str]| with_blocks(src, on).lines().collect::<Vec<_>>().join("");
+        assert_eq!(kept(&[]), "ace");
+        assert_eq!(kept(&["subgroups"]), "abce");
+        assert_eq!(kept(variant_blocks("linear3")), "acde");
+        assert_eq!(kept(&["subgroups", "triple"]), "abcde");
+        assert!(variant_blocks("linear").is_empty());
     }
 }

@@ -126,7 +126,14 @@ pub(crate) fn views(
     (view, off)
 }
 
-impl Env<'_> {
+impl<'a> Env<'a> {
+    /// Node `n` where it is an op (the planner's maps name ops by node).
+    fn op(&self, n: usize) -> Option<&'a Op> {
+        match &self.graph.nodes[n] {
+            crate::ir::Node::Op(o) => Some(o),
+            crate::ir::Node::Sym(_) => None,
+        }
+    }
     fn shape(&self, t: TensorId) -> &[usize] {
         &self.plan.shapes[t]
     }
@@ -335,7 +342,7 @@ const SPLIT_MAX_S: usize = 4;
 /// Invocations of a `split` workgroup.
 const SPLIT_WG: usize = 256;
 /// Storage buffers that the fused kernels binding more than WebGPU's default 8 take
-/// (`split_normed`, `main4_cache_kv`); a device with fewer keeps those ops apart.
+/// (`split_normed`, `main4_cache_kv`, `linear3`); a device with fewer keeps those ops apart.
 pub(crate) const WIDE_BINDINGS: u32 = 9;
 /// Keys per workgroup in the split (`PTERIA_SDPA_KEYS` = 8..=64, a power of two, overrides, for
 /// benchmark sweeps).
@@ -1417,9 +1424,7 @@ fn rms_norm(
     // The rows go straight into the KV cache that their only reader, an update, writes: at the
     // cache rows the update's indices (or its start) name, as cache_update.wgsl places them.
     if let Some(u) = env.mem.norm_cache[node] {
-        let crate::ir::Node::Op(up) = &env.graph.nodes[u] else {
-            return Err("a fused cache update is not an op".into());
-        };
+        let up = env.op(u).ok_or("a fused cache update is not an op")?;
         let OpKind::CacheUpdate { axis, start } = up.kind else {
             return Err("a fused cache update is not one".into());
         };
@@ -1525,11 +1530,8 @@ struct QNorm<'a> {
 /// rows are the heads' (16-byte words), the norm's workgroup fits split's, and the device binds
 /// 9 storage buffers. Both ask, so they agree.
 fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
-    use crate::ir::Node;
     let nn = env.mem.q_norm.get(a).copied().flatten()?;
-    let (Node::Op(aop), Node::Op(nop)) = (&env.graph.nodes[a], &env.graph.nodes[nn]) else {
-        return None;
-    };
+    let (aop, nop) = (env.op(a)?, env.op(nn)?);
     let (
         OpKind::Sdpa { layout, .. },
         OpKind::RmsNormRope {
@@ -1588,16 +1590,9 @@ fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
 /// (`MemoryPlan::kv_guest`): that norm, its eps and its cache, where this call gives both the
 /// same rows in 16-byte words and the device binds 9 storage buffers. Both ask, so they agree.
 fn kv_norms<'a>(env: &'a Env, h: usize) -> Option<(&'a Op, f32, TensorId)> {
-    use crate::ir::Node;
     let e = env.mem.kv_guest.get(h).copied().flatten()?;
     let u = env.mem.norm_cache.get(e).copied().flatten()?;
-    let (Node::Op(hop), Node::Op(eop), Node::Op(up)) = (
-        &env.graph.nodes[h],
-        &env.graph.nodes[e],
-        &env.graph.nodes[u],
-    ) else {
-        return None;
-    };
+    let (hop, eop, up) = (env.op(h)?, env.op(e)?, env.op(u)?);
     let OpKind::RmsNorm { eps } = eop.kind else {
         return None;
     };
@@ -1616,9 +1611,7 @@ const NORM_PAIR_MAX_D: usize = 2048;
 /// fits one 16-byte word an invocation and workgroup memory. Both norms ask, so they agree.
 fn norm_pair<'a>(env: &Env<'a>, a: usize) -> Option<(&'a Op, f32, usize, Prequant)> {
     let b = env.mem.norm_pair.get(a).copied().flatten()?;
-    let crate::ir::Node::Op(bop) = &env.graph.nodes[b] else {
-        return None;
-    };
+    let bop = env.op(b)?;
     let OpKind::RmsNorm { eps } = bop.kind else {
         return None;
     };
@@ -1628,8 +1621,10 @@ fn norm_pair<'a>(env: &Env<'a>, a: usize) -> Option<(&'a Op, f32, usize, Prequan
     let x = bop.inputs[0];
     let same = env.shape(x).last() == Some(&d)
         && env.numel(x) == env.numel(bop.outputs[0])
-        && matches!(&env.graph.nodes[a], crate::ir::Node::Op(aop)
-            if env.numel(aop.outputs[0]) == env.numel(x) && env.shape(aop.outputs[0]).last() == Some(&d));
+        && env.op(a).is_some_and(|aop| {
+            env.numel(aop.outputs[0]) == env.numel(x)
+                && env.shape(aop.outputs[0]).last() == Some(&d)
+        });
     let fits = d % 4 == 0 && d <= NORM_PAIR_MAX_D && d / 4 <= env.max_invocations as usize;
     (same && fits).then_some((bop, eps, l, quant))
 }
@@ -1644,14 +1639,7 @@ const MATVEC_MAX_M: usize = 8;
 pub(crate) fn glu_fused<'a>(env: &'a Env, lead: usize) -> Option<(usize, &'a [ChainStep], bool)> {
     let c = env.mem.glu_chain.get(lead).copied().flatten()?;
     let second = env.mem.partner.get(lead).copied().flatten()?;
-    use crate::ir::Node;
-    let (Node::Op(op), Node::Op(op2), Node::Op(chain)) = (
-        &env.graph.nodes[lead],
-        &env.graph.nodes[second],
-        &env.graph.nodes[c],
-    ) else {
-        return None;
-    };
+    let (op, op2, chain) = (env.op(lead)?, env.op(second)?, env.op(c)?);
     let (OpKind::Linear { weight, .. }, OpKind::ElementwiseChain { steps }) =
         (&op.kind, &chain.kind)
     else {
@@ -1689,10 +1677,7 @@ struct LinearCall<'a> {
 }
 
 fn linear_call<'a>(env: &'a Env, l: usize, by: usize) -> Option<LinearCall<'a>> {
-    use crate::ir::Node;
-    let (Node::Op(lop), Node::Op(by)) = (&env.graph.nodes[l], &env.graph.nodes[by]) else {
-        return None;
-    };
+    let (lop, by) = (env.op(l)?, env.op(by)?);
     let OpKind::Linear {
         weight, act_quant, ..
     } = lop.kind
@@ -1722,7 +1707,6 @@ pub(crate) const RANGE_SLOTS: usize = 256;
 /// row (decode) into int8 words, and the producer is the gate/up mat-vec storing its chain or an
 /// attention split over workgroups, storing exactly `l`'s row. Both ask, so they agree.
 pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
-    use crate::ir::Node;
     let pn = env.mem.range_by.get(l).copied().flatten()?;
     let site = env.mem.range_site.get(l).copied().flatten()?;
     let LinearCall {
@@ -1739,10 +1723,7 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
     let stored = match pop.kind {
         OpKind::Linear { .. } => {
             let (c, _, _) = glu_fused(env, pn)?;
-            let Node::Op(chain) = &env.graph.nodes[c] else {
-                return None;
-            };
-            chain.outputs[0]
+            env.op(c)?.outputs[0]
         }
         OpKind::Sdpa { layout, .. } => {
             let (qs, ks) = (env.shape(pop.inputs[0]), env.shape(pop.inputs[1]));
@@ -1778,9 +1759,7 @@ pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [C
         n,
         by,
     } = linear_call(env, l, c)?;
-    let (OpKind::ElementwiseChain { steps }, crate::ir::Node::Op(lop)) =
-        (&by.kind, &env.graph.nodes[l])
-    else {
+    let (OpKind::ElementwiseChain { steps }, Some(lop)) = (&by.kind, env.op(l)) else {
         return None;
     };
     let per_quad = match weight {
@@ -1866,19 +1845,14 @@ fn linear(
     }
     // This linear's partner (and third), its output and rows, computed here after this one's.
     let merged = |of: &[Option<usize>]| -> Result<Option<(TensorId, usize)>, String> {
-        Ok(match of.get(node).copied().flatten() {
-            Some(pn) => match &env.graph.nodes[pn] {
-                crate::ir::Node::Op(o) => {
-                    let o2 = o.outputs[0];
-                    Some((
-                        o2,
-                        *env.shape(o2).last().ok_or("linear output is a scalar")?,
-                    ))
-                }
-                _ => None,
-            },
-            None => None,
-        })
+        match of.get(node).copied().flatten().and_then(|pn| env.op(pn)) {
+            Some(o) => {
+                let o2 = o.outputs[0];
+                let n2 = *env.shape(o2).last().ok_or("linear output is a scalar")?;
+                Ok(Some((o2, n2)))
+            }
+            None => Ok(None),
+        }
     };
     let second = merged(&env.mem.partner)?;
     let third = merged(&env.mem.third)?;
@@ -2092,9 +2066,7 @@ fn linear(
                 p = q;
                 consts.extend(cc);
                 consts.extend([("GLU", 1.0), ("GLU_FIRST", b(first))]);
-                let crate::ir::Node::Op(cop) = &env.graph.nodes[c] else {
-                    return Err("a fused chain is not an op".into());
-                };
+                let cop = env.op(c).ok_or("a fused chain is not an op")?;
                 y = Res::Tensor(cop.outputs[0]);
             }
             if let Some((_, chain)) = loaded {
