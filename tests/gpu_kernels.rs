@@ -1896,6 +1896,47 @@ fn weights_past_the_binding_limit_are_split_by_rows() {
     }
 }
 
+/// Once uploaded, constants leave host memory: the executor's graph keeps their shapes, drops
+/// their bytes (an owned buffer is freed), and later calls still match the CPU.
+#[test]
+fn constants_leave_host_memory_once_uploaded() {
+    let mut rng = Rng::new(11);
+    // Plain, and split by rows past a 64 KiB binding (uploaded piece by piece).
+    for (ctx, n) in [(ctx(), 96), (small_binding_ctx(), 1500)] {
+        let Some(ctx) = ctx else { return };
+        let (k, w) = (128, Weight::Q4 { group: 32 });
+        let mut t = linear_graph(&mut rng, w, 1, k, n, true, pteria::ir::ActQuant::None);
+        // Every constant's bytes in one buffer this test can watch.
+        let mut watched = Vec::new();
+        for def in &mut t.g.tensors {
+            if let Role::Constant(b) = &def.role {
+                let bytes = Arc::new(Bytes::Owned(b.to_vec()));
+                watched.push(Arc::downgrade(&bytes));
+                def.role = Role::Constant(Blob::whole(bytes));
+            }
+        }
+        assert_eq!(watched.len(), 4, "weight, scales, biases and bias");
+        let vals = values(&t.inputs);
+        let want = CpuExecutor::new(t.g.clone()).unwrap().run(&vals).unwrap();
+        let mut gpu = GpuExecutor::new(ctx, t.g).unwrap();
+        for (i, w) in watched.iter().enumerate() {
+            assert!(
+                w.upgrade().is_none(),
+                "n={n}: constant {i} still held on the host"
+            );
+        }
+        for def in &gpu.graph().tensors {
+            if let Role::Constant(b) = &def.role {
+                assert!(b.is_empty(), "n={n}: {} keeps {} bytes", def.name, b.len());
+            }
+        }
+        for call in 0..2 {
+            let got = gpu.run(&vals).unwrap();
+            compare(&format!("n={n}, call {call}"), &got, &want, TOL, 0.05);
+        }
+    }
+}
+
 #[test]
 fn a_tensor_too_large_to_bind_is_reported() {
     let Some(ctx) = small_binding_ctx() else {

@@ -61,12 +61,17 @@ pub fn run(a: Args) -> Result<()> {
     program(&a, file)
 }
 
-/// Peak resident host memory of this process (Linux `VmHWM`), in bytes.
-fn peak_host_bytes() -> Option<u64> {
+/// A field of this process's `/proc/self/status` (Linux), in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Peak resident host memory of this process (`VmHWM`), in bytes: file pages it mapped count.
+fn peak_host_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
 }
 
 #[derive(serde::Serialize)]
@@ -113,6 +118,10 @@ struct ProgramReport {
     kv_f16_rel_l2_worst: Option<f64>,
     kv_f16_rel_l2_last: Option<f64>,
     peak_host_bytes: Option<u64>,
+    /// Resident host memory once loaded: anonymous (the process's own, what a phone counts
+    /// against it) and mapped file pages (the program file's, which the OS can drop).
+    host_anon_bytes: Option<u64>,
+    host_file_bytes: Option<u64>,
     /// GPU time of one decode step by op, from timestamps (summed over delegates).
     decode_gpu_us: Option<f64>,
     decode_ops: Vec<OpShare>,
@@ -192,6 +201,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     let backends = pteria::frontend::backends(make);
     let mut method = Method::load(&program, &a.method, &backends)?;
     let load_s = t0.elapsed().as_secs_f64();
+    let (host_anon_bytes, host_file_bytes) = (status_bytes("RssAnon:"), status_bytes("RssFile:"));
     let specs = method.input_specs();
     if specs.len() != 2 {
         bail!(
@@ -400,6 +410,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             .map(|e| e.iter().fold(0f64, |m, &x| m.max(x))),
         kv_f16_rel_l2_last: kv_err.as_ref().and_then(|e| e.last().copied()),
         peak_host_bytes: peak_host_bytes(),
+        host_anon_bytes,
+        host_file_bytes,
         decode_gpu_us: decode_gpu,
         decode_ops: ops,
         decode_trace: trace,
@@ -427,9 +439,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         report.decode_steps, report.decode_ms, report.decode_first_ms, report.decode_tok_per_s
     );
     println!(
-        "memory: GPU {}, peak host {}",
+        "memory: GPU {}, peak host {}; host once loaded: {} anonymous, {} of mapped file",
         mib(report.gpu_bytes),
-        mib(report.peak_host_bytes)
+        mib(report.peak_host_bytes),
+        mib(report.host_anon_bytes),
+        mib(report.host_file_bytes)
     );
     if let (Some(b), Some(n), Some(h)) = (
         report.kv_cache_bytes,

@@ -355,7 +355,22 @@ impl GpuExecutor {
             stats: ExecutorStats::default(),
         };
         ex.upload_constants()?;
+        ex.release_host_constants();
         Ok(ex)
+    }
+
+    /// Gives up the host copies of the constants once the GPU holds them (or, for derived
+    /// biases, never needs them): a model's weights would otherwise sit in host memory twice,
+    /// which on a phone's unified memory is the GPU's own. The graph keeps their shapes and
+    /// roles, which is all recording reads.
+    fn release_host_constants(&mut self) {
+        let empty = crate::pte::Blob::empty();
+        for def in &mut self.graph.tensors {
+            if let Role::Constant(b) = &mut def.role {
+                b.release_pages();
+                *b = empty.clone();
+            }
+        }
     }
 
     fn upload_constants(&mut self) -> Result<(), GpuError> {
@@ -393,11 +408,16 @@ impl GpuExecutor {
                 let mut e = e0;
                 while e < e1 {
                     let end = (e + per_piece).min(e1);
-                    let src = &blob[(e * ds) as usize..(end * ds) as usize];
-                    let bytes = to_repr(repr, def.dtype, src);
+                    let piece = (e * ds) as usize..(end * ds) as usize;
+                    let bytes = to_repr(repr, def.dtype, &blob[piece.clone()]);
                     self.ctx
                         .queue
                         .write_buffer(&self.buffers[i], at + (e - e0) * eb, &bytes);
+                    // The write copied the piece: its file pages can go now, so the load's peak
+                    // holds a piece of the file rather than all of it.
+                    if let Ok(p) = blob.slice(piece) {
+                        p.release_pages();
+                    }
                     pending += bytes.len();
                     if pending >= 4 * UPLOAD_PIECE {
                         self.flush()?;
@@ -420,6 +440,7 @@ impl GpuExecutor {
         self.ctx.take_errors()
     }
 
+    /// The graph this executor runs; its constants hold no bytes (`release_host_constants`).
     pub fn graph(&self) -> &Graph {
         &self.graph
     }

@@ -110,6 +110,32 @@ impl Blob {
         Blob { bytes, range }
     }
 
+    /// A blob of no bytes (what a tensor keeps once its data lives elsewhere).
+    pub fn empty() -> Self {
+        Blob::whole(Arc::new(Bytes::Owned(Vec::new())))
+    }
+
+    /// Tells the OS this process is done with the blob's file pages: they leave its resident
+    /// set (staying in the page cache, the first memory reclaimed) and fault back in from the
+    /// file if read again. Only whole pages inside the blob are given up, so neighbours that
+    /// share a page keep it; owned bytes are untouched (dropping them frees them).
+    pub fn release_pages(&self) {
+        // The largest page size of the platforms we ship (arm64 Android/Apple use 4-64 KiB).
+        const PAGE: usize = 64 << 10;
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = &*self.bytes {
+            let start = self.range.start.div_ceil(PAGE) * PAGE;
+            let end = self.range.end / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the mapping is shared and read-only, so MADV_DONTNEED loses nothing:
+                // a later read faults the same bytes back in from the file.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                };
+            }
+        }
+    }
+
     /// A sub-range, relative to this blob.
     pub fn slice(&self, r: Range<usize>) -> Result<Blob> {
         if r.start > r.end || r.end > self.len() {
@@ -1031,4 +1057,62 @@ fn instruction(
         },
         other => return invalid(format!("unknown instruction type tag {other}")),
     })
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Resident bytes of the mapping that holds `addr` (`/proc/self/smaps`).
+    fn resident(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let head = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = head.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = (a..b).contains(&addr);
+                    continue;
+                }
+            }
+            if inside && line.starts_with("Rss:") {
+                let kb: usize = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+                return kb * 1024;
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    #[test]
+    fn released_pages_leave_the_resident_set_and_read_back_the_same() {
+        let path = std::env::temp_dir().join(format!("pteria-release-{}.bin", std::process::id()));
+        let data: Vec<u8> = (0..4usize << 20)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        std::fs::write(&path, &data).unwrap();
+        let bytes = Bytes::map(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let addr = bytes.as_ptr() as usize;
+        assert_eq!(&bytes[..], &data[..]);
+        assert_eq!(resident(addr), data.len(), "every page read in");
+        // A blob that starts and ends mid-page gives up only the whole pages inside it.
+        let blob = Blob::new(bytes.clone(), 1000..(3 << 20) + 1000).unwrap();
+        blob.release_pages();
+        // At most what it kept: a kernel mapping the file in huge pages may unmap more.
+        let left = resident(addr);
+        let kept = data.len() - ((3 << 20) - (64 << 10));
+        assert!(left <= kept, "{left} bytes resident, more than {kept}");
+        assert_eq!(
+            &blob[..],
+            &data[1000..(3 << 20) + 1000],
+            "read back from the file"
+        );
+        // A blob inside one page gives up nothing.
+        let before = resident(addr);
+        Blob::new(bytes.clone(), (3 << 20) + 5..(3 << 20) + 60_000)
+            .unwrap()
+            .release_pages();
+        assert_eq!(resident(addr), before);
+    }
 }
