@@ -1172,6 +1172,33 @@ fn symmetric_biases_are_computed_not_stored() {
             assert_eq!((a, b), (3, 3), "{what}");
         }
     }
+    // Biases made from the scales on first read, as the Vulkan front end lowers them
+    // (`Blob::neg8`): derived without being made (only the scales are checked), the same bits.
+    for (derived, stored, name) in &pairs {
+        let mut t = T::default();
+        let x = t.input_f(&[1, 256], &rng.floats(256, 1.0));
+        let mut ins = vec![x];
+        ins.extend(symmetric_q4(&mut t, &mut rng, 64, 256, 32, 0));
+        let Role::Constant(scales) = t.g.tensors[ins[2]].role.clone() else {
+            unreachable!()
+        };
+        let bias = Blob::neg8(scales);
+        t.g.tensors[ins[3]].role = Role::Constant(bias.clone());
+        let kind = OpKind::Linear {
+            weight: Weight::Q4 { group: 32 },
+            act_quant: ActQuant::Torchao,
+            has_bias: false,
+        };
+        let y = t.op(kind, ins, DType::F32, &[1, 64]);
+        t.out(y);
+        let what = format!("biases made from the scales{name}");
+        let exec = GpuExecutor::new(derived.clone(), t.g.clone()).unwrap();
+        assert!(!bias.is_made(), "{what}: the biases were made");
+        assert_eq!(exec.memory().constants, 64 * 128 + 64 * 8 * 4, "{what}");
+        drop(exec);
+        same_bits_fused_and_apart(derived, stored, &what, &t);
+        assert!(bias.is_made(), "{what}: stored biases are read");
+    }
 }
 
 /// Three linears of one input (q/k/v) run as one dispatch writing three outputs (linear.wgsl's

@@ -173,11 +173,9 @@ fn derive_biases(g: &Graph, root: &[TensorId], reads: &[Vec<usize>]) -> Vec<bool
     use crate::ir::Weight;
     let nt = g.tensors.len();
     let mut derived = vec![false; nt];
-    // f32 constants' bytes (both are f32 where a front end derived the biases).
+    // f32 constants (both are f32 where a front end derived the biases).
     let data = |t: TensorId| match &g.tensors[t].role {
-        Role::Constant(b) if root[t] == t && g.tensors[t].dtype == crate::ir::DType::F32 => {
-            Some(&b[..])
-        }
+        Role::Constant(b) if root[t] == t && g.tensors[t].dtype == crate::ir::DType::F32 => Some(b),
         _ => None,
     };
     // The (scales, biases) pairs already compared.
@@ -207,8 +205,17 @@ fn derive_biases(g: &Graph, root: &[TensorId], reads: &[Vec<usize>]) -> Vec<bool
             if let Some(&(_, ok)) = seen.iter().find(|(p, _)| *p == pair) {
                 return ok;
             }
+            let n = g.tensors[b].max_bytes();
             let ok = match (data(pair.0), data(pair.1)) {
-                (Some(sc), Some(bi)) => sc.len() == bi.len() && all_neg8(sc, bi),
+                (Some(sc), Some(bi))
+                    if g.tensors[pair.0].max_bytes() == n && sc.len() >= n && bi.len() >= n =>
+                {
+                    match bi.neg8_of() {
+                        // Made from these scales: only they are read (the biases never are).
+                        Some(src) if src.same_as(sc) => all_neg8(&sc[..n], None),
+                        _ => all_neg8(&sc[..n], Some(&bi[..n])),
+                    }
+                }
                 _ => false,
             };
             seen.push((pair, ok));
@@ -222,16 +229,23 @@ fn derive_biases(g: &Graph, root: &[TensorId], reads: &[Vec<usize>]) -> Vec<bool
 /// (`neg8_bits`) and as the product is: bits compared as integers, on every core for large
 /// tensors (E2B's per-layer embedding has 73M scales: a standalone copy of this loop took
 /// 0.10 s over as many on one core of this project's build machine, the float comparison
-/// before it 0.13 s).
-fn all_neg8(sc: &[u8], bi: &[u8]) -> bool {
-    let piece = |sc: &[u8], bi: &[u8]| {
-        sc.chunks_exact(4).zip(bi.chunks_exact(4)).all(|(s, b)| {
-            let s = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            let b = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+/// before it 0.13 s). Without `bi` (biases made as -8 · these scales, `Blob::neg8`), whether
+/// every product is a normal float, where the product's bits are neg8's.
+fn all_neg8(sc: &[u8], bi: Option<&[u8]>) -> bool {
+    let piece = |sc: &[u8], bi: Option<&[u8]>| {
+        let normal = |s: u32| {
             // -8 · s is a normal float (so its bits are neg8's) for exponents 1..=251.
             let e = (s >> 23) & 0xff;
-            (1..=251).contains(&e) && b == neg8_bits(f32::from_bits(s))
-        })
+            (1..=251).contains(&e)
+        };
+        let word = |w: &[u8]| u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        match bi {
+            Some(bi) => sc.chunks_exact(4).zip(bi.chunks_exact(4)).all(|(s, b)| {
+                let s = word(s);
+                normal(s) && word(b) == neg8_bits(f32::from_bits(s))
+            }),
+            None => sc.chunks_exact(4).all(|s| normal(word(s))),
+        }
     };
     // Pieces of at least 16 MiB, one a core.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -243,8 +257,11 @@ fn all_neg8(sc: &[u8], bi: &[u8]) -> bool {
     std::thread::scope(|scope| {
         let parts: Vec<_> = sc
             .chunks(per)
-            .zip(bi.chunks(per))
-            .map(|(s, b)| scope.spawn(move || piece(s, b)))
+            .enumerate()
+            .map(|(k, s)| {
+                let b = bi.map(|bi| &bi[k * per..(k * per + s.len()).min(bi.len())]);
+                scope.spawn(move || piece(s, b))
+            })
             .collect();
         parts.into_iter().all(|h| h.join().unwrap_or(false))
     })
@@ -1309,15 +1326,27 @@ mod tests {
         let n = 10 << 20;
         let sc: Vec<f32> = (0..n).map(|i| 1e-3 + (i % 977) as f32 * 1e-6).collect();
         let good: Vec<f32> = sc.iter().map(|s| -8.0 * s).collect();
-        assert!(all_neg8(&bytes_of(&sc), &bytes_of(&good)));
+        assert!(all_neg8(&bytes_of(&sc), Some(&bytes_of(&good))));
+        assert!(all_neg8(&bytes_of(&sc), None));
         for at in [0, n / 2, n - 1] {
             let mut bad = good.clone();
             bad[at] = f32::from_bits(bad[at].to_bits() ^ 1);
-            assert!(!all_neg8(&bytes_of(&sc), &bytes_of(&bad)), "flaw at {at}");
+            assert!(
+                !all_neg8(&bytes_of(&sc), Some(&bytes_of(&bad))),
+                "flaw at {at}"
+            );
+            // Biases made from the scales: a scale whose product is not normal, in any piece.
+            let mut zero = sc.clone();
+            zero[at] = 0.0;
+            assert!(!all_neg8(&bytes_of(&zero), None), "zero scale at {at}");
         }
         for s in [0.0f32, -0.0, 1e-40, 5e37, f32::INFINITY, f32::NAN] {
             let b = -8.0 * s;
-            assert!(!all_neg8(&bytes_of(&[s]), &bytes_of(&[b])), "scale {s:e}");
+            assert!(
+                !all_neg8(&bytes_of(&[s]), Some(&bytes_of(&[b]))),
+                "scale {s:e}"
+            );
+            assert!(!all_neg8(&bytes_of(&[s]), None), "scale {s:e}");
         }
         // The largest and smallest scales whose products are normal floats.
         for s in [
@@ -1326,9 +1355,10 @@ mod tests {
             -0.5,
         ] {
             assert!(
-                all_neg8(&bytes_of(&[s]), &bytes_of(&[-8.0 * s])),
+                all_neg8(&bytes_of(&[s]), Some(&bytes_of(&[-8.0 * s]))),
                 "scale {s:e}"
             );
+            assert!(all_neg8(&bytes_of(&[s]), None), "scale {s:e}");
         }
     }
 }

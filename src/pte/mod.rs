@@ -52,10 +52,17 @@ impl<T> Ctx<T> for fb::Result<T> {
     }
 }
 
-/// File bytes, memory-mapped or owned.
+/// File bytes, memory-mapped or owned, or derived from other bytes on first read.
 pub enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
+    /// -8 · each little-endian f32 of `scales`: a symmetric 4-bit weight's biases. A GPU forms
+    /// them from the scales and never reads these, so they are made only if something does
+    /// (E2B's are 415 MB).
+    Neg8 {
+        scales: Blob,
+        made: std::sync::OnceLock<Vec<u8>>,
+    },
 }
 
 impl Deref for Bytes {
@@ -64,6 +71,14 @@ impl Deref for Bytes {
         match self {
             Bytes::Mapped(m) => m,
             Bytes::Owned(v) => v,
+            Bytes::Neg8 { scales, made } => made.get_or_init(|| {
+                scales
+                    .chunks_exact(4)
+                    .flat_map(|s| {
+                        (-8.0 * f32::from_le_bytes([s[0], s[1], s[2], s[3]])).to_le_bytes()
+                    })
+                    .collect()
+            }),
         }
     }
 }
@@ -108,6 +123,46 @@ impl Blob {
     pub fn whole(bytes: Arc<Bytes>) -> Self {
         let range = 0..bytes.len();
         Blob { bytes, range }
+    }
+
+    /// -8 · each f32 of `scales` (whole f32s only), made when first read (`Bytes::Neg8`).
+    pub fn neg8(scales: Blob) -> Self {
+        let range = 0..scales.len() / 4 * 4;
+        let made = std::sync::OnceLock::new();
+        Blob {
+            bytes: Arc::new(Bytes::Neg8 { scales, made }),
+            range,
+        }
+    }
+
+    /// The scales this blob is -8 times, when it is all of a `neg8` blob.
+    pub fn neg8_of(&self) -> Option<&Blob> {
+        match &*self.bytes {
+            Bytes::Neg8 { scales, .. } if self.range == (0..scales.len() / 4 * 4) => Some(scales),
+            _ => None,
+        }
+    }
+
+    /// Whether its bytes exist: false only for a `neg8` blob nothing has read.
+    pub fn is_made(&self) -> bool {
+        match &*self.bytes {
+            Bytes::Neg8 { made, .. } => made.get().is_some(),
+            _ => true,
+        }
+    }
+
+    /// Whether both are the same bytes of the same source (not a comparison of contents).
+    pub fn same_as(&self, other: &Blob) -> bool {
+        Arc::ptr_eq(&self.bytes, &other.bytes) && self.range == other.range
+    }
+
+    /// Its length, known without reading it (a `neg8` blob is not made by asking).
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
     }
 
     /// A blob of no bytes (what a tensor keeps once its data lives elsewhere).
@@ -1059,11 +1114,35 @@ fn instruction(
     })
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
+    #[test]
+    fn neg8_blobs_are_made_on_first_read() {
+        let s = [0.5f32, -1.25e-3, 3.0e30, 0.0, f32::MIN_POSITIVE];
+        let mut bytes: Vec<u8> = s.iter().flat_map(|x| x.to_le_bytes()).collect();
+        bytes.push(7); // Not a whole f32: left out.
+        let scales = Blob::whole(Arc::new(Bytes::Owned(bytes)));
+        let b = Blob::neg8(scales.clone());
+        assert_eq!(
+            (b.len(), b.is_made()),
+            (20, false),
+            "its length is known unmade"
+        );
+        assert!(b.neg8_of().unwrap().same_as(&scales));
+        assert!(
+            b.slice(4..8).unwrap().neg8_of().is_none(),
+            "a part is not all of it"
+        );
+        let want: Vec<u8> = s.iter().flat_map(|x| (-8.0 * x).to_le_bytes()).collect();
+        assert_eq!(&b[..], &want[..]);
+        assert!(b.is_made());
+        assert_eq!(&b.slice(4..8).unwrap()[..], &want[4..8]);
+    }
+
     /// Resident bytes of the mapping that holds `addr` (`/proc/self/smaps`).
+    #[cfg(target_os = "linux")]
     fn resident(addr: usize) -> usize {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut inside = false;
@@ -1084,15 +1163,15 @@ mod tests {
         panic!("no mapping holds {addr:#x}");
     }
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn released_pages_leave_the_resident_set_and_read_back_the_same() {
-        let path = std::env::temp_dir().join(format!("pteria-release-{}.bin", std::process::id()));
+        let file = tempfile::NamedTempFile::new().unwrap();
         let data: Vec<u8> = (0..4usize << 20)
             .map(|i| (i * 7 + i / 4096) as u8)
             .collect();
-        std::fs::write(&path, &data).unwrap();
-        let bytes = Bytes::map(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
+        std::fs::write(file.path(), &data).unwrap();
+        let bytes = Bytes::map(file.path()).unwrap();
         let addr = bytes.as_ptr() as usize;
         assert_eq!(&bytes[..], &data[..]);
         assert_eq!(resident(addr), data.len(), "every page read in");

@@ -667,18 +667,19 @@ impl Lower<'_> {
                 scales[row * groups + gi] = sv[gi * scols + row];
             }
         }
-        let biases: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
+        let scales = owned(f32_bytes(&scales));
         let st2 = self.g.add_tensor(
             format!("v{s}.scales"),
             DType::F32,
             vec![n, groups],
-            Role::Constant(owned(f32_bytes(&scales))),
+            Role::Constant(scales.clone()),
         );
+        // Symmetric: nibbles are q + 8.
         let bt = self.g.add_tensor(
             format!("v{s}.biases"),
             DType::F32,
             vec![n, groups],
-            Role::Constant(owned(f32_bytes(&biases))),
+            Role::Constant(Blob::neg8(scales)),
         );
         Ok([wt, st2, bt])
     }
@@ -901,29 +902,31 @@ impl Lower<'_> {
                 "embedding_q4gsw scales hold fewer than {v}×{scols} values"
             ));
         }
+        // Read in place where they are f32 `[V, groups]` already.
         let dense = scols == groups && self.g.tensors[st].dtype == DType::F32;
-        let scales: Vec<f32> = if dense {
-            Vec::new()
+        let (st2, scales) = if dense {
+            let n = v * groups * 4;
+            let exact = sb.len() == n;
+            (
+                st,
+                if exact {
+                    sb
+                } else {
+                    sb.slice(0..n).map_err(|e| e.to_string())?
+                },
+            )
         } else {
-            (0..v)
+            let scales: Vec<f32> = (0..v)
                 .flat_map(|r| sv[r * scols..r * scols + groups].iter().copied())
-                .collect()
-        };
-        let src = if dense {
-            &sv[..v * groups]
-        } else {
-            &scales[..]
-        };
-        let biases: Vec<f32> = src.iter().map(|x| -8.0 * x).collect();
-        let st2 = if dense {
-            st
-        } else {
-            self.g.add_tensor(
+                .collect();
+            let scales = owned(f32_bytes(&scales));
+            let t = self.g.add_tensor(
                 format!("v{s}.scales"),
                 DType::F32,
                 vec![v, groups],
-                Role::Constant(owned(f32_bytes(&scales))),
-            )
+                Role::Constant(scales.clone()),
+            );
+            (t, scales)
         };
         let wt2 = if linear_packing {
             wt
@@ -939,7 +942,7 @@ impl Lower<'_> {
             format!("v{s}.biases"),
             DType::F32,
             vec![v, groups],
-            Role::Constant(owned(f32_bytes(&biases))),
+            Role::Constant(Blob::neg8(scales)),
         );
         Ok([wt2, st2, bt])
     }
