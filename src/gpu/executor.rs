@@ -213,6 +213,11 @@ fn to_repr(repr: Repr, dtype: DType, data: &[u8]) -> Vec<u8> {
     v
 }
 
+/// Whether `to_repr` keeps the bytes as they are (then they need no conversion).
+fn as_is(repr: Repr, dtype: DType) -> bool {
+    repr == Repr::Raw || repr == Repr::F32 && dtype == DType::F32
+}
+
 fn from_repr(repr: Repr, dtype: DType, bytes: &[u8], numel: usize) -> Vec<u8> {
     match repr {
         Repr::F32 if dtype == DType::F32 => bytes[..numel * 4].to_vec(),
@@ -416,16 +421,35 @@ impl GpuExecutor {
                 while e < e1 {
                     let end = (e + per_piece).min(e1);
                     let piece = (e * ds) as usize..(end * ds) as usize;
-                    let bytes = to_repr(repr, def.dtype, &blob[piece.clone()]);
-                    self.ctx
+                    let src = &blob[piece.clone()];
+                    let converted =
+                        (!as_is(repr, def.dtype)).then(|| to_repr(repr, def.dtype, src));
+                    let data = converted.as_deref().unwrap_or(src);
+                    let len = data.len().div_ceil(4) * 4;
+                    let size = wgpu::BufferSize::new(len as u64)
+                        .ok_or_else(|| GpuError::Device("an empty upload piece".into()))?;
+                    // Copied straight into the staging memory: with a fresh 64 MiB copy of
+                    // each piece in between, faulted in page by page, the E2B-shaped program
+                    // loaded in 2.7-3.1 s on the H100's host, against 1.1-1.3 s now.
+                    let mut view = self
+                        .ctx
                         .queue
-                        .write_buffer(&self.buffers[i], at + (e - e0) * eb, &bytes);
+                        .write_buffer_with(&self.buffers[i], at + (e - e0) * eb, size)
+                        .ok_or_else(|| {
+                            GpuError::Device(self.ctx.take_errors().err().map_or_else(
+                                || "a constant's upload was refused".into(),
+                                |e| e.to_string(),
+                            ))
+                        })?;
+                    view.slice(..data.len()).copy_from_slice(data);
+                    view.slice(data.len()..).fill(0);
+                    drop(view);
                     // The write copied the piece: its file pages can go now, so the load's peak
                     // holds a piece of the file rather than all of it.
                     if let Ok(p) = blob.slice(piece) {
                         p.release_pages();
                     }
-                    pending += bytes.len();
+                    pending += len;
                     if pending >= 4 * UPLOAD_PIECE {
                         self.flush()?;
                         pending = 0;
