@@ -1964,6 +1964,119 @@ fn constants_leave_host_memory_once_uploaded() {
     }
 }
 
+/// Embeddings with big tables are gathered on the host, their ids computed there from the
+/// inputs, and their rows passed to the GPU: the same values as the CPU, on calls of different
+/// lengths, with no table (or derived bias) on the GPU; a bad id is an error.
+#[test]
+fn big_tables_are_gathered_on_the_host() {
+    use pteria::ir::BinaryOp;
+    let Some(on_host) = open(ContextOptions {
+        host_gather_min_bytes: Some(1),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let Some(on_gpu) = ctx() else { return };
+    let mut rng = Rng::new(23);
+    let (rows, cols) = (300, 64);
+    let build = |rng: &mut Rng, ids: &[i64]| {
+        let mut t = T::default();
+        let x = t.input(DType::I64, &[1, 64], &[1, ids.len()], i64_bytes(ids));
+        // A 4-bit table whose biases are made from its scales, as the Vulkan front end's are.
+        let q = symmetric_q4(&mut t, rng, rows, cols, 32, 0);
+        let Role::Constant(scales) = t.g.tensors[q[1]].role.clone() else {
+            unreachable!()
+        };
+        let bias = Blob::neg8(scales);
+        t.g.tensors[q[2]].role = Role::Constant(bias.clone());
+        let e1 = t.op(
+            OpKind::Embedding {
+                weight: Weight::Q4 { group: 32 },
+            },
+            vec![q[0], q[1], q[2], x],
+            DType::F32,
+            &[1, 64, cols],
+        );
+        // An f32 table read at ids the host computes first (ids - 1).
+        let shifted = t.op(
+            OpKind::BinaryScalar {
+                op: BinaryOp::Sub,
+                scalar: 1.0,
+                scalar_first: false,
+            },
+            vec![x],
+            DType::I64,
+            &[1, 64],
+        );
+        let table = t.const_f(&[rows, cols], &rng.floats(rows * cols, 1.0));
+        let e2 = t.op(
+            OpKind::Embedding {
+                weight: Weight::F32,
+            },
+            vec![table, shifted],
+            DType::F32,
+            &[1, 64, cols],
+        );
+        let sum = t.op(
+            OpKind::Binary(BinaryOp::Add),
+            vec![e1, e2],
+            DType::F32,
+            &[1, 64, cols],
+        );
+        t.out(sum);
+        t.out(e1);
+        // 8-bit groups, and 4-bit groups of one (odd: two groups share a byte), stored biases.
+        for w in [Weight::Q8 { group: 16 }, Weight::Q4 { group: 1 }] {
+            let mut ins = quant_weight(&mut t, rng, w, rows, cols);
+            ins.push(x);
+            let e = t.op(
+                OpKind::Embedding { weight: w },
+                ins,
+                DType::F32,
+                &[1, 64, cols],
+            );
+            t.out(e);
+        }
+        (t, bias)
+    };
+    let (t, bias) = build(&mut rng, &[5, 299, 1]);
+    let mut gpu = GpuExecutor::new(on_host.clone(), t.g.clone()).unwrap();
+    let vals = values(&t.inputs);
+    let got = gpu.run(&vals).unwrap();
+    assert!(!bias.is_made(), "the host forms the biases from the scales");
+    let want = CpuExecutor::new(t.g.clone()).unwrap().run(&vals).unwrap();
+    compare("host gathers", &got, &want, TOL, 0.05);
+    // Both tables stay on the host, and the ids' op runs there only.
+    assert_eq!(gpu.memory().constants, 0, "tables left on the host");
+    assert_eq!(gpu.stats().last_dispatches, 1, "the add alone");
+    assert_eq!(got.len(), 4);
+    let full = GpuExecutor::new(on_gpu, t.g.clone()).unwrap();
+    assert!(full.memory().constants > 0);
+    // Another length (40 rows: gathered on several threads where there are cores), then a bad
+    // id (the table has 300 rows).
+    let longer: Vec<i64> = (0..40).map(|i| 1 + i * 7).collect();
+    let longer_bytes = i64_bytes(&longer);
+    let vals = [InputValue::Tensor {
+        shape: vec![1, 40],
+        data: &longer_bytes,
+    }];
+    let got = gpu.run(&vals).unwrap();
+    let want = CpuExecutor::new(t.g.clone()).unwrap().run(&vals).unwrap();
+    compare("host gathers, 40 ids", &got, &want, TOL, 0.05);
+    let bad = i64_bytes(&[3, 300]);
+    let err = gpu
+        .run(&[InputValue::Tensor {
+            shape: vec![1, 2],
+            data: &bad,
+        }])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("token id 300 outside the 300-row table"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_tensor_too_large_to_bind_is_reported() {
     let Some(ctx) = small_binding_ctx() else {

@@ -61,6 +61,41 @@ fn vulkan_fixtures_match_goldens_on_the_gpu_executor() {
     }
 }
 
+/// With every embedding table left on the host (`ContextOptions::host_gather_min_bytes`, here 1
+/// byte), the fixtures still match their goldens on every call, and the stock export's GPU
+/// constants shrink by its token table (its 4-bit rows, scales; the biases were derived).
+#[test]
+fn vulkan_fixtures_match_goldens_with_embeddings_gathered_on_the_host() {
+    let Some(base) = common::gpu_context() else {
+        return;
+    };
+    let ctx = std::sync::Arc::new(
+        pteria::gpu::Context::with_options(pteria::gpu::ContextOptions {
+            host_gather_min_bytes: Some(1),
+            ..Default::default()
+        })
+        .expect("the GPU opened once already"),
+    );
+    let m = common::manifest();
+    for e in vulkan_entries(&m) {
+        let tol = e["tolerance_rel_l2_per_call"].as_f64().unwrap();
+        let worst =
+            worst_rel_l2(&e, &m, gpu_executor(ctx.clone())).unwrap_or_else(|err| panic!("{err}"));
+        println!("host gathers {}: worst rel-L2 {worst:.2e}", e["file"]);
+        assert!(worst <= tol, "{}: {worst:.3e} > {tol:.0e}", e["file"]);
+    }
+    let file = "gemma4_tiny_vulkan_stock_8da4w_emb4.pte";
+    let (host, on_host) = logits_on(file, ctx);
+    let (gpu, on_gpu) = logits_on(file, base);
+    assert!(
+        on_host.constants < on_gpu.constants,
+        "{} bytes of constants against {}",
+        on_host.constants,
+        on_gpu.constants
+    );
+    assert_eq!(host.len(), gpu.len());
+}
+
 fn replace_all(bytes: &mut [u8], from: &[u8], to: &[u8]) -> usize {
     assert_eq!(
         from.len(),

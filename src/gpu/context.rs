@@ -134,6 +134,9 @@ pub struct ContextOptions {
     /// Run three linears of one input as a pair and one alone, never all three in one dispatch
     /// (tests compare).
     pub separate_triples: bool,
+    /// Gather tables at least this large (embeddings read by token ids the host knows) stay in
+    /// host memory and are gathered there (`host_gather`); `None`: 64 MiB. Tests lower it.
+    pub host_gather_min_bytes: Option<u64>,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -195,6 +198,7 @@ pub struct Context {
     features: wgpu::Features,
     max_binding: u64,
     f16_kv_cache: bool,
+    host_gather_min_bytes: u64,
     /// The planner's fusions, decided once from the options and the device's limits.
     fusions: super::memory::Fusions,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
@@ -336,6 +340,7 @@ impl Context {
             features,
             max_binding,
             f16_kv_cache: opts.f16_kv_cache,
+            host_gather_min_bytes: opts.host_gather_min_bytes.unwrap_or(64 << 20),
             fusions,
             uncaptured,
             modules: Mutex::default(),
@@ -410,6 +415,11 @@ impl Context {
     /// Which of the planner's fusions are on (`ContextOptions` turns each off for tests).
     pub(crate) fn fusions(&self) -> super::memory::Fusions {
         self.fusions
+    }
+
+    /// The smallest gather table kept in host memory (`ContextOptions::host_gather_min_bytes`).
+    pub fn host_gather_min_bytes(&self) -> u64 {
+        self.host_gather_min_bytes
     }
 
     /// Whether executors hold KV caches as f16 (`ContextOptions::f16_kv_cache`).

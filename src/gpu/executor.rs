@@ -75,7 +75,8 @@ pub struct ExecutorStats {
     /// Queue submits made by calls (one per call encoded ahead, else a few: see `FIRST_PIECE`).
     pub submits: usize,
     /// Bytes of input tensors the last call wrote to the GPU (host symbols not counted): States
-    /// never travel, so a decode step uploads its token and position only.
+    /// never travel, so a decode step uploads its token and position, and the rows of any
+    /// table gathered on the host (`host_gather`).
     pub last_upload_bytes: u64,
     /// Bytes the last call read back (the outputs).
     pub last_readback_bytes: u64,
@@ -153,6 +154,8 @@ struct BindKey {
 pub struct GpuExecutor {
     ctx: Arc<Context>,
     graph: Graph,
+    /// Big embeddings gathered on the host before each call (`host_gather`).
+    host: Option<super::host_gather::HostGathers>,
     mem: MemoryPlan,
     /// The plan's buffers, then the dummy, the syms buffer and the ranges buffer.
     buffers: Vec<wgpu::Buffer>,
@@ -243,8 +246,10 @@ fn from_repr(repr: Repr, dtype: DType, bytes: &[u8], numel: usize) -> Vec<u8> {
 impl GpuExecutor {
     /// Plans memory and uploads constants. Every op the GPU cannot run is listed in one
     /// `GpuError::Unsupported`.
-    pub fn new(ctx: Arc<Context>, graph: Graph) -> Result<Self, GpuError> {
+    pub fn new(ctx: Arc<Context>, mut graph: Graph) -> Result<Self, GpuError> {
         graph.validate()?;
+        let host = super::host_gather::split(&mut graph, ctx.host_gather_min_bytes())
+            .map_err(GpuError::Device)?;
         let (mem, mut problems) = MemoryPlan::new(
             &graph,
             ctx.max_storage_binding(),
@@ -358,6 +363,7 @@ impl GpuExecutor {
             encode_ahead: std::env::var("PTERIA_ENCODE_AHEAD").map_or(true, |v| v != "0"),
             clock: 0,
             stats: ExecutorStats::default(),
+            host,
         };
         ex.upload_constants()?;
         ex.release_host_constants();
@@ -512,6 +518,20 @@ impl GpuExecutor {
 
     /// Runs one call; returns the graph outputs, as `ir::cpu::CpuExecutor::run` does.
     pub fn run(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>, GpuError> {
+        let Some(host) = &mut self.host else {
+            return self.run_all(inputs);
+        };
+        // The rows gathered on the host go in as the inputs `host_gather::split` added.
+        let rows = host.run(inputs).map_err(GpuError::Device)?;
+        let mut all = inputs.to_vec();
+        all.extend(rows.iter().map(|(shape, data)| InputValue::Tensor {
+            shape: shape.clone(),
+            data,
+        }));
+        self.run_all(&all)
+    }
+
+    fn run_all(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>, GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
         let t_start = std::time::Instant::now();

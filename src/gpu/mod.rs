@@ -9,6 +9,7 @@
 pub mod bench;
 mod context;
 mod executor;
+mod host_gather;
 mod memory;
 mod ops;
 

@@ -381,6 +381,21 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// Every integer the op takes, symbols among them.
+    pub fn ints(&self) -> Vec<Int> {
+        match self {
+            OpKind::Rope { start, .. }
+            | OpKind::Sdpa { start, .. }
+            | OpKind::CacheUpdate { start, .. } => vec![*start],
+            OpKind::Reshape { shape } | OpKind::Full { shape, .. } | OpKind::Expand { shape } => {
+                shape.clone()
+            }
+            OpKind::Slice { start, end, .. } => vec![*start, *end],
+            OpKind::Select { index, .. } => vec![*index],
+            OpKind::Arange { start, end, .. } => vec![*start, *end],
+            _ => vec![],
+        }
+    }
     /// The canonical op name; GPU kernels are found by it in `kernels/`.
     pub fn name(&self) -> &'static str {
         match self {
@@ -601,19 +616,7 @@ impl Graph {
                             return Err(bad(format!("writes to read-only tensor {t}")));
                         }
                     }
-                    let ints: Vec<Int> = match &o.kind {
-                        OpKind::Rope { start, .. }
-                        | OpKind::Sdpa { start, .. }
-                        | OpKind::CacheUpdate { start, .. } => vec![*start],
-                        OpKind::Reshape { shape }
-                        | OpKind::Full { shape, .. }
-                        | OpKind::Expand { shape } => shape.clone(),
-                        OpKind::Slice { start, end, .. } => vec![*start, *end],
-                        OpKind::Select { index, .. } => vec![*index],
-                        OpKind::Arange { start, end, .. } => vec![*start, *end],
-                        _ => vec![],
-                    };
-                    if !ints.iter().all(int_ok) {
+                    if !o.kind.ints().iter().all(int_ok) {
                         return Err(bad("symbol id out of range".into()));
                     }
                 }
