@@ -127,6 +127,16 @@ pub fn describe(p: &Program) -> Result<String> {
                         states.len(),
                         fmt_bytes(states.iter().map(|t| t.max_bytes()).sum())
                     )?;
+                    let tables = pteria::gpu::host_gathered_tables(&g);
+                    if !tables.is_empty() {
+                        writeln!(
+                            s,
+                            "    on a GPU: {} embedding table(s), {}, stay in host memory and are \
+                             gathered there (the GPU gets their rows)",
+                            tables.len(),
+                            fmt_bytes(tables.iter().sum())
+                        )?;
+                    }
                 }
                 Err(why) => writeln!(
                     s,

@@ -340,7 +340,9 @@ impl Context {
             features,
             max_binding,
             f16_kv_cache: opts.f16_kv_cache,
-            host_gather_min_bytes: opts.host_gather_min_bytes.unwrap_or(64 << 20),
+            host_gather_min_bytes: opts
+                .host_gather_min_bytes
+                .unwrap_or(super::host_gather::DEFAULT_MIN_BYTES),
             fusions,
             uncaptured,
             modules: Mutex::default(),

@@ -9,6 +9,27 @@ use crate::ir::{DType, Graph, InputValue, Io, Node, OpKind, Role, TensorId, Weig
 use crate::pte::Blob;
 use crate::runtime::tensor::to_f32;
 
+/// Tables this large or larger stay on the host unless `ContextOptions` says otherwise.
+pub(crate) const DEFAULT_MIN_BYTES: u64 = 64 << 20;
+
+/// The bytes of each table (with its scales and biases) a GPU executor would gather on the
+/// host with the default threshold, for `pteria inspect`.
+pub fn host_gathered_tables(g: &Graph) -> Vec<usize> {
+    let mut g = g.clone();
+    match split(&mut g, DEFAULT_MIN_BYTES) {
+        Ok(Some(h)) => h
+            .gathers
+            .iter()
+            .map(|gt| {
+                // Biases made from the scales take no memory unless something reads them.
+                let held = gt.tensors.iter().filter(|(b, _)| b.neg8_of().is_none());
+                held.map(|(b, _)| b.len()).sum()
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// Constants up to this size may feed the ops that compute ids on the host.
 const SMALL_CONSTANT: usize = 64 << 10;
 /// Ops computing ids on the host write at most this many elements (token ids do).
@@ -400,5 +421,55 @@ impl Gather {
 fn put(out: &mut [u8], vals: impl Iterator<Item = f32>) {
     for (o, v) in out.chunks_exact_mut(4).zip(vals) {
         o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pte::Bytes;
+    use std::sync::Arc;
+
+    /// A 4-bit embedding of `rows` × 2048 read at a 4-id input: 1 KiB a row, 64 scales a row.
+    fn embedding(rows: usize) -> Graph {
+        let mut g = Graph::default();
+        let blob = |n: usize| Blob::whole(Arc::new(Bytes::Owned(vec![0; n])));
+        let ids = g.add_tensor("ids", DType::I64, vec![1, 4], Role::Input(0));
+        g.inputs.push(Io::Tensor(ids));
+        let scales = blob(rows * 64 * 4);
+        let w = g.add_tensor(
+            "w",
+            DType::U8,
+            vec![rows, 1024],
+            Role::Constant(blob(rows * 1024)),
+        );
+        let s = g.add_tensor(
+            "s",
+            DType::F32,
+            vec![rows, 64],
+            Role::Constant(scales.clone()),
+        );
+        let b = g.add_tensor(
+            "b",
+            DType::F32,
+            vec![rows, 64],
+            Role::Constant(Blob::neg8(scales)),
+        );
+        let y = g.add_tensor("y", DType::F32, vec![1, 4, 2048], Role::Activation);
+        let weight = Weight::Q4 { group: 32 };
+        g.op(OpKind::Embedding { weight }, vec![w, s, b, ids], vec![y]);
+        g.outputs.push(y);
+        g
+    }
+
+    /// `inspect`'s count: a table of 64 MiB stays on the host, with its scales (its derived
+    /// biases hold nothing); one a row smaller stays on the GPU.
+    #[test]
+    fn tables_from_64_mib_are_gathered_on_the_host() {
+        assert_eq!(
+            host_gathered_tables(&embedding(1 << 16)),
+            vec![(64 + 16) << 20]
+        );
+        assert!(host_gathered_tables(&embedding((1 << 16) - 1)).is_empty());
     }
 }

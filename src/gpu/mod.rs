@@ -15,6 +15,7 @@ mod ops;
 
 pub use context::{AdapterSummary, Context, ContextOptions};
 pub use executor::{ExecutorStats, GpuExecutor, HostTimes, OpTime, ReplayTiming};
+pub use host_gather::host_gathered_tables;
 pub use memory::MemoryReport;
 
 #[derive(Debug, thiserror::Error)]
