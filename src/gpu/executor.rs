@@ -19,6 +19,7 @@ use super::GpuError;
 use crate::ir::{Graph, InputValue, Int, Io, IrError, Node, OpKind, Plan, PlanCache, Role};
 use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
 use crate::runtime::{DType, HostTensor};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -199,8 +200,13 @@ fn ints_of(kind: &OpKind) -> Vec<Int> {
     }
 }
 
-/// A tensor's elements in its GPU representation, as bytes padded to whole words.
-fn to_repr(repr: Repr, dtype: DType, data: &[u8]) -> Vec<u8> {
+/// A tensor's elements in its GPU representation, as bytes padded to whole words: borrowed
+/// where they are that already (packed weights, f32 of whole words), so uploads copy them once.
+fn to_repr(repr: Repr, dtype: DType, data: &[u8]) -> Cow<'_, [u8]> {
+    let as_is = repr == Repr::Raw || repr == Repr::F32 && dtype == DType::F32;
+    if as_is && data.len() % 4 == 0 {
+        return Cow::Borrowed(data);
+    }
     let mut v = match repr {
         Repr::F32 if dtype == DType::F32 => data.to_vec(),
         Repr::F32 => bytemuck::cast_slice(&to_f32(dtype, data)).to_vec(),
@@ -213,12 +219,7 @@ fn to_repr(repr: Repr, dtype: DType, data: &[u8]) -> Vec<u8> {
         Repr::F16 => from_f32(DType::F16, &to_f32(dtype, data)),
     };
     v.resize(v.len().div_ceil(4) * 4, 0);
-    v
-}
-
-/// Whether `to_repr` keeps the bytes as they are (then they need no conversion).
-fn as_is(repr: Repr, dtype: DType) -> bool {
-    repr == Repr::Raw || repr == Repr::F32 && dtype == DType::F32
+    Cow::Owned(v)
 }
 
 fn from_repr(repr: Repr, dtype: DType, bytes: &[u8], numel: usize) -> Vec<u8> {
@@ -427,11 +428,8 @@ impl GpuExecutor {
                 while e < e1 {
                     let end = (e + per_piece).min(e1);
                     let piece = (e * ds) as usize..(end * ds) as usize;
-                    let src = &blob[piece.clone()];
-                    let converted =
-                        (!as_is(repr, def.dtype)).then(|| to_repr(repr, def.dtype, src));
-                    let data = converted.as_deref().unwrap_or(src);
-                    let len = data.len().div_ceil(4) * 4;
+                    let data = to_repr(repr, def.dtype, &blob[piece.clone()]);
+                    let len = data.len();
                     let size = wgpu::BufferSize::new(len as u64)
                         .ok_or_else(|| GpuError::Device("an empty upload piece".into()))?;
                     // Copied straight into the staging memory: with a fresh 64 MiB copy of
@@ -447,8 +445,7 @@ impl GpuExecutor {
                                 |e| e.to_string(),
                             ))
                         })?;
-                    view.slice(..data.len()).copy_from_slice(data);
-                    view.slice(data.len()..).fill(0);
+                    view.copy_from_slice(&data);
                     drop(view);
                     // The write copied the piece: its file pages can go now, so the load's peak
                     // holds a piece of the file rather than all of it.
@@ -591,14 +588,9 @@ impl GpuExecutor {
                     continue;
                 }
                 let def = &self.graph.tensors[*t];
-                if self.mem.repr[*t] == Repr::F32 && def.dtype == DType::F32 {
-                    queue.write_buffer(&self.buffers[b], 0, data);
-                    uploaded += data.len() as u64;
-                } else {
-                    let bytes = to_repr(self.mem.repr[*t], def.dtype, data);
-                    queue.write_buffer(&self.buffers[b], 0, &bytes);
-                    uploaded += bytes.len() as u64;
-                }
+                let bytes = to_repr(self.mem.repr[*t], def.dtype, data);
+                queue.write_buffer(&self.buffers[b], 0, &bytes);
+                uploaded += bytes.len() as u64;
             }
         }
         if !syms.is_empty() {

@@ -4,7 +4,7 @@
 //! executor runs these gathers, and the small ops that compute their ids from the inputs, before
 //! each call, and hands their rows to the GPU graph as inputs of its own.
 
-use crate::ir::cpu::CpuExecutor;
+use crate::ir::cpu::{dequant_row, CpuExecutor};
 use crate::ir::{DType, Graph, InputValue, Io, Node, OpKind, Role, TensorId, Weight};
 use crate::pte::Blob;
 use crate::runtime::tensor::to_f32;
@@ -44,6 +44,8 @@ struct Gather {
     cols: usize,
     /// Which output of the ids graph holds its ids.
     ids: usize,
+    /// Its biases are -8 · its f32 scales (`Blob::neg8`): formed per row, never made whole.
+    derived: bool,
 }
 
 /// A gather's rows: their shape (the ids' and the row length) and f32 bytes.
@@ -177,12 +179,19 @@ pub(crate) fn split(g: &mut Graph, min_bytes: u64) -> Result<Option<HostGathers>
         g.inputs.push(Io::Tensor(out));
         g.tensors[out].role = Role::Input(k);
         let ids = outs.iter().position(|&t| t == id_t).unwrap_or(0);
+        let derived = tensors.len() == 3
+            && tensors[1].1 == DType::F32
+            && tensors[2]
+                .0
+                .neg8_of()
+                .is_some_and(|s| s.same_as(&tensors[1].0));
         gathers.push(Gather {
             weight,
             tensors,
             rows,
             cols,
             ids,
+            derived,
         });
     }
     loop {
@@ -358,10 +367,9 @@ impl HostGathers {
 }
 
 impl Gather {
-    /// Row `r` into `out` as f32 bytes, dequantized as the CPU executor does (s · q + b);
-    /// biases made from the scales (`Blob::neg8`) are formed here as -8 · s, never made whole.
-    /// A group at a time: a division per element (and a dynamic iterator) made a decode step's
-    /// two rows take 60-100 µs on the H100's host.
+    /// Row `r` into `out` as f32 bytes, dequantized as the CPU executor's embedding does
+    /// (`ir::cpu::dequant_row`: with a division per element, two rows of a decode step took
+    /// 60-100 µs on the H100's host); derived biases are formed from the row's scales.
     fn row_into(&self, r: usize, out: &mut [u8]) {
         let (table, dt) = &self.tensors[0];
         let cols = self.cols;
@@ -380,40 +388,13 @@ impl Gather {
             to_f32(*dt, &b[r * groups * es..(r + 1) * groups * es]).into_owned()
         };
         let scales = part(&self.tensors[1]);
-        let biases = match self.tensors[2].0.neg8_of() {
-            Some(src) if src.same_as(&self.tensors[1].0) && self.tensors[1].1 == DType::F32 => {
-                scales.iter().map(|s| -8.0 * s).collect()
-            }
-            _ => part(&self.tensors[2]),
+        let biases = match self.derived {
+            true => scales.iter().map(|s| -8.0 * s).collect(),
+            false => part(&self.tensors[2]),
         };
         let bytes = if four { cols / 2 } else { cols };
         let q = &table[r * bytes..(r + 1) * bytes];
-        if !four {
-            let vals = q.chunks_exact(group).zip(scales.iter().zip(&biases));
-            return put(
-                out,
-                vals.flat_map(|(g, (&s, &b))| g.iter().map(move |&v| s * (v as i8 as f32) + b)),
-            );
-        }
-        if group % 2 == 0 {
-            let vals = q.chunks_exact(group / 2).zip(scales.iter().zip(&biases));
-            return put(
-                out,
-                vals.flat_map(|(g, (&s, &b))| {
-                    g.iter()
-                        .flat_map(move |&v| [s * (v & 0xF) as f32 + b, s * (v >> 4) as f32 + b])
-                }),
-            );
-        }
-        // Odd groups share a byte between two groups.
-        put(
-            out,
-            (0..cols).map(|c| {
-                let v = q[c / 2];
-                let n = if c % 2 == 0 { v & 0xF } else { v >> 4 };
-                scales[c / group] * n as f32 + biases[c / group]
-            }),
-        );
+        put(out, dequant_row(four, group, q, &scales, &biases));
     }
 }
 

@@ -997,23 +997,48 @@ impl CpuExecutor {
                 let scales = self.shared_f32(ts[1], vals)?;
                 let biases = self.shared_f32(ts[2], vals)?;
                 let groups = cols / group;
+                let four = matches!(w, Weight::Q4 { .. });
+                let bytes = if four { cols / 2 } else { cols };
                 let raw = self.raw_const(ts[0])?;
-                let mut row = Vec::with_capacity(cols);
-                for c in 0..cols {
-                    let q = match w {
-                        Weight::Q4 { .. } => {
-                            let b = raw[r * cols / 2 + c / 2];
-                            (if c % 2 == 0 { b & 0xF } else { b >> 4 }) as f32
-                        }
-                        _ => raw[r * cols + c] as i8 as f32,
-                    };
-                    let g = r * groups + c / group;
-                    row.push(scales[g] * q + biases[g]);
-                }
-                Ok(row)
+                let gs = r * groups..(r + 1) * groups;
+                Ok(dequant_row(
+                    four,
+                    group,
+                    &raw[r * bytes..(r + 1) * bytes],
+                    &scales[gs.clone()],
+                    &biases[gs],
+                )
+                .collect())
             }
         }
     }
+}
+
+/// One row of a quantized table (4-bit: two a byte, low nibble first; 8-bit: signed) as
+/// s · q + b with its groups' scales and biases; a group at a time, so no element divides by the
+/// group size. The CPU executor's embeddings and the GPU executor's host gathers read rows so.
+pub(crate) fn dequant_row<'a>(
+    four: bool,
+    group: usize,
+    q: &'a [u8],
+    scales: &'a [f32],
+    biases: &'a [f32],
+) -> impl Iterator<Item = f32> + 'a {
+    scales
+        .iter()
+        .zip(biases)
+        .enumerate()
+        .flat_map(move |(g, (&s, &b))| {
+            (g * group..(g + 1) * group).map(move |c| {
+                let n = if four {
+                    let v = q[c / 2];
+                    (if c % 2 == 0 { v & 0xF } else { v >> 4 }) as f32
+                } else {
+                    q[c] as i8 as f32
+                };
+                s * n + b
+            })
+        })
 }
 
 /// Multiply-adds below which a linear runs on the calling thread (spawning costs more).
