@@ -344,10 +344,7 @@ impl HostGathers {
                 }
             };
             // A prompt's rows on every core (128 rows of E2B's two tables took 8-13 ms on one).
-            let threads = std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(list.len() / 16)
-                .max(1);
+            let threads = crate::ir::cpu::threads().min(list.len() / 16).max(1);
             if threads == 1 {
                 fill(&list, &mut bytes);
             } else {

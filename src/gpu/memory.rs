@@ -248,8 +248,7 @@ fn all_neg8(sc: &[u8], bi: Option<&[u8]>) -> bool {
         }
     };
     // Pieces of at least 16 MiB, one a core.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(sc.len() >> 24).max(1);
+    let threads = crate::ir::cpu::threads().min(sc.len() >> 24).max(1);
     if threads == 1 {
         return piece(sc, bi);
     }

@@ -1044,7 +1044,9 @@ pub(crate) fn dequant_row<'a>(
 /// Multiply-adds below which a linear runs on the calling thread (spawning costs more).
 const PAR_MIN_MACS: usize = 1 << 17;
 
-fn threads() -> usize {
+/// Cores to spread work over, asked once: `available_parallelism` reads the cgroup's files on
+/// Linux (about 0.1 ms a call, which was most of a decode step's host gathers).
+pub(crate) fn threads() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
     *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
