@@ -40,6 +40,18 @@ struct Params {
     seq_len: u32,
     rope_start: u32,
     table_rows: u32,
+    // split_kv: the k and v norms' eps, the k rotation's words (as the q's above), the cache
+    // update's start slot, the caches' rows and whether the update's indices name the row.
+    k_eps: f32,
+    v_eps: f32,
+    k_half: u32,
+    k_seq_stride: u32,
+    k_seq_len: u32,
+    k_rope_start: u32,
+    k_table_rows: u32,
+    kv_start: u32,
+    kv_rows: u32,
+    kv_indexed: u32,
 }
 
 override WG: u32 = 64u;
@@ -62,8 +74,15 @@ override V_F16: bool = false;
 @group(0) @binding(1) var<storage, read> syms: array<i32>;
 @group(0) @binding(2) var<storage, read_write> o: array<f32>;
 @group(0) @binding(3) var<storage, read> q: array<f32>;
+// The caches: read, or (the `sdpa_kv` variant) also written by `split_kv`.
+// #if kv_read
 @group(0) @binding(4) var<storage, read> k: array<u32>;
 @group(0) @binding(5) var<storage, read> v: array<u32>;
+// #endif
+// #if kv_write
+@group(0) @binding(4) var<storage, read_write> k: array<u32>;
+@group(0) @binding(5) var<storage, read_write> v: array<u32>;
+// #endif
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
 // combine with RANGE also leaves the range of its stores for the linear that quantizes them
 // (range.wgsl).
@@ -145,13 +164,20 @@ fn dot_part(kr: u32, first: u32, stride: u32) -> f32 {
 }
 
 // q·k_j's part over dims lane, lane + TPK, ...: a constant trip count the compiler unrolls.
-fn dot_lane(kr: u32, lane: u32) -> f32 {
+// `fresh`: the key is this step's new row, normed by this workgroup into k_new (`split_kv`);
+// kr then addresses another row of the cache, whose load is discarded (no branch around the
+// loads: a conditional load in this loop cost the E2B-shaped step 0.16-0.21 ms on an H100).
+fn dot_lane(kr: u32, lane: u32, fresh: bool) -> f32 {
     let TPK = WG / CK;
     var dotv = 0.0;
     for (var r = 0u; r < (DMAX + TPK - 1u) / TPK; r++) {
         let e = lane + r * TPK;
         if e < DMAX {
-            dotv += qs[e] * k_at(kr + e);
+            var kv = k_at(kr + e);
+            if KV_NEW {
+                kv = select(kv, k_new[e], fresh);
+            }
+            dotv += qs[e] * kv;
         }
     }
     return dotv;
@@ -252,6 +278,97 @@ fn split_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     split_keys(wg, t);
 }
 
+// split_kv: this step's k and v rows (one a kv head, one query) arrive unnormed, and the
+// workgroups whose chunk holds their cache row norm (and rotate k) them as rms_norm.wgsl's
+// `main4_cache_kv` would (the same bits), use them from workgroup memory, and the first head of
+// the kv head's group stores them into the caches: no other workgroup of the step reads that
+// row (src/gpu/memory.rs `kv_split`). KV_D: DMAX there, else 1.
+override KV_NEW: bool = false;
+override KV_D: u32 = 1u;
+var<workgroup> k_new: array<f32, KV_D>;
+var<workgroup> v_new: array<f32, KV_D>;
+// The cache row of this step's new key where this workgroup normed it, else -1.
+var<private> new_row: i32 = -1;
+
+// #if kv_write
+@group(0) @binding(10) var<storage, read> kx: array<f32>;
+@group(0) @binding(11) var<storage, read> vx: array<f32>;
+@group(0) @binding(12) var<storage, read> kw: array<f32>;
+// The update's indices, where it has them (`kv_indexed`).
+@group(0) @binding(13) var<storage, read> kv_idx: array<i32>;
+override HAS_KW: bool = false;
+var<workgroup> new_at: i32;
+
+@compute @workgroup_size(WG)
+fn split_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    norm_q(split_q(wg), t);
+    if t == 0u {
+        let indexed = p.kv_indexed != 0u;
+        var index = 0;
+        if indexed {
+            index = kv_idx[0];
+        }
+        new_at = cache_dst(indexed, index, syms[p.kv_start], 0u, 1u, p.kv_rows);
+    }
+    // (Also the barrier after norm_q's last reads of `nq` and of the norm's sums.)
+    let dst = workgroupUniformLoad(&new_at);
+    if dst >= 0 && u32(dst) / CK == wg.x {
+        norm_new(wg, t, u32(dst));
+        new_row = dst;
+    }
+    split_keys(wg, t);
+}
+
+// The new k and v rows of the workgroup's kv head normed into k_new (rotated) and v_new, and
+// stored into the caches' row dst by the first head of the group. Every invocation calls it.
+fn norm_new(wg: vec3<u32>, t: u32, dst: u32) {
+    let kh = wg.y / p.group;
+    let base = kh * DMAX;
+    // The sums of squares as main4 forms them (`norm_q`).
+    var sk = 0.0;
+    var sv = 0.0;
+    if t < NORM_WG {
+        for (var j = t; j < DMAX / 4u; j += NORM_WG) {
+            let e = base + 4u * j;
+            let a = vec4<f32>(kx[e], kx[e + 1u], kx[e + 2u], kx[e + 3u]);
+            let b = vec4<f32>(vx[e], vx[e + 1u], vx[e + 2u], vx[e + 3u]);
+            sk += dot(a, a);
+            sv += dot(b, b);
+        }
+    }
+    let rk = 1.0 / sqrt(workgroup_sum(sk, t) / f32(DMAX) + p.k_eps);
+    // workgroup_sum's last reads of its runs come before the next call's writes.
+    workgroupBarrier();
+    let rv = 1.0 / sqrt(workgroup_sum(sv, t) / f32(DMAX) + p.v_eps);
+    for (var e = t; e < DMAX; e += WG) {
+        var a = kx[base + e] * rk;
+        if HAS_KW {
+            a *= kw[e];
+        }
+        nq[e] = a;
+        v_new[e] = vx[base + e] * rv;
+    }
+    workgroupBarrier();
+    let pos = syms[p.k_rope_start] + i32((base / p.k_seq_stride) % p.k_seq_len);
+    let at = wg.z / p.s * p.kv_strides.x + kh * p.kv_strides.z + dst * p.kv_strides.y;
+    let store = wg.y % p.group == 0u;
+    for (var e = t; e < DMAX; e += WG) {
+        var a = nq[e];
+        if e < 2u * p.k_half && pos >= 0 && u32(pos) < p.k_table_rows {
+            let rp = rope_pair(e, p.k_half, INTERLEAVED);
+            let ti = u32(pos) * p.k_half + rp.pair;
+            a = rope_rotate(nq[e], nq[rp.other], cos_t[ti], sin_t[ti], rp.first);
+        }
+        k_new[e] = a;
+        if store {
+            k[at + e] = bitcast<u32>(a);
+            v[at + e] = bitcast<u32>(v_new[e]);
+        }
+    }
+    // (split_keys starts with a barrier: k_new is visible there.)
+}
+// #endif
+
 // The first element of the workgroup's head and query in q.
 fn split_q(wg: vec3<u32>) -> u32 {
     let i = wg.z % p.s;
@@ -279,7 +396,9 @@ fn split_keys(wg: vec3<u32>, t: u32) {
     }
     var part = 0.0;
     if mk != NEG_INF {
-        part = dot_lane(ko + j * p.kv_strides.y, lane);
+        // The new row comes from k_new; the cache row being stored is not read (row j ^ 1 is).
+        let fresh = KV_NEW && i32(j) == new_row;
+        part = dot_lane(ko + select(j, j ^ 1u, fresh) * p.kv_strides.y, lane, fresh);
     }
     sc[t] = part;
     workgroupBarrier();
@@ -323,7 +442,13 @@ fn split_keys(wg: vec3<u32>, t: u32) {
             for (var jj = 0u; jj < CK; jj++) {
                 // Every row loads (in flight together); a hidden key's row adds nothing, even NaN.
                 let w = pk[jj];
-                let x = v_at(ko + (c * CK + jj) * p.kv_strides.y + e);
+                // As in dot_lane: the new row from v_new, another row's load discarded.
+                let row = c * CK + jj;
+                let fresh = KV_NEW && i32(row) == new_row;
+                var x = v_at(ko + select(row, row ^ 1u, fresh) * p.kv_strides.y + e);
+                if KV_NEW {
+                    x = select(x, v_new[e], fresh);
+                }
                 a += select(0.0, w * x, w != 0.0);
             }
             o[base + 2u + e] = a;

@@ -3334,6 +3334,145 @@ fn norms_store_their_rows_into_the_kv_cache() {
     }
 }
 
+/// Decode attention that norms its q, over KV caches that a v norm and a k norm with RoPE store
+/// into just before it (`kv_guest`), norms the step's new k and v rows in its split: one
+/// dispatch fewer a decode call, and call after call the output and both caches hold the same
+/// bits as with the norms apart and match the CPU, for indexed and start-position updates,
+/// weighted or unweighted k, with and without subgroups; the new row at the first, middle and
+/// last rows of a chunk and of the cache. Prompts (3 rows) and calls of 2 queries keep the
+/// norms' dispatch; so does an op reading the k cache between the norms and the attention, and
+/// a device binding 12 storage buffers.
+#[test]
+fn attention_norms_the_new_k_and_v_rows_in_its_split() {
+    let pairs = fused_and_apart(ContextOptions {
+        separate_kv_splits: true,
+        ..Default::default()
+    });
+    let narrow = open(ContextOptions {
+        max_storage_buffers: Some(12),
+        ..Default::default()
+    });
+    let mut rng = Rng::new(47);
+    let (hq, hkv, d, cache, max_t, max_pos) = (4usize, 2usize, 64usize, 48usize, 3usize, 64usize);
+    let f = DType::F32;
+    for (indexed, weighted, peek) in [
+        (true, true, false),
+        (false, true, false),
+        (false, false, false),
+        (true, true, true),
+    ] {
+        let mut t = T::default();
+        let qx = [1, max_t, hq, d];
+        let kx = [1, hkv, max_t, d];
+        let xq = t.input(f, &qx, &qx, vec![0; 4 * hq * max_t * d]);
+        let xk = t.input(f, &kx, &kx, vec![0; 4 * hkv * max_t * d]);
+        let xv = t.input(f, &kx, &kx, vec![0; 4 * hkv * max_t * d]);
+        let idx = t.input(DType::I64, &[max_t], &[max_t], vec![0; 8 * max_t]);
+        let start = t.sym("start", 0);
+        let half = d / 2;
+        let cos = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+        let sin = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
+        let rope = |weighted: bool, seq_dim: usize| OpKind::RmsNormRope {
+            eps: 1e-6,
+            weighted,
+            style: RopeStyle::Half,
+            rotary: d,
+            seq_dim,
+            start: Int::Sym(start),
+        };
+        let cs = [1, hkv, cache, d];
+        let kc = t.g.add_tensor("k_cache", f, cs.to_vec(), Role::State(None));
+        let vc = t.g.add_tensor("v_cache", f, cs.to_vec(), Role::State(None));
+        let update = |t: &mut T, c: TensorId, rows: TensorId| {
+            let (ins, at) = if indexed {
+                (vec![c, rows, idx], Int::Lit(0))
+            } else {
+                (vec![c, rows], Int::Sym(start))
+            };
+            let u = t.op(OpKind::CacheUpdate { axis: 2, start: at }, ins, f, &cs);
+            t.out(u);
+            u
+        };
+        // (Activations, whose storage others would take were they freed.)
+        let xv_a = t.op(OpKind::Unary(UnaryOp::Neg), vec![xv], f, &kx);
+        let v = t.op(OpKind::RmsNorm { eps: 1e-5 }, vec![xv_a], f, &kx);
+        let vu = update(&mut t, vc, v);
+        let mut kins = vec![xk];
+        if weighted {
+            kins.push(t.const_f(&[d], &rng.floats(d, 1.5)));
+        }
+        kins.extend([cos, sin]);
+        let k = t.op(rope(weighted, 2), kins, f, &kx);
+        let ku = update(&mut t, kc, k);
+        if peek {
+            let seen = t.op(OpKind::Unary(UnaryOp::Neg), vec![kc], f, &cs);
+            t.out(seen);
+        }
+        // Written between the norms and the attention: it must not take their inputs' storage.
+        let between = t.op(OpKind::Unary(UnaryOp::Exp), vec![xk], f, &kx);
+        t.out(between);
+        let qw = t.const_f(&[d], &rng.floats(d, 1.5));
+        let qn = t.op(rope(true, 1), vec![xq, qw, cos, sin], f, &qx);
+        let perm = OpKind::Permute {
+            perm: vec![0, 2, 1, 3],
+        };
+        let q = t.op(perm, vec![qn], f, &[1, hq, max_t, d]);
+        let kind = OpKind::Sdpa {
+            layout: AttnLayout::Bhsd,
+            scale: 0.125,
+            causal: true,
+            window: None,
+            softcap: None,
+            start: Int::Sym(start),
+            all_rows: false,
+        };
+        let y = t.op(kind, vec![q, ku, vu], f, &[1, hq, max_t, d]);
+        t.out(y);
+        let what = format!("indexed {indexed}, weighted {weighted}, peek {peek}");
+        let runs = (pairs
+            .iter()
+            .map(|(on, apart, name)| (on.clone(), apart.clone(), *name, !peek)))
+        .chain(
+            (narrow.clone().zip(pairs.first()))
+                .map(|(n, p)| (n, p.1.clone(), " (12 bindings)", false)),
+        );
+        for (on, apart, name, fused) in runs {
+            let what = format!("{what}{name}");
+            let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+            let mut gf = GpuExecutor::new(on.clone(), t.g.clone()).unwrap();
+            let mut ga = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
+            for (n, at) in [
+                (3usize, 0i64),
+                (1, 3),
+                (1, 14),
+                (1, 15),
+                (1, 16),
+                (2, 17),
+                (1, 19),
+                (1, 32),
+                (1, 47),
+            ] {
+                let xq = rng.floats(hq * n * d, 2.0);
+                let (xk, xv) = (rng.floats(hkv * n * d, 2.0), rng.floats(hkv * n * d, 2.0));
+                t.inputs[0] = Val::Tensor(vec![1, n, hq, d], f32_bytes(&xq));
+                t.inputs[1] = Val::Tensor(vec![1, hkv, n, d], f32_bytes(&xk));
+                t.inputs[2] = Val::Tensor(vec![1, hkv, n, d], f32_bytes(&xv));
+                let pos: Vec<i64> = (at..at + n as i64).collect();
+                t.inputs[3] = Val::Tensor(vec![n], i64_bytes(&pos));
+                t.inputs[4] = Val::Sym(at);
+                let vals = values(&t.inputs);
+                let what = format!("{what}, {n} rows at {at}");
+                let (got, want) = (gf.run(&vals).unwrap(), ga.run(&vals).unwrap());
+                assert!(got == want, "{what}: fused and apart differ");
+                let (a, b) = (gf.stats().last_dispatches, ga.stats().last_dispatches);
+                let saved = (fused && n == 1) as usize;
+                assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
+                compare(&what, &got, &cpu.run(&vals).unwrap(), TOL, 0.05);
+            }
+        }
+    }
+}
+
 /// A v norm (unweighted, not rotated) storing into its KV cache runs in the dispatch of the k
 /// norm after it that stores as many rows into a cache of the same shape at the same rows:
 /// call after call both caches hold the same bits as with the norms apart and match the CPU,

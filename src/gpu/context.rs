@@ -37,8 +37,9 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         "softmax" => include_str!("../../kernels/softmax.wgsl"),
         "reduce" => include_str!("../../kernels/reduce.wgsl"),
         "rope" => include_str!("../../kernels/rope.wgsl"),
-        // Attention may norm its q as rms_norm does (norm_sum.wgsl, `split_normed`).
-        "sdpa" => concat!(
+        // Attention may norm its q as rms_norm does (norm_sum.wgsl, `split_normed`), and with
+        // `sdpa_kv` (the variant writing the caches) the step's new k and v (`split_kv`).
+        "sdpa" | "sdpa_kv" => concat!(
             include_str!("../../kernels/range.wgsl"),
             include_str!("../../kernels/norm_sum.wgsl"),
             include_str!("../../kernels/sdpa.wgsl")
@@ -53,9 +54,13 @@ fn kernel_source(name: &str) -> Option<&'static str> {
 /// The `// #if` blocks a kernel variant keeps beyond the device's (a variant shares its file).
 /// `linear3`: linear.wgsl with a third output binding (`triple`), which every other linear
 /// would otherwise have to bind too: a binding that a kernel names must be in its layout.
+/// `sdpa_kv`: sdpa.wgsl with its caches bound read-write (`kv_write`, for `split_kv`), where
+/// every other attention binds them read-only (`kv_read`).
 fn variant_blocks(kernel: &str) -> &'static [&'static str] {
     match kernel {
         "linear3" => &["triple"],
+        "sdpa" => &["kv_read"],
+        "sdpa_kv" => &["kv_write"],
         _ => &[],
     }
 }
@@ -128,6 +133,9 @@ pub struct ContextOptions {
     /// Run the k and v norms that store into KV caches in a dispatch each, never together
     /// (tests compare).
     pub separate_kv_norms: bool,
+    /// Run the k and v norms that store into KV caches in their own dispatch, never in the
+    /// split of the attention that reads them (tests compare).
+    pub separate_kv_splits: bool,
     /// Store every 4-bit weight's biases, never compute those that are -8 · scale from the
     /// scales (tests compare).
     pub stored_biases: bool,
@@ -326,6 +334,7 @@ impl Context {
             chain_loads: !opts.separate_chain_loads,
             q_norms: !opts.separate_q_norms,
             kv_norms: !opts.separate_kv_norms,
+            kv_splits: !opts.separate_kv_splits,
             derived_biases: !opts.stored_biases,
             // The third output binds one more storage buffer.
             triples: !opts.separate_linears

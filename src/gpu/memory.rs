@@ -137,6 +137,13 @@ pub(crate) struct MemoryPlan {
     /// lives until this one. `kv_guest_of` is the inverse.
     pub kv_guest: Vec<Option<usize>>,
     pub kv_guest_of: Vec<Option<usize>>,
+    /// Per node: for an attention that norms its own q (`q_norm`) and reads the KV caches that
+    /// a k norm with its v guest (`kv_guest`) stores into, nothing else touching them in
+    /// between, that k norm: where a call allows (`ops::kv_split`), the attention's split norms
+    /// the new k and v rows itself and stores them into the caches, and the pair is not
+    /// dispatched. Their inputs live until the attention. `kv_split_of` is the inverse.
+    pub kv_split: Vec<Option<usize>>,
+    pub kv_split_of: Vec<Option<usize>>,
     /// Per node: a permute, or a select by a literal index, whose input is kept live as long as
     /// its output, so that where it is a view for a call's shapes (`ops::views`) the executor
     /// skips it and reads its input instead (a select from an offset into it).
@@ -158,6 +165,7 @@ pub(crate) struct Fusions {
     pub chain_loads: bool,
     pub q_norms: bool,
     pub kv_norms: bool,
+    pub kv_splits: bool,
     /// Compute 4-bit biases that are -8 · scales instead of storing them (`derived_bias`).
     pub derived_biases: bool,
     /// Pair linears in threes (`third`: a third output binding, `ops::WIDE_BINDINGS`).
@@ -349,6 +357,7 @@ impl MemoryPlan {
             chain_loads: fuse_chain_loads,
             q_norms: fuse_q_norms,
             kv_norms: fuse_kv_norms,
+            kv_splits: fuse_kv_splits,
             derived_biases,
             triples,
         } = fusions;
@@ -1016,6 +1025,54 @@ impl MemoryPlan {
                 }
             }
         }
+        // Attentions that norm their q and whose k and v caches the nearest earlier norm pair
+        // storing into caches fills (`kv_guest`: a k norm with its v guest), nothing else
+        // touching those caches in between: the attention's split may norm the new rows too.
+        let mut kv_split: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut kv_split_of: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        if fuse_kv_splits {
+            for (a, node) in g.nodes.iter().enumerate() {
+                let Node::Op(op) = node else { continue };
+                if q_norm[a].is_none() || op.inputs.len() < 3 {
+                    continue;
+                }
+                let Some(h) = (0..a).rev().find(|&h| kv_guest[h].is_some()) else {
+                    continue;
+                };
+                let (Some(e), Some(uk)) = (kv_guest[h], norm_cache[h]) else {
+                    continue;
+                };
+                let Some(uv) = norm_cache[e] else { continue };
+                let cache_of = |u: usize| match &g.nodes[u] {
+                    Node::Op(up) => up.inputs.first().map(|&c| root[c]),
+                    _ => None,
+                };
+                let (Some(kc), Some(vc)) = (cache_of(uk), cache_of(uv)) else {
+                    continue;
+                };
+                let (Node::Op(hop), Node::Op(eop)) = (&g.nodes[h], &g.nodes[e]) else {
+                    continue;
+                };
+                // (Reshapes sharing a cache's storage touch nothing.)
+                let is_view = |n: usize| matches!(&g.nodes[n], Node::Op(op) if reshape_view(g, op));
+                let alone = |c: TensorId| {
+                    (reads[c].iter().chain(&writes[c]))
+                        .all(|&n| n <= h || n >= a || n == uk || n == uv || is_view(n))
+                };
+                let ok = matches!(hop.kind, OpKind::RmsNormRope { .. })
+                    && root[op.inputs[1]] == kc
+                    && root[op.inputs[2]] == vc
+                    && alone(kc)
+                    && alone(vc)
+                    && kv_split_of[h].is_none();
+                if ok {
+                    kv_split[a] = Some(h);
+                    kv_split_of[h] = Some(a);
+                    read_until(&mut last_read, &root, &hop.inputs, a);
+                    read_until(&mut last_read, &root, &eop.inputs, a);
+                }
+            }
+        }
         // A view read in place keeps its input as long as itself (as above), now that the fused
         // ops' inputs live longer.
         for (n, node) in g.nodes.iter().enumerate().rev() {
@@ -1166,6 +1223,8 @@ impl MemoryPlan {
             normed_q,
             kv_guest,
             kv_guest_of,
+            kv_split,
+            kv_split_of,
             view_op,
             buffers,
         };

@@ -1334,6 +1334,7 @@ fn rms_norm(
     if rows == 0
         || env.mem.paired_norm[node].is_some_and(|a| norm_pair(env, a).is_some())
         || env.mem.kv_guest_of[node].is_some_and(|h| kv_norms(env, h).is_some())
+        || env.mem.kv_split_of[node].is_some_and(|a| kv_split(env, a).is_some())
     {
         return Ok(Vec::new());
     }
@@ -1585,6 +1586,112 @@ fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
         lanes,
     })
 }
+
+/// What `split_kv` (sdpa.wgsl) takes for the k norm and its v guest that store this step's new
+/// rows into the caches it reads (`MemoryPlan::kv_split`).
+struct KvSplit<'a> {
+    k: &'a Op,
+    v: &'a Op,
+    weighted: bool,
+    /// The update's indices, where it has them (else its start).
+    indices: Option<TensorId>,
+    /// k eps, v eps; the k rotation's half, seq_stride, seq_len, start slot, table rows; the
+    /// update's start slot, the caches' rows, and whether the indices name the row (sdpa.wgsl
+    /// `Params`).
+    words: (f32, f32, [usize; 8]),
+}
+
+/// For attention `a` that norms its q: the k and v norms storing into its caches, where this
+/// call's split may norm and store their rows itself: one query and batch, a row a kv head in
+/// the attention's head dim, f32 caches in the [batch, head, row, dim] layout updated along
+/// their rows, the k rotation by q's tables, the norms' workgroups q's, and a device binding
+/// 13 storage buffers. Both the norms and the attention ask, so they agree.
+fn kv_split<'a>(env: &'a Env, a: usize) -> Option<KvSplit<'a>> {
+    let h = env.mem.kv_split.get(a).copied().flatten()?;
+    let qn = q_normed(env, a)?;
+    let (vop, v_eps, _) = kv_norms(env, h)?;
+    let (aop, kop) = (env.op(a)?, env.op(h)?);
+    let OpKind::RmsNormRope {
+        eps,
+        weighted,
+        style,
+        rotary,
+        seq_dim,
+        start,
+    } = kop.kind
+    else {
+        return None;
+    };
+    let up = env.op(env.mem.norm_cache.get(h).copied().flatten()?)?;
+    let OpKind::CacheUpdate {
+        axis,
+        start: kv_start,
+    } = up.kind
+    else {
+        return None;
+    };
+    let OpKind::Sdpa { layout, .. } = aop.kind else {
+        return None;
+    };
+    let (qs, ks) = (env.shape(aop.inputs[0]), env.shape(aop.inputs[1]));
+    let dims = (qs.len() == 4 && ks.len() == 4)
+        .then(|| layout.dims(qs, ks))
+        .flatten()?;
+    let xs = env.shape(kop.inputs[0]);
+    let d = *xs.last()?;
+    let w = weighted as usize;
+    let (kcos, qcos) = (
+        kop.inputs.get(1 + w)?,
+        qn.op.inputs.get(1 + qn.weighted as usize)?,
+    );
+    let (ksin, qsin) = (
+        kop.inputs.get(2 + w)?,
+        qn.op.inputs.get(2 + qn.weighted as usize)?,
+    );
+    let cs = env.shape(up.inputs[0]);
+    let f32_caches = [aop.inputs[1], aop.inputs[2]]
+        .iter()
+        .all(|&c| env.mem.repr[env.mem.root[c]] == Repr::F32);
+    let half = rotary / 2;
+    let ok = dims.s == 1
+        && dims.b == 1
+        && layout == AttnLayout::Bhsd
+        && d == dims.d
+        && env.numel(kop.inputs[0]) == dims.hkv * d
+        && env.shape(vop.inputs[0]) == xs
+        && cs.get(axis) == Some(&dims.cl)
+        && f32_caches
+        && kcos == qcos
+        && ksin == qsin
+        && (style == RopeStyle::Interleaved) == qn.interleaved
+        && half > 0
+        && seq_dim < xs.len()
+        && norm_workgroup(env, d / 4) == (qn.wg, qn.lanes)
+        && env.max_storage >= KV_SPLIT_BINDINGS;
+    ok.then(|| KvSplit {
+        k: kop,
+        v: vop,
+        weighted,
+        indices: up.inputs.get(2).copied(),
+        words: (
+            eps,
+            v_eps,
+            [
+                half,
+                strides(xs)[seq_dim],
+                xs[seq_dim],
+                (env.slot)(start) as usize,
+                env.numel(*kcos) / half,
+                (env.slot)(kv_start) as usize,
+                dims.cl,
+                (up.inputs.len() > 2) as usize,
+            ],
+        ),
+    })
+}
+
+/// Storage buffers `split_kv` binds.
+const KV_SPLIT_BINDINGS: u32 = 13;
 
 /// For a norm storing into a KV cache whose dispatch may also run an earlier one's
 /// (`MemoryPlan::kv_guest`): that norm, its eps and its cache, where this call gives both the
@@ -2573,36 +2680,67 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
             Res::Tensor(ins[2 + w]),
         ]);
     }
-    Ok(vec![
-        step(
-            "sdpa",
-            entry,
-            split_consts,
-            split_p,
-            Res::Scratch(0),
-            split_inputs,
-            per_query,
-        ),
-        {
-            // Attention's stores leave their range for the linear that quantizes them.
-            let range = range_out(env, node);
-            let mut consts = consts;
-            consts.extend([
-                ("RANGE", b(range.is_some())),
-                ("RANGE_SLOTS", RANGE_SLOTS as f64),
-            ]);
-            Step {
-                writes: vec![range.map_or(Res::Dummy, |_| Res::Ranges)],
-                ..step(
-                    "sdpa",
-                    "combine",
-                    consts,
-                    p().u(range.unwrap_or(0) as usize),
-                    Res::Tensor(out),
-                    vec![Res::Scratch(0)],
-                    [hq as u32, d.div_ceil(16) as u32, (s * bq) as u32],
-                )
-            }
-        },
-    ])
+    // The step's new k and v rows, normed (k rotated) and stored into the caches by split.
+    let kv = kv_split(env, node);
+    if let Some(kv) = &kv {
+        let (k_eps, v_eps, words) = kv.words;
+        split_p = split_p.f(k_eps).f(v_eps);
+        for w in words {
+            split_p = split_p.u(w);
+        }
+    }
+    let mut split_step = step(
+        "sdpa",
+        entry,
+        split_consts,
+        split_p,
+        Res::Scratch(0),
+        split_inputs,
+        per_query,
+    );
+    if let Some(kv) = kv {
+        split_step.kernel = "sdpa_kv";
+        split_step.entry = "split_kv";
+        split_step.constants.extend([
+            ("KV_NEW", 1.0),
+            ("KV_D", d as f64),
+            ("HAS_KW", b(kv.weighted)),
+        ]);
+        // q, then the caches read-write (bindings 4 and 5), then the rest as before, the new
+        // rows, k's weight and the update's indices (10 to 13).
+        let mut rest = split_step.inputs.split_off(1);
+        split_step.writes = rest.drain(..2).collect();
+        rest.extend([
+            Res::Tensor(kv.k.inputs[0]),
+            Res::Tensor(kv.v.inputs[0]),
+            if kv.weighted {
+                Res::Tensor(kv.k.inputs[1])
+            } else {
+                Res::Dummy
+            },
+            kv.indices.map_or(Res::Dummy, Res::Tensor),
+        ]);
+        split_step.reads_after = rest;
+    }
+    Ok(vec![split_step, {
+        // Attention's stores leave their range for the linear that quantizes them.
+        let range = range_out(env, node);
+        let mut consts = consts;
+        consts.extend([
+            ("RANGE", b(range.is_some())),
+            ("RANGE_SLOTS", RANGE_SLOTS as f64),
+        ]);
+        Step {
+            writes: vec![range.map_or(Res::Dummy, |_| Res::Ranges)],
+            ..step(
+                "sdpa",
+                "combine",
+                consts,
+                p().u(range.unwrap_or(0) as usize),
+                Res::Tensor(out),
+                vec![Res::Scratch(0)],
+                [hq as u32, d.div_ceil(16) as u32, (s * bq) as u32],
+            )
+        }
+    }])
 }
