@@ -353,12 +353,7 @@ fn norm_new(wg: vec3<u32>, t: u32, dst: u32) {
     let at = wg.z / p.s * p.kv_strides.x + kh * p.kv_strides.z + dst * p.kv_strides.y;
     let store = wg.y % p.group == 0u;
     for (var e = t; e < DMAX; e += WG) {
-        var a = nq[e];
-        if e < 2u * p.k_half && pos >= 0 && u32(pos) < p.k_table_rows {
-            let rp = rope_pair(e, p.k_half, INTERLEAVED);
-            let ti = u32(pos) * p.k_half + rp.pair;
-            a = rope_rotate(nq[e], nq[rp.other], cos_t[ti], sin_t[ti], rp.first);
-        }
+        let a = nq_rotated(e, pos, p.k_half, p.k_table_rows);
         k_new[e] = a;
         if store {
             k[at + e] = bitcast<u32>(a);
@@ -478,14 +473,20 @@ fn norm_q(qo: u32, t: u32) {
     workgroupBarrier();
     let pos = syms[p.rope_start] + i32((qo / p.seq_stride) % p.seq_len);
     for (var e = t; e < DMAX; e += WG) {
-        var v = nq[e];
-        if e < 2u * p.half && pos >= 0 && u32(pos) < p.table_rows {
-            let rp = rope_pair(e, p.half, INTERLEAVED);
-            let ti = u32(pos) * p.half + rp.pair;
-            v = rope_rotate(nq[e], nq[rp.other], cos_t[ti], sin_t[ti], rp.first);
-        }
-        qs[e] = v;
+        qs[e] = nq_rotated(e, pos, p.half, p.table_rows);
     }
+}
+
+// Element e of the row in `nq` rotated at position pos as rms_norm.wgsl's `rotated` does (the
+// first `half` pairs, by tables of `rows` rows), for q and for the new k.
+fn nq_rotated(e: u32, pos: i32, half: u32, rows: u32) -> f32 {
+    var v = nq[e];
+    if e < 2u * half && pos >= 0 && u32(pos) < rows {
+        let rp = rope_pair(e, half, INTERLEAVED);
+        let ti = u32(pos) * half + rp.pair;
+        v = rope_rotate(nq[e], nq[rp.other], cos_t[ti], sin_t[ti], rp.first);
+    }
+    return v;
 }
 
 // Merges split's chunks for 16 dims of one (head, query, batch): grid (hq, ceil(d / 16),

@@ -1547,10 +1547,7 @@ fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
     else {
         return None;
     };
-    let (qs, ks) = (env.shape(aop.inputs[0]), env.shape(aop.inputs[1]));
-    let dims = (qs.len() == 4 && ks.len() == 4)
-        .then(|| layout.dims(qs, ks))
-        .flatten()?;
+    let dims = attn_dims(env, aop, *layout)?;
     let xs = env.shape(nop.inputs[0]);
     let out = nop.outputs[0];
     let d = *env.shape(out).last()?;
@@ -1585,6 +1582,14 @@ fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
         wg,
         lanes,
     })
+}
+
+/// An attention's dimensions in this call, from its 4-D q and k in `layout`.
+fn attn_dims(env: &Env, op: &Op, layout: AttnLayout) -> Option<AttnDims> {
+    let (qs, ks) = (env.shape(op.inputs[0]), env.shape(op.inputs[1]));
+    (qs.len() == 4 && ks.len() == 4)
+        .then(|| layout.dims(qs, ks))
+        .flatten()
 }
 
 /// What `split_kv` (sdpa.wgsl) takes for the k norm and its v guest that store this step's new
@@ -1633,10 +1638,7 @@ fn kv_split<'a>(env: &'a Env, a: usize) -> Option<KvSplit<'a>> {
     let OpKind::Sdpa { layout, .. } = aop.kind else {
         return None;
     };
-    let (qs, ks) = (env.shape(aop.inputs[0]), env.shape(aop.inputs[1]));
-    let dims = (qs.len() == 4 && ks.len() == 4)
-        .then(|| layout.dims(qs, ks))
-        .flatten()?;
+    let dims = attn_dims(env, aop, layout)?;
     let xs = env.shape(kop.inputs[0]);
     let d = *xs.last()?;
     let w = weighted as usize;
@@ -1833,11 +1835,7 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
             env.op(c)?.outputs[0]
         }
         OpKind::Sdpa { layout, .. } => {
-            let (qs, ks) = (env.shape(pop.inputs[0]), env.shape(pop.inputs[1]));
-            let dims = (qs.len() == 4 && ks.len() == 4)
-                .then(|| layout.dims(qs, ks))
-                .flatten()?;
-            if dims.s > SPLIT_MAX_S {
+            if attn_dims(env, pop, layout)?.s > SPLIT_MAX_S {
                 return None;
             }
             pop.outputs[0]
