@@ -1514,11 +1514,15 @@ fn norm_workgroup(env: &Env, units: usize) -> (usize, usize) {
     (wg, env.subgroup.map_or(1, |s| wg.min(s as usize)))
 }
 
-/// What `split_normed` (sdpa.wgsl) takes for the rotated rms_norm whose rows are its q.
-struct QNorm<'a> {
+/// A rotated rms_norm as attention's split norms it itself (sdpa.wgsl `split_normed`, and
+/// `split_kv` for the new k): its op, weight and style, its tables, its words and its
+/// workgroup.
+struct RopeNorm<'a> {
     op: &'a Op,
     weighted: bool,
     interleaved: bool,
+    cos: TensorId,
+    sin: TensorId,
     /// eps, half, seq_stride, seq_len, start slot, table rows (sdpa.wgsl `Params`).
     words: (f32, [usize; 5]),
     /// The norm's workgroup and subgroup lanes (`norm_workgroup`).
@@ -1526,62 +1530,71 @@ struct QNorm<'a> {
     lanes: usize,
 }
 
-/// The rotated rms_norm whose rows attention `a` reads as q (`MemoryPlan::q_norm`), where this
-/// call splits the keys, reads q in the norm's storage (the permutes on the way are views), the
-/// rows are the heads' (16-byte words), the norm's workgroup fits split's, and the device binds
-/// 9 storage buffers. Both ask, so they agree.
-fn q_normed<'a>(env: &'a Env, a: usize) -> Option<QNorm<'a>> {
-    let nn = env.mem.q_norm.get(a).copied().flatten()?;
-    let (aop, nop) = (env.op(a)?, env.op(nn)?);
-    let (
-        OpKind::Sdpa { layout, .. },
-        OpKind::RmsNormRope {
-            eps,
-            weighted,
-            style,
-            rotary,
-            seq_dim,
-            start,
-        },
-    ) = (&aop.kind, &nop.kind)
+/// Node `n` as a `RopeNorm`, where it is a rotated rms_norm of rows in 16-byte words that
+/// rotates some dims.
+fn rope_norm<'a>(env: &'a Env, n: usize) -> Option<RopeNorm<'a>> {
+    let op = env.op(n)?;
+    let OpKind::RmsNormRope {
+        eps,
+        weighted,
+        style,
+        rotary,
+        seq_dim,
+        start,
+    } = op.kind
     else {
         return None;
     };
-    let dims = attn_dims(env, aop, *layout)?;
-    let xs = env.shape(nop.inputs[0]);
-    let out = nop.outputs[0];
-    let d = *env.shape(out).last()?;
-    let seq_dim = (*seq_dim < xs.len()).then_some(*seq_dim)?;
-    let (wg, lanes) = norm_workgroup(env, d / 4);
-    let cos = nop.inputs[1 + *weighted as usize];
+    let xs = env.shape(op.inputs[0]);
+    let d = *xs.last()?;
+    let w = weighted as usize;
+    let (cos, sin) = (*op.inputs.get(1 + w)?, *op.inputs.get(2 + w)?);
     let half = rotary / 2;
-    let same_storage = env.view_of[env.mem.root[aop.inputs[0]]] == env.mem.root[out];
-    let ok = dims.s <= SPLIT_MAX_S
-        && same_storage
-        && d == dims.d
-        && d % 4 == 0
-        && xs == env.shape(out)
-        && env.numel(out) == dims.b * dims.s * dims.hq * d
-        && wg <= SPLIT_WG
-        && half > 0
-        && env.max_storage >= WIDE_BINDINGS;
-    ok.then(|| QNorm {
-        op: nop,
-        weighted: *weighted,
-        interleaved: *style == RopeStyle::Interleaved,
+    let (wg, lanes) = norm_workgroup(env, d / 4);
+    (seq_dim < xs.len() && half > 0 && d % 4 == 0).then(|| RopeNorm {
+        op,
+        weighted,
+        interleaved: style == RopeStyle::Interleaved,
+        cos,
+        sin,
         words: (
-            *eps,
+            eps,
             [
                 half,
                 strides(xs)[seq_dim],
                 xs[seq_dim],
-                (env.slot)(*start) as usize,
+                (env.slot)(start) as usize,
                 env.numel(cos) / half,
             ],
         ),
         wg,
         lanes,
     })
+}
+
+/// The rotated rms_norm whose rows attention `a` reads as q (`MemoryPlan::q_norm`), where this
+/// call splits the keys, reads q in the norm's storage (the permutes on the way are views), the
+/// rows are the heads' (16-byte words), the norm's workgroup fits split's, and the device binds
+/// 9 storage buffers. Both ask, so they agree.
+fn q_normed<'a>(env: &'a Env, a: usize) -> Option<RopeNorm<'a>> {
+    let nn = env.mem.q_norm.get(a).copied().flatten()?;
+    let aop = env.op(a)?;
+    let OpKind::Sdpa { layout, .. } = aop.kind else {
+        return None;
+    };
+    let dims = attn_dims(env, aop, layout)?;
+    let qn = rope_norm(env, nn)?;
+    let out = qn.op.outputs[0];
+    let d = *env.shape(out).last()?;
+    let same_storage = env.view_of[env.mem.root[aop.inputs[0]]] == env.mem.root[out];
+    let ok = dims.s <= SPLIT_MAX_S
+        && same_storage
+        && d == dims.d
+        && env.shape(qn.op.inputs[0]) == env.shape(out)
+        && env.numel(out) == dims.b * dims.s * dims.hq * d
+        && qn.wg <= SPLIT_WG
+        && env.max_storage >= WIDE_BINDINGS;
+    ok.then_some(qn)
 }
 
 /// An attention's dimensions in this call, from its 4-D q and k in `layout`.
@@ -1614,19 +1627,9 @@ struct KvSplit<'a> {
 fn kv_split<'a>(env: &'a Env, a: usize) -> Option<KvSplit<'a>> {
     let h = env.mem.kv_split.get(a).copied().flatten()?;
     let qn = q_normed(env, a)?;
+    let kn = rope_norm(env, h)?;
     let (vop, v_eps, _) = kv_norms(env, h)?;
-    let (aop, kop) = (env.op(a)?, env.op(h)?);
-    let OpKind::RmsNormRope {
-        eps,
-        weighted,
-        style,
-        rotary,
-        seq_dim,
-        start,
-    } = kop.kind
-    else {
-        return None;
-    };
+    let aop = env.op(a)?;
     let up = env.op(env.mem.norm_cache.get(h).copied().flatten()?)?;
     let OpKind::CacheUpdate {
         axis,
@@ -1639,51 +1642,39 @@ fn kv_split<'a>(env: &'a Env, a: usize) -> Option<KvSplit<'a>> {
         return None;
     };
     let dims = attn_dims(env, aop, layout)?;
-    let xs = env.shape(kop.inputs[0]);
+    let xs = env.shape(kn.op.inputs[0]);
     let d = *xs.last()?;
-    let w = weighted as usize;
-    let (kcos, qcos) = (
-        kop.inputs.get(1 + w)?,
-        qn.op.inputs.get(1 + qn.weighted as usize)?,
-    );
-    let (ksin, qsin) = (
-        kop.inputs.get(2 + w)?,
-        qn.op.inputs.get(2 + qn.weighted as usize)?,
-    );
     let cs = env.shape(up.inputs[0]);
     let f32_caches = [aop.inputs[1], aop.inputs[2]]
         .iter()
         .all(|&c| env.mem.repr[env.mem.root[c]] == Repr::F32);
-    let half = rotary / 2;
     let ok = dims.s == 1
         && dims.b == 1
         && layout == AttnLayout::Bhsd
         && d == dims.d
-        && env.numel(kop.inputs[0]) == dims.hkv * d
+        && env.numel(kn.op.inputs[0]) == dims.hkv * d
         && env.shape(vop.inputs[0]) == xs
         && cs.get(axis) == Some(&dims.cl)
         && f32_caches
-        && kcos == qcos
-        && ksin == qsin
-        && (style == RopeStyle::Interleaved) == qn.interleaved
-        && half > 0
-        && seq_dim < xs.len()
-        && norm_workgroup(env, d / 4) == (qn.wg, qn.lanes)
+        && (kn.cos, kn.sin) == (qn.cos, qn.sin)
+        && kn.interleaved == qn.interleaved
+        && (kn.wg, kn.lanes) == (qn.wg, qn.lanes)
         && env.max_storage >= KV_SPLIT_BINDINGS;
+    let (k_eps, [half, seq_stride, seq_len, start, table_rows]) = kn.words;
     ok.then(|| KvSplit {
-        k: kop,
+        k: kn.op,
         v: vop,
-        weighted,
+        weighted: kn.weighted,
         indices: up.inputs.get(2).copied(),
         words: (
-            eps,
+            k_eps,
             v_eps,
             [
                 half,
-                strides(xs)[seq_dim],
-                xs[seq_dim],
-                (env.slot)(start) as usize,
-                env.numel(*kcos) / half,
+                seq_stride,
+                seq_len,
+                start,
+                table_rows,
                 (env.slot)(kv_start) as usize,
                 dims.cl,
                 (up.inputs.len() > 2) as usize,
@@ -2666,7 +2657,6 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
             ("NORM_LANES", qn.lanes as f64),
         ]);
         let ins = &qn.op.inputs;
-        let w = qn.weighted as usize;
         split_inputs[0] = Res::Tensor(ins[0]);
         split_inputs.extend([
             if qn.weighted {
@@ -2674,8 +2664,8 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
             } else {
                 Res::Dummy
             },
-            Res::Tensor(ins[1 + w]),
-            Res::Tensor(ins[2 + w]),
+            Res::Tensor(qn.cos),
+            Res::Tensor(qn.sin),
         ]);
     }
     // The step's new k and v rows, normed (k rotated) and stored into the caches by split.
