@@ -360,11 +360,11 @@ fn split_keys(cache_rows: usize) -> usize {
             // 2675-2684 after 900 (32 keys: 2676-2687 after 128).
             .unwrap_or(16)
     });
-    // `combine` keeps two words per chunk in shared memory: at most SPLIT_CHUNKS chunks.
+    // `combine`'s lanes walk every chunk: at most SPLIT_CHUNKS of them.
     keys.max(cache_rows.div_ceil(SPLIT_CHUNKS).next_power_of_two())
 }
 
-/// The most chunks a split cache has (8 KiB of `combine`'s shared memory).
+/// The most chunks a split cache has (64 for each of `combine`'s 16 lanes).
 const SPLIT_CHUNKS: usize = 1024;
 
 /// Whether attention with more queries than `SPLIT_MAX_S` runs as matmul, `probs`, matmul
