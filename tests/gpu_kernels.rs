@@ -206,6 +206,29 @@ impl T {
     fn out(&mut self, t: TensorId) {
         self.g.outputs.push(t);
     }
+    /// An f32 cache update along axis 2 of `rows` into cache `c` (shape `cs`), a graph output:
+    /// at the rows `idx` names, else from symbol `start`.
+    fn cache_update(
+        &mut self,
+        c: TensorId,
+        rows: TensorId,
+        idx: Option<TensorId>,
+        start: usize,
+        cs: &[usize],
+    ) -> TensorId {
+        let (ins, at) = match idx {
+            Some(i) => (vec![c, rows, i], Int::Lit(0)),
+            None => (vec![c, rows], Int::Sym(start)),
+        };
+        let u = self.op(
+            OpKind::CacheUpdate { axis: 2, start: at },
+            ins,
+            DType::F32,
+            cs,
+        );
+        self.out(u);
+        u
+    }
 }
 
 fn values(vals: &[Val]) -> Vec<InputValue<'_>> {
@@ -3300,13 +3323,7 @@ fn norms_store_their_rows_into_the_kv_cache() {
                     let seen = t.op(OpKind::Unary(UnaryOp::Neg), vec![c], f, &cs);
                     t.out(seen);
                 }
-                let (ins, at) = if indexed {
-                    (vec![c, rows, idx], Int::Lit(0))
-                } else {
-                    (vec![c, rows], Int::Sym(start))
-                };
-                let u = t.op(OpKind::CacheUpdate { axis: 2, start: at }, ins, f, &cs);
-                t.out(u);
+                t.cache_update(c, rows, indexed.then_some(idx), start, &cs);
                 if rope {
                     assert_eq!(pteria::ir::passes::fuse_norm_ropes(&mut t.g), 1);
                 }
@@ -3384,14 +3401,7 @@ fn attention_norms_the_new_k_and_v_rows_in_its_split() {
         let kc = t.g.add_tensor("k_cache", f, cs.to_vec(), Role::State(None));
         let vc = t.g.add_tensor("v_cache", f, cs.to_vec(), Role::State(None));
         let update = |t: &mut T, c: TensorId, rows: TensorId| {
-            let (ins, at) = if indexed {
-                (vec![c, rows, idx], Int::Lit(0))
-            } else {
-                (vec![c, rows], Int::Sym(start))
-            };
-            let u = t.op(OpKind::CacheUpdate { axis: 2, start: at }, ins, f, &cs);
-            t.out(u);
-            u
+            t.cache_update(c, rows, indexed.then_some(idx), start, &cs)
         };
         // (Activations, whose storage others would take were they freed.)
         let xv_a = t.op(OpKind::Unary(UnaryOp::Neg), vec![xv], f, &kx);
@@ -3503,13 +3513,7 @@ fn the_v_norm_runs_in_the_k_norms_dispatch() {
             let cos = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
             let sin = t.const_f(&[max_pos, half], &rng.floats(max_pos * half, 1.0));
             let update = |t: &mut T, c: TensorId, rows: TensorId| {
-                let (ins, at) = if indexed {
-                    (vec![c, rows, idx], Int::Lit(0))
-                } else {
-                    (vec![c, rows], Int::Sym(start))
-                };
-                let u = t.op(OpKind::CacheUpdate { axis: 2, start: at }, ins, f, &cs);
-                t.out(u);
+                t.cache_update(c, rows, indexed.then_some(idx), start, &cs);
             };
             let k_norm = |t: &mut T| {
                 let kind = OpKind::RmsNormRope {
