@@ -25,8 +25,11 @@ struct Params {
     // matvec_ranged / act_quant_ranged: the first word of the row's site in the ranges buffer.
     // `linear3` (a third linear's rows, never ranged): the row where the third's begin.
     range_at: u32,
-    // GLU: the chain's step words (chain.wgsl `apply_chain`).
+    // GLU: the chain's step words (chain.wgsl `apply_chain`); NORM_X: the norm's chain's.
     words: array<vec4<u32>, 3>,
+    // NORM_X: the norm's eps, and which input of its chain the normed row is.
+    eps: f32,
+    norm_input: u32,
 }
 
 // 0: f32, 1: 4-bit, 2: 8-bit.
@@ -355,6 +358,9 @@ override GLU_FIRST: bool = true;
 // quad a lane): the workgroup chains and quantizes the row itself (`chain_quad`), as the chain's
 // own dispatch would have (the same bits).
 override CHAIN_X: bool = false;
+// x is the row of an rms_norm that only this linear quantizes (`linear_norm`'s `matvec_normed`):
+// the teams take the row's int8 words from workgroup memory (`chain_words`).
+override NORM_X: bool = false;
 
 var<workgroup> red4: array<vec4<f32>, WG>;
 
@@ -569,7 +575,25 @@ fn chain_quad(t: u32) -> array<vec4<u32>, 2> {
         lo = min(lo, c);
         hi = max(hi, c);
     }
-    // (Its barrier also makes chain_row visible.)
+    pack_chain_row(lo, hi, t);
+    var out: array<vec4<u32>, 2>;
+    let lane = t % TEAM;
+    let w = lane * select(4u, 8u, KIND == 1u);
+    if w < k4 {
+        out[0] = vec4<u32>(chain_words[w], chain_words[w + 1u], chain_words[w + 2u], chain_words[w + 3u]);
+        if KIND == 1u {
+            out[1] = vec4<u32>(chain_words[w + 4u], chain_words[w + 5u], chain_words[w + 6u],
+                               chain_words[w + 7u]);
+        }
+    }
+    return out;
+}
+
+// The row in chain_row (K / 4 words), whose invocations' stored values span [lo, hi], quantized
+// into chain_words as act_quant_packed packs it; sets zp_x and s_x. Every invocation calls it
+// (barriers; the first also makes chain_row visible, the last chain_words).
+fn pack_chain_row(lo: vec4<f32>, hi: vec4<f32>, t: u32) {
+    let k4 = p.k / 4u;
     let r = row_params(min(min(lo.x, lo.y), min(lo.z, lo.w)), max(max(hi.x, hi.y), max(hi.z, hi.w)), t);
     zp_x = r.zp;
     s_x = r.s;
@@ -582,17 +606,6 @@ fn chain_quad(t: u32) -> array<vec4<u32>, 2> {
         }
     }
     workgroupBarrier();
-    var out: array<vec4<u32>, 2>;
-    let lane = t % TEAM;
-    let w = lane * select(4u, 8u, KIND == 1u);
-    if w < k4 {
-        out[0] = vec4<u32>(chain_words[w], chain_words[w + 1u], chain_words[w + 2u], chain_words[w + 3u]);
-        if KIND == 1u {
-            out[1] = vec4<u32>(chain_words[w + 4u], chain_words[w + 5u], chain_words[w + 6u],
-                               chain_words[w + 7u]);
-        }
-    }
-    return out;
 }
 
 // The team's sums of its RPT rows (every invocation calls it: barriers), as lanes of a vec4.
@@ -636,13 +649,21 @@ fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32
         if CHAIN_X {
             xa = chained[0];
             xb = chained[1];
-        } else {
+        } else if !NORM_X {
             let pr = p.m * p.k / 4u + 2u * m;
             zp_x = bitcast<f32>(xu4[(pr + 1u) / 4u][(pr + 1u) % 4u]);
             s_x = bitcast<f32>(xu4[pr / 4u][pr % 4u]);
         }
         for (var i = lane; i < quads; i += TEAM) {
-            if !CHAIN_X {
+            if NORM_X {
+                let u = i * 4u * xw;
+                xa = vec4<u32>(chain_words[u], chain_words[u + 1u], chain_words[u + 2u],
+                               chain_words[u + 3u]);
+                if KIND == 1u {
+                    xb = vec4<u32>(chain_words[u + 4u], chain_words[u + 5u], chain_words[u + 6u],
+                                   chain_words[u + 7u]);
+                }
+            } else if !CHAIN_X {
                 xa = xu4[xrow16 + i * xw];
                 if KIND == 1u {
                     xb = xu4[xrow16 + i * xw + 1u];
@@ -693,6 +714,81 @@ fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32
     }
     return team_sum(acc, t, lane);
 }
+
+// #if norm
+// `linear_norm`: x is the one row of an rms_norm (weight nw where NORM_W; its chain's other
+// input, if any, bound at 8 where CHAIN_X binds y2) that only this linear quantizes: every
+// workgroup norms the row as rms_norm.wgsl's `main4_quant` does (NORM_WG invocations summing
+// runs of NORM_LANES lanes: the same bits), the first stores it (ny) for the norm's other
+// readers, and the teams take its int8 words from workgroup memory. The norm is not dispatched
+// (src/gpu/ops.rs `norm_loaded`). Needs K / 4 <= NORM_WG <= WG.
+override NORM_W: bool = false;
+override NORM_CHAIN: bool = false;
+// norm_sum.wgsl's: the norm's workgroup and lanes (as its own dispatch would have them).
+override NORM_WG: u32 = 256u;
+override NORM_LANES: u32 = 1u;
+@group(0) @binding(9) var<storage, read_write> ny: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read> nw: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn matvec_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) t: u32) {
+    let wgi = wg.x + wg.y * nwg.x;
+    norm_row(wgi == 0u, t);
+    let s = team_sums(wgi, 0u, t, array<vec4<u32>, 2>());
+    let lane = t % TEAM;
+    let row = wgi * (WG / TEAM) * RPT + t / TEAM * RPT + lane;
+    if lane < RPT && row < p.n {
+        put(0u, row, s[lane] * s_x);
+    }
+}
+
+// The norm's row into chain_row and chain_words (and ny where `store`).
+fn norm_row(store: bool, t: u32) {
+    let d4 = p.k / 4u;
+    // Weight and chain operand loaded with x, before the reduction (as main4_quant does).
+    var first = vec4<f32>();
+    var w_first = vec4<f32>(1.0);
+    var z = vec4<f32>();
+    if t < d4 {
+        first = bitcast<vec4<f32>>(xu4[t]);
+        if NORM_W {
+            w_first = nw[t];
+        }
+        if NORM_CHAIN {
+            let e = 4u * t;
+            z = vec4<f32>(y2[e], y2[e + 1u], y2[e + 2u], y2[e + 3u]);
+        }
+    }
+    let r = 1.0 / sqrt(workgroup_sum(dot(first, first), t) / f32(p.k) + p.eps);
+    var lo = vec4<f32>(0.0);
+    var hi = vec4<f32>(0.0);
+    if t < d4 {
+        var v = first * r;
+        if NORM_W {
+            v *= w_first;
+        }
+        if NORM_CHAIN {
+            v = vec4<f32>(norm_chain(v.x, z.x), norm_chain(v.y, z.y), norm_chain(v.z, z.z),
+                          norm_chain(v.w, z.w));
+        }
+        if store {
+            ny[t] = v;
+        }
+        chain_row[t] = v;
+        lo = min(lo, v);
+        hi = max(hi, v);
+    }
+    pack_chain_row(lo, hi, t);
+}
+
+// The norm's chain of the normed value n and its other input's z (rms_norm.wgsl `chain_with`).
+fn norm_chain(n: f32, z: f32) -> f32 {
+    let ni = p.norm_input;
+    let ins = vec3<f32>(select(z, n, ni == 0u), select(z, n, ni == 1u), 0.0);
+    return apply_chain(ins.x, ins, p.words);
+}
+// #endif
 
 @compute @workgroup_size(TPR, RPW)
 fn matvec_f32(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -32,6 +32,14 @@ fn kernel_source(name: &str) -> Option<&'static str> {
             include_str!("../../kernels/range.wgsl"),
             include_str!("../../kernels/linear.wgsl")
         ),
+        // `linear_norm`: the variant that norms its input row as rms_norm does (norm_sum.wgsl).
+        "linear_norm" => concat!(
+            include_str!("../../kernels/chain.wgsl"),
+            include_str!("../../kernels/quant.wgsl"),
+            include_str!("../../kernels/range.wgsl"),
+            include_str!("../../kernels/norm_sum.wgsl"),
+            include_str!("../../kernels/linear.wgsl")
+        ),
         "matmul" => include_str!("../../kernels/matmul.wgsl"),
         "embedding" => include_str!("../../kernels/embedding.wgsl"),
         "softmax" => include_str!("../../kernels/softmax.wgsl"),
@@ -59,6 +67,7 @@ fn kernel_source(name: &str) -> Option<&'static str> {
 fn variant_blocks(kernel: &str) -> &'static [&'static str] {
     match kernel {
         "linear3" => &["triple"],
+        "linear_norm" => &["norm"],
         "sdpa" => &["kv_read"],
         "sdpa_kv" => &["kv_write"],
         _ => &[],
@@ -127,6 +136,9 @@ pub struct ContextOptions {
     /// Run an element-wise chain that quantizes for its linear in its own dispatch, never in the
     /// linear's loads (tests compare).
     pub separate_chain_loads: bool,
+    /// Run an rms_norm that quantizes for its linear in its own dispatch, never in the linear's
+    /// workgroups (tests compare).
+    pub separate_norm_loads: bool,
     /// Run the q norm with RoPE in its own dispatch, never in the attention's that reads it
     /// (tests compare).
     pub separate_q_norms: bool,
@@ -332,6 +344,7 @@ impl Context {
             norm_pairs: !opts.separate_norms,
             ranges: !opts.separate_ranges,
             chain_loads: !opts.separate_chain_loads,
+            norm_loads: !opts.separate_norm_loads,
             q_norms: !opts.separate_q_norms,
             kv_norms: !opts.separate_kv_norms,
             kv_splits: !opts.separate_kv_splits,

@@ -122,6 +122,12 @@ pub(crate) struct MemoryPlan {
     /// The chain's inputs live until the linear. `loaded_by` is the inverse.
     pub chain_load: Vec<Option<usize>>,
     pub loaded_by: Vec<Option<usize>>,
+    /// Per node: for a linear that alone reads an rms_norm's rows quantized (`quant_by`), that
+    /// norm: where a call allows (`ops::norm_loaded`), the linear's mat-vec norms the row in
+    /// every workgroup, the first stores it, and the norm is not dispatched (Gemma's post-norm
+    /// before the per-layer input's gate). The norm's inputs live until the linear, so that the
+    /// norm's output, stored while other workgroups still read them, never takes their memory.
+    pub norm_load: Vec<Option<usize>>,
     /// Per node: for an attention whose q is (through reshapes and permutes nothing else reads)
     /// the rows of a rotated rms_norm that nothing else reads, that norm: where a call allows
     /// (`ops::q_normed`), attention's `split` norms and rotates its head's row itself and the
@@ -163,6 +169,7 @@ pub(crate) struct Fusions {
     pub norm_pairs: bool,
     pub ranges: bool,
     pub chain_loads: bool,
+    pub norm_loads: bool,
     pub q_norms: bool,
     pub kv_norms: bool,
     pub kv_splits: bool,
@@ -355,6 +362,7 @@ impl MemoryPlan {
             norm_pairs: fuse_norm_pairs,
             ranges: fuse_ranges,
             chain_loads: fuse_chain_loads,
+            norm_loads: fuse_norm_loads,
             q_norms: fuse_q_norms,
             kv_norms: fuse_kv_norms,
             kv_splits: fuse_kv_splits,
@@ -860,6 +868,31 @@ impl MemoryPlan {
             }
         }
 
+        let mut norm_load: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        if fuse_norm_loads {
+            for (l, node) in g.nodes.iter().enumerate() {
+                let (Node::Op(lop), Some(pn)) = (node, quant_by[l]) else {
+                    continue;
+                };
+                let Node::Op(nop) = &g.nodes[pn] else {
+                    continue;
+                };
+                let ok = matches!(
+                    nop.kind,
+                    OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. }
+                ) && matches!(lop.kind, OpKind::Linear { act_quant, .. }
+                        if act_quant == crate::ir::ActQuant::Torchao)
+                    && last_sharer[l] == l
+                    && partner[l].is_none()
+                    && merged_into[l].is_none()
+                    && chain_load[l].is_none();
+                if ok {
+                    norm_load[l] = Some(pn);
+                    read_until(&mut last_read, &root, &nop.inputs, l);
+                }
+            }
+        }
+
         // An rms_norm (plain or rotated, rows in 16-byte words, not quantizing for a linear)
         // whose output only an in-place update of an f32 cache reads, as the rows it writes
         // along the axis before the last, stores its rows straight into the cache (rms_norm.wgsl
@@ -1219,6 +1252,7 @@ impl MemoryPlan {
             range_sites,
             chain_load,
             loaded_by,
+            norm_load,
             q_norm,
             normed_q,
             kv_guest,

@@ -65,6 +65,8 @@ pub(crate) struct Env<'a> {
     pub max_invocations: u32,
     /// Storage buffers a kernel may bind.
     pub max_storage: u32,
+    /// Bytes of workgroup memory a kernel may use.
+    pub max_workgroup_bytes: u32,
     /// Per tensor root: the root whose storage holds its values in this call (a view op's
     /// output reads its input's, a select's from an offset; `views`), else itself.
     pub view_of: &'a [TensorId],
@@ -1338,6 +1340,10 @@ fn rms_norm(
     {
         return Ok(Vec::new());
     }
+    // The linear that alone reads this norm's row norms it in its mat-vec.
+    if env.mem.quant_into[node].is_some_and(|l| norm_loaded(env, l).is_some()) {
+        return Ok(Vec::new());
+    }
     let pair = norm_pair(env, node);
     let w = if has_w {
         Res::Tensor(op.inputs[1])
@@ -1875,6 +1881,98 @@ pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [C
     ok.then_some((by, steps.as_slice()))
 }
 
+/// The most rows a linear may have whose workgroups each norm its input row (`norm_loaded`):
+/// every workgroup repeats the norm.
+const NORM_LOAD_MAX_N: usize = 1024;
+
+/// Storage buffers `linear_norm` binds: the mat-vec's eight, the norm's output and its weight.
+const NORM_LOAD_BINDINGS: u32 = 10;
+
+/// An rms_norm whose one row only linear `l` reads quantized, run in `l`'s mat-vec
+/// (linear.wgsl `matvec_normed`): its op, eps, weight, chain (normed value's input index and
+/// steps), its workgroup and lanes as its own dispatch would have them, and the mat-vec's
+/// workgroup. Where a call gives one row, a linear of few rows with no partner, bias or other
+/// fusion, the norm not paired or storing into a cache, and at most one other chain input of the
+/// norm's shape. Both the norm and the linear ask, so they agree.
+pub(crate) struct NormLoad<'a> {
+    pub op: &'a Op,
+    pub eps: f32,
+    pub weighted: bool,
+    pub chain: Option<(usize, &'a [ChainStep])>,
+    pub norm_wg: usize,
+    pub lanes: usize,
+    pub wg: usize,
+}
+
+pub(crate) fn norm_loaded<'a>(env: &'a Env, l: usize) -> Option<NormLoad<'a>> {
+    let pn = env.mem.norm_load.get(l).copied().flatten()?;
+    prequantized(env, l)?;
+    let LinearCall {
+        weight,
+        act_quant,
+        m,
+        k,
+        n,
+        by,
+    } = linear_call(env, l, pn)?;
+    let (eps, weighted, chain) = match &by.kind {
+        OpKind::RmsNorm { eps } => (*eps, by.inputs.len() > 1, None),
+        OpKind::RmsNormChain {
+            eps,
+            weighted,
+            norm_input,
+            steps,
+        } => (*eps, *weighted, Some((*norm_input, steps.as_slice()))),
+        _ => return None,
+    };
+    let lop = env.op(l)?;
+    let OpKind::Linear { has_bias, .. } = lop.kind else {
+        return None;
+    };
+    let per_quad = match weight {
+        Weight::Q4 { .. } => 32,
+        Weight::Q8 { .. } => 16,
+        Weight::F32 => return None,
+    };
+    let (team, _, _) = quad_matvec(weight, k, n)?;
+    let (norm_wg, lanes) = norm_workgroup(env, k / 4);
+    let wg = norm_wg.div_ceil(team) * team;
+    // Its workgroup arrays: the team sums' (a vec4 an invocation), the row's words as floats
+    // and packed, the norm's sums and the range's (quant.wgsl, two floats an invocation).
+    let shared = 16 * wg + 20 * (k / 4) + 4 * norm_wg + 8 * wg;
+    let out = by.outputs[0];
+    let others = &by.inputs[1 + weighted as usize..];
+    let ok = m == 1
+        && int_x(weight, act_quant, k, n, 1)
+        && k % per_quad == 0
+        && k / 4 <= norm_wg
+        && k <= NORM_PAIR_MAX_D
+        && n <= NORM_LOAD_MAX_N
+        && !has_bias
+        && env.numel(out) == k
+        && others.len() == chain.is_some() as usize
+        && others.iter().all(|&o| env.shape(o) == env.shape(out))
+        && env.mem.partner[l].is_none()
+        && env.mem.third[l].is_none()
+        && env.chunks(lop.inputs[1], n).1 == 1
+        && chain_loaded(env, l).is_none()
+        && env.mem.norm_cache[pn].is_none()
+        && env.mem.paired_norm[pn].is_none()
+        && norm_pair(env, pn).is_none()
+        && wg <= env.max_invocations as usize
+        && shared <= env.max_workgroup_bytes as usize
+        && env.max_storage >= NORM_LOAD_BINDINGS;
+    ok.then_some(NormLoad {
+        op: by,
+        eps,
+        weighted,
+        chain,
+        norm_wg,
+        lanes,
+        wg,
+    })
+}
+
 /// `ranged` for the linear that producer `node` leaves its range for, if any.
 fn range_out(env: &Env, node: usize) -> Option<u32> {
     ranged(env, env.mem.range_for.get(node).copied().flatten()?)
@@ -1983,7 +2081,11 @@ fn linear(
         || prequantized(env, node).is_some();
     // The chain that makes x, computed from its inputs as the mat-vec loads them.
     let loaded = chain_loaded(env, node);
-    if let Some((cop, _)) = loaded {
+    // The norm that makes x, run in the mat-vec.
+    let normed = norm_loaded(env, node);
+    if let Some(nl) = &normed {
+        xsrc = Res::Tensor(nl.op.inputs[0]);
+    } else if let Some((cop, _)) = loaded {
         xsrc = Res::Tensor(cop.inputs[0]);
     } else if act_quant != crate::ir::ActQuant::None && shared {
         xsrc = Res::Scratch(0);
@@ -2066,7 +2168,10 @@ fn linear(
     let (mut y2, split) = match second {
         Some((o2, _)) => (Res::Tensor(o2), nn),
         // The chain's second input, read where a second output would be written.
-        None => match loaded.and_then(|(cop, _)| cop.inputs.get(1)) {
+        None => match loaded.and_then(|(cop, _)| cop.inputs.get(1)).or_else(|| {
+            let nl = normed.as_ref()?;
+            nl.op.inputs.get(1 + nl.weighted as usize)
+        }) {
             Some(&z) => (Res::Tensor(z), u32::MAX as usize),
             // Binding the output again keeps the layout the same; no row reaches it.
             None => (Res::Tensor(out), u32::MAX as usize),
@@ -2171,6 +2276,21 @@ fn linear(
                 consts.extend(cc);
                 consts.extend([("CHAIN_X", 1.0), ("CHAIN_K4", (k / 4) as f64)]);
             }
+            let mut wg = wg;
+            if let Some(nl) = &normed {
+                let (q, cc) = chain_steps(p.u(0), nl.chain.map_or(&[], |(_, st)| st));
+                p = q.f(nl.eps).u(nl.chain.map_or(0, |(i, _)| i));
+                consts.extend(cc);
+                consts.extend([
+                    ("NORM_X", 1.0),
+                    ("CHAIN_K4", (k / 4) as f64),
+                    ("NORM_W", b(nl.weighted)),
+                    ("NORM_CHAIN", b(nl.chain.is_some())),
+                    ("NORM_WG", nl.norm_wg as f64),
+                    ("NORM_LANES", nl.lanes as f64),
+                ]);
+                wg = nl.wg;
+            }
             consts.extend([
                 ("TEAM", team as f64),
                 ("WG", wg as f64),
@@ -2182,9 +2302,15 @@ fn linear(
                 ),
             ]);
             steps.push(step(
-                kernel,
+                if normed.is_some() {
+                    "linear_norm"
+                } else {
+                    kernel
+                },
                 if range.is_some() {
                     "matvec_ranged"
+                } else if normed.is_some() {
+                    "matvec_normed"
                 } else {
                     "matvec"
                 },
@@ -2250,6 +2376,15 @@ fn linear(
                     Some((o3, _)) => vec![y2, Res::Tensor(o3)],
                     None => vec![y2],
                 };
+                // `linear_norm`: the norm's rows (stored by the first workgroup) and weight.
+                if let Some(nl) = &normed {
+                    s.writes.push(Res::Tensor(nl.op.outputs[0]));
+                    s.reads_after.push(if nl.weighted {
+                        Res::Tensor(nl.op.inputs[1])
+                    } else {
+                        Res::Dummy
+                    });
+                }
             }
         }
     }
