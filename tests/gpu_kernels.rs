@@ -1563,6 +1563,117 @@ fn linears_compute_the_chain_they_quantize() {
     }
 }
 
+/// An rms_norm whose one row only a linear of few rows reads quantized (Gemma's post-norm with
+/// its residual add and clamp, before the per-layer input's gate) runs in that linear's
+/// mat-vec: no dispatch for the norm, the same bits as apart and the CPU's values, for 4- and
+/// 8-bit weights, weighted or not, with or without its chain, with and without subgroups. Its
+/// rows are still stored for their other reader, and its inputs (activations that die at the
+/// norm) stay alive until the linear although tensors are written in between. Prompt rows,
+/// linears of many rows, linears sharing the quantization, XNNPACK's rounding, a broadcast chain
+/// operand and rows past 2048 keep the norm's dispatch.
+#[test]
+fn linears_norm_the_row_they_quantize() {
+    use pteria::ir::ActQuant;
+    let pairs = fused_and_apart(ContextOptions {
+        separate_norm_loads: true,
+        ..Default::default()
+    });
+    let mut rng = Rng::new(43);
+    #[derive(Clone, Copy, PartialEq)]
+    enum Norm {
+        Plain,
+        Weighted,
+        Residual,
+        Broadcast,
+        Shared,
+        ReadBetween,
+    }
+    let q4 = Weight::Q4 { group: 128 };
+    let q8 = Weight::Q8 { group: 32 };
+    let tao = ActQuant::Torchao;
+    // (rows, K, N, weight, rounding, norm, fused)
+    let cases = [
+        (1, 1536, 256, q4, tao, Norm::Residual, true),
+        (1, 1536, 256, q8, tao, Norm::Residual, true),
+        (
+            1,
+            256,
+            40,
+            Weight::Q4 { group: 32 },
+            tao,
+            Norm::Weighted,
+            true,
+        ),
+        (1, 512, 29, q8, tao, Norm::Plain, true),
+        (1, 2048, 70, q4, tao, Norm::Residual, true),
+        (3, 256, 40, q4, tao, Norm::Residual, false),
+        (1, 256, 1536, q4, tao, Norm::Residual, false),
+        (1, 256, 40, q4, tao, Norm::Shared, false),
+        (
+            1,
+            256,
+            40,
+            Weight::Q4 { group: 32 },
+            ActQuant::Xnnpack,
+            Norm::Residual,
+            false,
+        ),
+        (1, 256, 40, q4, tao, Norm::Broadcast, false),
+        (1, 2560, 40, q4, tao, Norm::Residual, false),
+        (1, 256, 40, q4, tao, Norm::ReadBetween, false),
+    ];
+    for (m, k, n, w, aq, norm, fused) in cases {
+        let mut t = T::default();
+        let f = DType::F32;
+        let sh = [m, k];
+        let x_in = t.input_f(&sh, &rng.floats(m * k, 3.0));
+        let r_in = t.input_f(&sh, &rng.floats(m * k, 2.0));
+        let other = t.input_f(&sh, &rng.floats(m * k, 1.0));
+        let nw = t.const_f(&[k], &rng.floats(k, 1.5));
+        let row = t.const_f(&[k], &rng.floats(k, 1.0));
+        // Activations that die at the norm, as in a model: the norm's rows must not take their
+        // storage while the linear's workgroups still read them.
+        let x = t.op(OpKind::Unary(UnaryOp::Neg), vec![x_in], f, &sh);
+        let r = t.op(OpKind::Unary(UnaryOp::Neg), vec![r_in], f, &sh);
+        let weighted = norm != Norm::Plain;
+        let ins = if weighted { vec![x, nw] } else { vec![x] };
+        let mut h = t.op(OpKind::RmsNorm { eps: 1e-6 }, ins, f, &sh);
+        match norm {
+            Norm::Residual | Norm::Shared | Norm::ReadBetween => {
+                h = t.op(OpKind::Binary(BinaryOp::Add), vec![h, r], f, &sh);
+                let (min, max) = (Some(-2.5), Some(2.5));
+                h = t.op(OpKind::Clamp { min, max }, vec![h], f, &sh);
+            }
+            Norm::Broadcast => {
+                h = t.op(OpKind::Binary(BinaryOp::Add), vec![h, row], f, &sh);
+                t.out(r);
+            }
+            _ => t.out(r),
+        }
+        // Read again before the linear: the rows must exist before it runs.
+        if norm == Norm::ReadBetween {
+            let before = t.op(OpKind::Unary(UnaryOp::Exp), vec![h], f, &sh);
+            t.out(before);
+        }
+        // Written between the norm and its linear.
+        let between = t.op(OpKind::Unary(UnaryOp::Exp), vec![other], f, &sh);
+        t.out(between);
+        let linears: &[_] = if norm == Norm::Shared {
+            &[(w, aq, n), (w, aq, 24)]
+        } else {
+            &[(w, aq, n)]
+        };
+        linears_of(&mut t, &mut rng, h, [m, k], linears);
+        // The norm's rows are read again after the linear (the residual stream).
+        let after = t.op(OpKind::Unary(UnaryOp::Exp), vec![h], f, &sh);
+        t.out(after);
+        pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
+        pteria::ir::passes::fuse_norm_chains(&mut t.g);
+        let what = format!("{m}x{k}->{n} {w:?}/{aq:?} norm loaded");
+        fusion_saves(&pairs, &what, &t, fused as usize);
+    }
+}
+
 /// Decode attention whose q is a rotated rms_norm's rows (Gemma's q norm with RoPE), read
 /// through a permute that only moves size-1 dims, norms and rotates each head's row in `split`:
 /// no dispatch for the norm, the same bits as the norm apart, weighted or not, half or

@@ -877,10 +877,19 @@ impl MemoryPlan {
                 let Node::Op(nop) = &g.nodes[pn] else {
                     continue;
                 };
-                let ok = matches!(
-                    nop.kind,
-                    OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. }
-                ) && matches!(lop.kind, OpKind::Linear { act_quant, .. }
+                let Some(&o) = nop.outputs.first() else {
+                    continue;
+                };
+                // Its rows exist once the linear runs: nothing but views reads them before.
+                let later = reads[root[o]]
+                    .iter()
+                    .all(|&r| r >= l || matches!(&g.nodes[r], Node::Op(v) if reshape_view(g, v)));
+                let ok = later
+                    && matches!(
+                        nop.kind,
+                        OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. }
+                    )
+                    && matches!(lop.kind, OpKind::Linear { act_quant, .. }
                         if act_quant == crate::ir::ActQuant::Torchao)
                     && last_sharer[l] == l
                     && partner[l].is_none()
