@@ -1882,8 +1882,10 @@ pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [C
 }
 
 /// The most rows a linear may have whose workgroups each norm its input row (`norm_loaded`):
-/// every workgroup repeats the norm.
-const NORM_LOAD_MAX_N: usize = 1024;
+/// every workgroup repeats the norm. Measured at E2B's 256 rows (43 workgroups of 384
+/// invocations); linears quantizing their own row in 48 or more workgroups measured no faster
+/// than apart (README), so not many more.
+const NORM_LOAD_MAX_N: usize = 512;
 
 /// Storage buffers `linear_norm` binds: the mat-vec's eight, the norm's output and its weight.
 const NORM_LOAD_BINDINGS: u32 = 10;
