@@ -1842,6 +1842,15 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
     (env.numel(stored) == k).then_some((site * 2 * RANGE_SLOTS) as u32)
 }
 
+/// Elements in a 16-byte quad of a packed weight (the quad mat-vec's unit); None for f32.
+fn packed_quad(weight: Weight) -> Option<usize> {
+    match weight {
+        Weight::Q4 { .. } => Some(32),
+        Weight::Q8 { .. } => Some(16),
+        Weight::F32 => None,
+    }
+}
+
 /// The longest row a linear chains as it loads it: every workgroup computes the whole row in
 /// workgroup memory (linear.wgsl `CHAIN_K4`; E2B's per-layer input: 256).
 const CHAIN_LOAD_MAX_K: usize = 512;
@@ -1864,11 +1873,7 @@ pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [C
     let (OpKind::ElementwiseChain { steps }, Some(lop)) = (&by.kind, env.op(l)) else {
         return None;
     };
-    let per_quad = match weight {
-        Weight::Q4 { .. } => 32,
-        Weight::Q8 { .. } => 16,
-        Weight::F32 => return None,
-    };
+    let per_quad = packed_quad(weight)?;
     let (team, _, _) = quad_matvec(weight, k, n)?;
     let shape = env.shape(by.outputs[0]);
     let storage = |t: TensorId| env.view_of[env.mem.root[t]];
@@ -1931,11 +1936,7 @@ pub(crate) fn norm_loaded<'a>(env: &'a Env, l: usize) -> Option<NormLoad<'a>> {
     let OpKind::Linear { has_bias, .. } = lop.kind else {
         return None;
     };
-    let per_quad = match weight {
-        Weight::Q4 { .. } => 32,
-        Weight::Q8 { .. } => 16,
-        Weight::F32 => return None,
-    };
+    let per_quad = packed_quad(weight)?;
     let (team, _, _) = quad_matvec(weight, k, n)?;
     let (norm_wg, lanes) = norm_workgroup(env, k / 4);
     let wg = norm_wg.div_ceil(team) * team;
