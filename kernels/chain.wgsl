@@ -144,6 +144,14 @@ fn chain_step(code: u32, w: vec2<u32>, v: f32, ins: vec3<f32>) -> f32 {
     }
 }
 
+// A norm's chain (rms_norm.wgsl's, and linear.wgsl's `matvec_normed`) of the normed value n at
+// chain input `ni` and the chain's other inputs (ops, in order) around it.
+fn chain_around(n: f32, ops: vec2<f32>, ni: u32, w: array<vec4<u32>, 3>) -> f32 {
+    let ins = vec3<f32>(select(ops.x, n, ni == 0u), select(select(ops.x, ops.y, ni > 1u), n, ni == 1u),
+                        select(ops.y, n, ni == 2u));
+    return apply_chain(ins.x, ins, w);
+}
+
 // The chain on v with its inputs at this element; `w` holds each step's two uniform words.
 fn apply_chain(v0: f32, ins: vec3<f32>, w: array<vec4<u32>, 3>) -> f32 {
     var v = v0;

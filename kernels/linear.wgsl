@@ -494,6 +494,11 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         glu_store(wgi, m, t, s);
         return;
     }
+    store_rows(wgi, m, t, s);
+}
+
+// The team's sums of its rows (`team_sums`) stored as output rows of x row m.
+fn store_rows(wgi: u32, m: u32, t: u32, s: vec4<f32>) {
     let lane = t % TEAM;
     let row = wgi * (WG / TEAM) * RPT + t / TEAM * RPT + lane;
     if lane < RPT && row < p.n {
@@ -735,12 +740,7 @@ fn matvec_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
                  @builtin(local_invocation_index) t: u32) {
     let wgi = wg.x + wg.y * nwg.x;
     norm_row(wgi == 0u, t);
-    let s = team_sums(wgi, 0u, t, array<vec4<u32>, 2>());
-    let lane = t % TEAM;
-    let row = wgi * (WG / TEAM) * RPT + t / TEAM * RPT + lane;
-    if lane < RPT && row < p.n {
-        put(0u, row, s[lane] * s_x);
-    }
+    store_rows(wgi, 0u, t, team_sums(wgi, 0u, t, array<vec4<u32>, 2>()));
 }
 
 // The norm's row into chain_row and chain_words (and ny where `store`).
@@ -769,8 +769,11 @@ fn norm_row(store: bool, t: u32) {
             v *= w_first;
         }
         if NORM_CHAIN {
-            v = vec4<f32>(norm_chain(v.x, z.x), norm_chain(v.y, z.y), norm_chain(v.z, z.z),
-                          norm_chain(v.w, z.w));
+            let ni = p.norm_input;
+            v = vec4<f32>(chain_around(v.x, vec2<f32>(z.x, 0.0), ni, p.words),
+                          chain_around(v.y, vec2<f32>(z.y, 0.0), ni, p.words),
+                          chain_around(v.z, vec2<f32>(z.z, 0.0), ni, p.words),
+                          chain_around(v.w, vec2<f32>(z.w, 0.0), ni, p.words));
         }
         if store {
             ny[t] = v;
@@ -782,12 +785,6 @@ fn norm_row(store: bool, t: u32) {
     pack_chain_row(lo, hi, t);
 }
 
-// The norm's chain of the normed value n and its other input's z (rms_norm.wgsl `chain_with`).
-fn norm_chain(n: f32, z: f32) -> f32 {
-    let ni = p.norm_input;
-    let ins = vec3<f32>(select(z, n, ni == 0u), select(z, n, ni == 1u), 0.0);
-    return apply_chain(ins.x, ins, p.words);
-}
 // #endif
 
 @compute @workgroup_size(TPR, RPW)

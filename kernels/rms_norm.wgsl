@@ -118,11 +118,7 @@ fn chain_ops(i: u32) -> vec2<f32> {
 }
 
 fn chain_with(n: f32, ops: vec2<f32>) -> f32 {
-    // Chain inputs in order: the other inputs around the norm's.
-    let ni = p.norm_input;
-    let ins = vec3<f32>(select(ops.x, n, ni == 0u), select(select(ops.x, ops.y, ni > 1u), n, ni == 1u),
-                        select(ops.y, n, ni == 2u));
-    return apply_chain(ins.x, ins, p.words);
+    return chain_around(n, ops, p.norm_input, p.words);
 }
 
 var<workgroup> nrow: array<f32, ROPE_D>;
