@@ -3919,3 +3919,49 @@ fn unsupported_ops_are_listed_together() {
         Ok(_) => panic!("integer softmax should be unsupported"),
     }
 }
+
+/// A call's outputs are right whether the host blocks in the driver for them or sleeps through
+/// most of the last call's time and polls for the rest (the default): a mat-vec of 32 MB of f32
+/// weights (milliseconds on lavapipe) replayed, each call against the CPU.
+#[test]
+fn outputs_polled_for_after_a_sleep_are_right() {
+    let Some(polled) = ctx() else { return };
+    let blocked = open(ContextOptions {
+        block_on_outputs: true,
+        ..Default::default()
+    })
+    .expect("the GPU opened once already");
+    let mut rng = Rng::new(41);
+    let t = linear_graph(
+        &mut rng,
+        Weight::F32,
+        1,
+        2048,
+        4096,
+        false,
+        pteria::ir::ActQuant::None,
+    );
+    // Sums of 2048 products in another order than the CPU's.
+    let calls = 6;
+    for (ctx, what) in [(polled, "polled"), (blocked, "blocked")] {
+        let mut gpu = check_on(ctx, what, &t, 1e-3, 1e-3);
+        let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+        let mut x = t.inputs.clone();
+        for call in 1..calls {
+            x[0] = Val::Tensor(vec![1, 2048], f32_bytes(&rng.floats(2048, 1.0)));
+            let vals = values(&x);
+            let want = cpu.run(&vals).unwrap();
+            let got = gpu
+                .run(&vals)
+                .unwrap_or_else(|e| panic!("{what} call {call}: {e}"));
+            compare(&format!("{what} call {call}"), &got, &want, 1e-3, 1e-3);
+        }
+        let slept = gpu.stats().slept_waits;
+        if what == "blocked" {
+            assert_eq!(slept, 0);
+        } else if std::env::var("PTERIA_POLL_OUTPUTS").is_err() {
+            // Every call after the first two had the last one's time to sleep through.
+            assert!(slept >= calls - 2, "{slept} of {calls} calls slept");
+        }
+    }
+}

@@ -157,6 +157,9 @@ pub struct ContextOptions {
     /// Gather tables at least this large (embeddings read by token ids the host knows) stay in
     /// host memory and are gathered there (`host_gather`); `None`: 64 MiB. Tests lower it.
     pub host_gather_min_bytes: Option<u64>,
+    /// Wait for each call's outputs blocked in the driver, never polling the end of the wait
+    /// (which wakes sooner but spends a core on it; `PTERIA_POLL_OUTPUTS=0` does the same).
+    pub block_on_outputs: bool,
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -219,6 +222,7 @@ pub struct Context {
     max_binding: u64,
     f16_kv_cache: bool,
     host_gather_min_bytes: u64,
+    poll_outputs: bool,
     /// The planner's fusions, decided once from the options and the device's limits.
     fusions: super::memory::Fusions,
     /// Errors wgpu reports outside an error scope; checked after every submit. wgpu's default
@@ -365,6 +369,8 @@ impl Context {
             host_gather_min_bytes: opts
                 .host_gather_min_bytes
                 .unwrap_or(super::host_gather::DEFAULT_MIN_BYTES),
+            poll_outputs: !opts.block_on_outputs
+                && std::env::var("PTERIA_POLL_OUTPUTS").map_or(true, |v| v != "0"),
             fusions,
             uncaptured,
             modules: Mutex::default(),
@@ -434,6 +440,11 @@ impl Context {
     /// The largest storage binding the executor plans with.
     pub fn max_storage_binding(&self) -> u64 {
         self.max_binding
+    }
+
+    /// Whether a call polls for the end of its wait for outputs (`wait::await_map`).
+    pub(crate) fn poll_outputs(&self) -> bool {
+        self.poll_outputs
     }
 
     /// Which of the planner's fusions are on (`ContextOptions` turns each off for tests).

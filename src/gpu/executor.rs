@@ -15,6 +15,7 @@
 use super::context::{Context, Slot};
 use super::memory::{elem_bytes, padded, BufferKind, MemoryPlan, MemoryReport, Repr};
 use super::ops::{self, Env, Res, Step};
+use super::wait::{await_map, WaitClock};
 use super::GpuError;
 use crate::ir::{Graph, InputValue, Int, Io, IrError, Node, OpKind, Plan, PlanCache, Role};
 use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
@@ -62,6 +63,8 @@ struct Recording {
     readback: Option<wgpu::Buffer>,
     readback_size: u64,
     last_used: u64,
+    /// How long its last call took from submit to outputs (when to wake for the next).
+    wait: WaitClock,
 }
 
 /// Counters for tests and logs.
@@ -81,6 +84,9 @@ pub struct ExecutorStats {
     pub last_upload_bytes: u64,
     /// Bytes the last call read back (the outputs).
     pub last_readback_bytes: u64,
+    /// Calls whose outputs the host found by polling after sleeping through most of the last
+    /// call's time (`ContextOptions::block_on_outputs` off), rather than by blocking.
+    pub slept_waits: usize,
     /// Host time spent by calls so far, by phase (a token's host cost beside its GPU time).
     pub host: HostTimes,
 }
@@ -651,6 +657,7 @@ impl GpuExecutor {
             }
             outs
         };
+        let mut clock = rec.wait;
         let outs = match &rec.readback {
             Some(rb) => {
                 let slice = rb.slice(..);
@@ -658,20 +665,12 @@ impl GpuExecutor {
                 slice.map_async(wgpu::MapMode::Read, move |r| {
                     let _ = tx.send(r);
                 });
-                self.ctx
-                    .device
-                    .poll(wgpu::PollType::wait_indefinitely())
-                    .map_err(|e| GpuError::Device(e.to_string()))?;
-                t_outputs = std::time::Instant::now();
-                match rx.recv() {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        return Err(GpuError::Device(format!("reading outputs back: {e}")))
-                    }
-                    Err(_) => {
-                        return Err(GpuError::Device("reading outputs back: no answer".into()))
-                    }
-                }
+                let spin = self.ctx.poll_outputs();
+                let (mapped, done, slept) =
+                    await_map(&self.ctx.device, &rx, t_ahead, &mut clock, spin)?;
+                t_outputs = done;
+                self.stats.slept_waits += slept as usize;
+                mapped.map_err(|e| GpuError::Device(format!("reading outputs back: {e}")))?;
                 let outs = {
                     let view = slice
                         .get_mapped_range()
@@ -683,6 +682,7 @@ impl GpuExecutor {
             }
             None => convert(&[]),
         };
+        self.recordings[idx].1.wait = clock;
         self.ctx.take_errors()?;
         let ns = |a: std::time::Instant, b: std::time::Instant| (b - a).as_nanos() as u64;
         let host = &mut self.stats.host;
@@ -941,6 +941,7 @@ impl GpuExecutor {
             readback,
             readback_size: size,
             last_used: 0,
+            wait: WaitClock::default(),
         })
     }
 

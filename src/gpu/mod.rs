@@ -12,6 +12,7 @@ mod executor;
 mod host_gather;
 mod memory;
 mod ops;
+mod wait;
 
 pub use context::{AdapterSummary, Context, ContextOptions};
 pub use executor::{ExecutorStats, GpuExecutor, HostTimes, OpTime, ReplayTiming};
