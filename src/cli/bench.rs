@@ -141,6 +141,10 @@ struct ProgramReport {
     decode_wait_ms: Option<f64>,
     decode_outputs_ms: Option<f64>,
     decode_other_ms: Option<f64>,
+    /// Picking a token from the last call's logits (`llm::sampler`), in µs: greedy, and Gemma's
+    /// defaults (temperature 1, top-k 64, top-p 0.95). The chat adds it to each token's time.
+    sample_greedy_us: Option<f64>,
+    sample_default_us: Option<f64>,
     /// Dispatches per decode step.
     dispatches_per_token: Option<usize>,
     /// GPU time of a decode step's dispatches replayed back to back in one pass (no host work).
@@ -215,6 +219,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     if a.prompt_len == 0 || a.prompt_len > max_t {
         bail!("--prompt-len must be 1..={max_t} for this method");
     }
+    let mut last_logits: Vec<f32> = Vec::new();
     let mut call = |tokens: &[i64], pos: i64| -> Result<f64> {
         let positions: Vec<i64> = if pos_is_start {
             vec![pos]
@@ -224,8 +229,16 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         let tok = HostTensor::from_i64(&[1, tokens.len()], tokens).cast(specs[0].0);
         let p = HostTensor::from_i64(&[positions.len()], &positions).cast(specs[1].0);
         let t = Instant::now();
-        method.execute(&[tok, p])?;
-        Ok(t.elapsed().as_secs_f64())
+        let outs = method.execute(&[tok, p])?;
+        let dt = t.elapsed().as_secs_f64();
+        // The last row of the first output, for timing the sampler on real logits.
+        if let Some(pteria::runtime::Output::Tensor(h)) = outs.first() {
+            let v = pteria::runtime::tensor::to_f32(h.dtype, &h.data);
+            let row = h.sizes.last().copied().unwrap_or(0).min(v.len());
+            last_logits.clear();
+            last_logits.extend_from_slice(&v[v.len() - row..]);
+        }
+        Ok(dt)
     };
     // Token ids well inside any vocabulary; speed does not depend on them.
     let prompt: Vec<i64> = (0..a.prompt_len as i64).map(|i| 2 + i % 100).collect();
@@ -257,6 +270,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             decode_total += dt;
         }
     }
+    let sampling = if last_logits.is_empty() {
+        None
+    } else {
+        Some(sample_cost(&last_logits)?)
+    };
     let timed = a.decode.saturating_sub(1).max(1) as f64;
     let decode_ms = if a.decode > 1 {
         decode_total / timed * 1e3
@@ -380,6 +398,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         decode_wait_ms: host_ms.map(|h| h[3]),
         decode_outputs_ms: host_ms.map(|h| h[4]),
         decode_other_ms: host_ms.map(|h| decode_ms - h.iter().sum::<f64>()),
+        sample_greedy_us: sampling.map(|s| s.0),
+        sample_default_us: sampling.map(|s| s.1),
         dispatches_per_token: dispatches,
         decode_replay_gpu_us: replay_us,
         decode_weight_bytes: weight_bytes,
@@ -473,6 +493,12 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
              runtime {r:.3} ms"
         );
     }
+    if let (Some(g), Some(d)) = (report.sample_greedy_us, report.sample_default_us) {
+        println!(
+            "sampling a token from the last logits: greedy {g:.1} us, temperature 1 / top-k 64 / \
+             top-p 0.95 {d:.1} us"
+        );
+    }
     if let (Some(us), Some(b), Some(bw), Some(f)) = (
         report.decode_replay_gpu_us,
         report.decode_weight_bytes,
@@ -517,6 +543,27 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Microseconds a token's pick takes from `logits`: greedy, and Gemma's defaults, each the mean
+/// of 50 draws after 5.
+fn sample_cost(logits: &[f32]) -> Result<(f64, f64)> {
+    use pteria::llm::sampler::{Sampler, SamplingParams};
+    let us = |p: SamplingParams| -> Result<f64> {
+        let mut s = Sampler::new(SamplingParams { seed: Some(1), ..p })?;
+        for _ in 0..5 {
+            s.sample(logits, &[])?;
+        }
+        let t = std::time::Instant::now();
+        for _ in 0..50 {
+            s.sample(logits, &[])?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6 / 50.0)
+    };
+    Ok((
+        us(SamplingParams::greedy())?,
+        us(SamplingParams::default())?,
+    ))
 }
 
 fn kernels(a: &Args) -> Result<()> {

@@ -405,9 +405,8 @@ impl Runner {
         let vocab = self.meta.vocab_size;
         match outputs.into_iter().next() {
             Some(Output::Tensor(h)) if h.dtype.is_float() => {
-                let mut v = h
-                    .to_f32()
-                    .map_err(|m| LlmError::Unsupported(format!("{}: {m}", context())))?;
+                // The last row, copied once (f32 outputs are read in place).
+                let v = crate::runtime::tensor::to_f32(h.dtype, &h.data);
                 if v.len() < vocab || v.len() % vocab != 0 {
                     return Err(LlmError::Unsupported(format!(
                         "{}: returned {} values ({:?}), not whole rows of {vocab} logits",
@@ -416,7 +415,7 @@ impl Runner {
                         h.sizes
                     )));
                 }
-                Ok(v.split_off(v.len() - vocab))
+                Ok(v[v.len() - vocab..].to_vec())
             }
             _ => Err(LlmError::Unsupported(format!(
                 "{}: the first output is not a float tensor",
