@@ -93,7 +93,7 @@ pub struct Runner {
     /// The tokens whose keys and values are in the cache, in position order.
     cached: Vec<u32>,
     /// Logits after the last cached token.
-    logits: Option<Vec<f32>>,
+    logits: Option<Logits>,
     /// A forward ran since the method was loaded (a reload is needed for a clean cache).
     used: bool,
     /// A forward failed part-way, so the cache's contents are unknown until a reset.
@@ -193,7 +193,10 @@ impl Runner {
 
     /// Logits after the last cached token.
     pub fn logits(&self) -> Option<&[f32]> {
-        self.logits.as_deref().filter(|_| !self.stale)
+        self.logits
+            .as_ref()
+            .map(Logits::as_slice)
+            .filter(|_| !self.stale)
     }
 
     /// How many times the method has been reloaded to clear its cache.
@@ -315,8 +318,8 @@ impl Runner {
                     StopReason::ContextFull
                 };
             }
-            let logits = self.logits.as_deref().ok_or(LlmError::NoPrompt)?;
-            let tok = sampler.sample(logits, &self.cached)?;
+            let logits = self.logits.as_ref().ok_or(LlmError::NoPrompt)?;
+            let tok = sampler.sample(logits.as_slice(), &self.cached)?;
             let now = Instant::now();
             first_token_at.get_or_insert(now);
             last_token_at = Some(now);
@@ -368,7 +371,7 @@ impl Runner {
     }
 
     /// One `forward` call on `tokens` at positions `start..`; returns the last token's logits.
-    fn forward(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+    fn forward(&mut self, tokens: &[u32], start: usize) -> Result<Logits> {
         let result = self.forward_inner(tokens, start);
         self.used = true;
         if result.is_err() {
@@ -380,7 +383,7 @@ impl Runner {
         result
     }
 
-    fn forward_inner(&mut self, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+    fn forward_inner(&mut self, tokens: &[u32], start: usize) -> Result<Logits> {
         let t = tokens.len();
         let ids: Vec<i64> = tokens.iter().map(|&x| i64::from(x)).collect();
         let positions: Vec<i64> = match self.meta.positions {
@@ -405,22 +408,50 @@ impl Runner {
         let vocab = self.meta.vocab_size;
         match outputs.into_iter().next() {
             Some(Output::Tensor(h)) if h.dtype.is_float() => {
-                // The last row, copied once (f32 outputs are read in place).
-                let v = crate::runtime::tensor::to_f32(h.dtype, &h.data);
-                if v.len() < vocab || v.len() % vocab != 0 {
+                let n = h.data.len() / h.dtype.size();
+                if n < vocab || n % vocab != 0 {
                     return Err(LlmError::Unsupported(format!(
-                        "{}: returned {} values ({:?}), not whole rows of {vocab} logits",
+                        "{}: returned {n} values ({:?}), not whole rows of {vocab} logits",
                         context(),
-                        v.len(),
                         h.sizes
                     )));
                 }
-                Ok(v[v.len() - vocab..].to_vec())
+                Ok(Logits::last_row(h, vocab))
             }
             _ => Err(LlmError::Unsupported(format!(
                 "{}: the first output is not a float tensor",
                 context()
             ))),
+        }
+    }
+}
+
+/// The last row of a call's logits: read in place from the output where it holds f32 words
+/// (a 262144-token row is 1 MB, which a copy spends tens of microseconds a token on), else
+/// converted.
+enum Logits {
+    InPlace { output: HostTensor, from: usize },
+    Owned(Vec<f32>),
+}
+
+impl Logits {
+    fn last_row(output: HostTensor, vocab: usize) -> Logits {
+        let in_place = output.dtype == crate::runtime::DType::F32
+            && bytemuck::try_cast_slice::<u8, f32>(&output.data).is_ok();
+        if in_place {
+            let from = output.data.len() / 4 - vocab;
+            return Logits::InPlace { output, from };
+        }
+        let v = crate::runtime::tensor::to_f32(output.dtype, &output.data);
+        Logits::Owned(v[v.len() - vocab..].to_vec())
+    }
+
+    fn as_slice(&self) -> &[f32] {
+        match self {
+            Logits::InPlace { output, from } => {
+                &bytemuck::cast_slice::<u8, f32>(&output.data)[*from..]
+            }
+            Logits::Owned(v) => v,
         }
     }
 }
