@@ -480,11 +480,19 @@ fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) 
     return scales[g] * qn + bias_at(g) * qs;
 }
 
+// The grid is (x rows, workgroups) rather than (workgroups, x rows): the rows that one block
+// of weights serves run next to each other (src/gpu/ops.rs).
+override M_FIRST: bool = false;
+
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
-    let wgi = wg.x + wg.y * nwg.x;
-    let m = wg.z;
+    var wgi = wg.x + wg.y * nwg.x;
+    var m = wg.z;
+    if M_FIRST {
+        wgi = wg.y + wg.z * nwg.y;
+        m = wg.x;
+    }
     var chained: array<vec4<u32>, 2>;
     if CHAIN_X {
         chained = chain_quad(t);

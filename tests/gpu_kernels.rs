@@ -305,6 +305,10 @@ fn check(what: &str, t: &T, tol: f32, floor: f32) {
 
 const TOL: f32 = 1e-4;
 
+/// Rows of x up to which a linear of 16-byte weight quads runs as the mat-vec, taking its
+/// activations packed (src/gpu/ops.rs `QUAD_MATVEC_MAX_M`); more are tiled.
+const MATVEC_ROWS: usize = 128;
+
 #[test]
 fn context_reports_the_adapter() {
     let Some(ctx) = ctx() else { return };
@@ -653,7 +657,8 @@ fn linear_variants_match_cpu() {
         (Weight::Q4 { group: 8 }, 1, 40, 19, true, false),
         (Weight::Q8 { group: 4 }, 2, 12, 7, false, false),
         // Prefill rows (tiled): weights by whole words with K past the last 16-deep slice, and
-        // by single weights where a group is smaller than a word.
+        // by single weights where a group is smaller than a word (groups this small have no
+        // 16-byte quads, so any rows past 8 are tiled).
         (Weight::Q8 { group: 4 }, 9, 12, 7, true, false),
         (Weight::Q4 { group: 4 }, 12, 36, 21, false, false),
         (Weight::Q4 { group: 32 }, 1, 256, 100, false, true),
@@ -665,6 +670,11 @@ fn linear_variants_match_cpu() {
         (Weight::Q8 { group: 16 }, 2, 48, 19, true, true),
         (Weight::Q8 { group: 128 }, 1, 1536, 70, false, true),
         (Weight::Q4 { group: 8 }, 2, 40, 19, false, true),
+        // Past the quad mat-vec's 128 rows, tiled (XNNPACK's exact int8 GEMM, then floats);
+        // up to them, the mat-vec with its rows first in the grid (torchao's rounding).
+        (Weight::Q4 { group: 128 }, 129, 256, 33, false, true),
+        (Weight::Q4 { group: 128 }, 40, 256, 30, true, true),
+        (Weight::Q4 { group: 32 }, 130, 64, 40, false, false),
     ];
     for (i, (w, m, k, n, bias, aq)) in cases.into_iter().enumerate() {
         let aq = match (aq, i % 2) {
@@ -903,7 +913,8 @@ fn packed_formats() -> [(Weight, pteria::ir::ActQuant); 4] {
 /// rows a quantized linear reads packed quantizes them itself (no act_quant dispatch; the chain
 /// then runs as a row kernel): the same bits as the separate quantization,
 /// by torchao's and XNNPACK's rounding, for 4- and 8-bit weights, with and without subgroups.
-/// Prefill rows the tiled kernel takes (dequantized floats) keep the separate dispatch.
+/// Prefill rows the tiled kernel takes (past `MATVEC_ROWS`, as dequantized floats) keep the
+/// separate dispatch.
 #[test]
 fn norms_quantize_for_the_linears_they_feed() {
     use pteria::ir::ActQuant;
@@ -913,7 +924,13 @@ fn norms_quantize_for_the_linears_they_feed() {
     });
     let mut rng = Rng::new(27);
     let formats = packed_formats();
-    for (m, k) in [(1usize, 256usize), (3, 1536), (20, 96), (1, 4096)] {
+    for (m, k) in [
+        (1usize, 256usize),
+        (3, 1536),
+        (20, 96),
+        (130, 96),
+        (1, 4096),
+    ] {
         for (w, aq) in formats {
             let mut t = T::default();
             let f = DType::F32;
@@ -944,7 +961,11 @@ fn norms_quantize_for_the_linears_they_feed() {
             // A decode row short enough for a team is chained in its linear's loads: no
             // dispatch for the chain either.
             let chain = (k <= 2048) as usize + (m == 1 && k <= 512 && !xnn) as usize;
-            let saved = if m <= 8 || xnn { 2 + chain } else { 0 };
+            let saved = if m <= MATVEC_ROWS || xnn {
+                2 + chain
+            } else {
+                0
+            };
             let what = format!("{m}x{k} norms quantizing for {w:?}/{aq:?}");
             fusion_saves(&pairs, &what, &t, saved);
         }
@@ -954,7 +975,7 @@ fn norms_quantize_for_the_linears_they_feed() {
 /// A norm whose rows a plain norm reads only to quantize them for its linears runs that norm
 /// too, in its own dispatch (Gemma's post-norm with its residual add, then the next pre-norm):
 /// the same bits as the two apart, weighted or not, by torchao's and XNNPACK's rounding, for 4-
-/// and 8-bit weights, with and without subgroups. Rows the linears take as floats (prefill for
+/// and 8-bit weights, with and without subgroups. Rows the linears take as floats (tiled, for
 /// torchao), rows over 2048, and a second norm whose f32 rows something else reads stay apart.
 #[test]
 fn norms_run_the_norm_that_reads_their_rows() {
@@ -971,6 +992,7 @@ fn norms_run_the_norm_that_reads_their_rows() {
         (1usize, 256usize),
         (3, 1536),
         (20, 96),
+        (130, 96),
         (1, 2048),
         (1, 2080),
     ] {
@@ -1003,7 +1025,7 @@ fn norms_run_the_norm_that_reads_their_rows() {
             linears_of(&mut t, &mut rng, n6, [m, k], &[(w, aq, 9)]);
             pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
             assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 1);
-            let packed = m <= 8 || aq == ActQuant::Xnnpack;
+            let packed = m <= MATVEC_ROWS || aq == ActQuant::Xnnpack;
             // The fused run also runs the output's norm (n6) in its linear's mat-vec
             // (`norm_load`) for one row by torchao's rounding.
             let loaded = m == 1 && aq == ActQuant::Torchao && k <= 2048;
@@ -1353,10 +1375,10 @@ fn gate_up(
 }
 
 /// A paired gate/up linear whose two outputs only gelu(one) · the other reads stores that chain
-/// itself where it runs as a mat-vec (decode rows): one dispatch fewer and the same bits as the
-/// chain apart, for 4- and 8-bit weights with and without int8 activations and f32 weights,
-/// whichever of the two the gelu takes, with and without subgroups. Prefill rows (the tiled
-/// kernel) keep the chain's own dispatch.
+/// itself where it runs as a mat-vec (decode rows, and up to `MATVEC_ROWS` of quantized
+/// weights): one dispatch fewer and the same bits as the chain apart, for 4- and 8-bit weights
+/// with and without int8 activations and f32 weights, whichever of the two the gelu takes, with
+/// and without subgroups. Rows the tiled kernel takes keep the chain's own dispatch.
 #[test]
 fn paired_gate_up_linears_store_their_chain() {
     use pteria::ir::ActQuant;
@@ -1371,7 +1393,12 @@ fn paired_gate_up_linears_store_their_chain() {
         (Weight::Q4 { group: 128 }, ActQuant::None),
         (Weight::F32, ActQuant::None),
     ];
-    for (m, k, n) in [(1usize, 256usize, 67usize), (3, 1536, 2560), (20, 256, 40)] {
+    for (m, k, n) in [
+        (1usize, 256usize, 67usize),
+        (3, 1536, 2560),
+        (20, 256, 40),
+        (130, 256, 40),
+    ] {
         for (w, aq) in formats {
             for gelu_second in [false, true] {
                 let mut t = T::default();
@@ -1383,7 +1410,13 @@ fn paired_gate_up_linears_store_their_chain() {
                     "{m}x{k} gate/up of {n} {w:?}/{aq:?}, gelu of the {}",
                     if gelu_second { "second" } else { "first" }
                 );
-                fusion_saves(&pairs, &what, &t, (m <= 8) as usize);
+                // f32 weights take the mat-vec for decode rows only.
+                let rows = if matches!(w, Weight::F32) {
+                    8
+                } else {
+                    MATVEC_ROWS
+                };
+                fusion_saves(&pairs, &what, &t, (m <= rows) as usize);
             }
         }
     }

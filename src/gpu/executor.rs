@@ -84,8 +84,8 @@ pub struct ExecutorStats {
     pub last_upload_bytes: u64,
     /// Bytes the last call read back (the outputs).
     pub last_readback_bytes: u64,
-    /// Calls whose outputs the host found by polling after sleeping through most of the last
-    /// call's time (`ContextOptions::block_on_outputs` off), rather than by blocking.
+    /// Calls whose wait for outputs slept through most of the last call's time before polling
+    /// (`ContextOptions::block_on_outputs` off), rather than blocking from the start.
     pub slept_waits: usize,
     /// Host time spent by calls so far, by phase (a token's host cost beside its GPU time).
     pub host: HostTimes,

@@ -44,7 +44,7 @@ impl WaitClock {
 
 /// Waits until `rx` hears from a `map_async` submitted at `submitted`: sleeps, polls, or blocks
 /// as `clock` and `spin` say, and teaches `clock`. Returns the map's result, when it came, and
-/// whether the host slept and then found it by polling.
+/// whether the host slept first.
 pub(crate) fn await_map(
     device: &wgpu::Device,
     rx: &std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>,
@@ -54,8 +54,8 @@ pub(crate) fn await_map(
 ) -> Result<(Result<(), wgpu::BufferAsyncError>, Instant, bool), GpuError> {
     let poll = |p: wgpu::PollType| device.poll(p).map_err(|e| GpuError::Device(e.to_string()));
     let gone = || GpuError::Device("reading outputs back: no answer".into());
+    let mut slept = None;
     if spin {
-        let mut slept = None;
         if let Some(at) = clock.wake_at(submitted) {
             let now = Instant::now();
             if at > now + MIN_SLEEP {
@@ -84,7 +84,7 @@ pub(crate) fn await_map(
     let done = Instant::now();
     let r = rx.recv().map_err(|_| gone())?;
     clock.record(done - submitted, None, false);
-    Ok((r, done, false))
+    Ok((r, done, slept.is_some()))
 }
 
 #[cfg(test)]
