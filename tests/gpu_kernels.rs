@@ -3955,7 +3955,8 @@ fn unsupported_ops_are_listed_together() {
 
 /// A call's outputs are right whether the host blocks in the driver for them or sleeps through
 /// most of the last call's time and polls for the rest (the default): a mat-vec of 32 MB of f32
-/// weights (milliseconds on lavapipe) replayed, each call against the CPU.
+/// weights (milliseconds on lavapipe, where every call after the second sleeps) replayed, each
+/// call against the CPU.
 #[test]
 fn outputs_polled_for_after_a_sleep_are_right() {
     let Some(polled) = ctx() else { return };
@@ -3989,10 +3990,14 @@ fn outputs_polled_for_after_a_sleep_are_right() {
                 .unwrap_or_else(|e| panic!("{what} call {call}: {e}"));
             compare(&format!("{what} call {call}"), &got, &want, 1e-3, 1e-3);
         }
-        let slept = gpu.stats().slept_waits;
+        let stats = gpu.stats();
+        let slept = stats.slept_waits;
+        // A wait is slept through only where it is longer than the polled tail (0.3 ms): on
+        // lavapipe these calls wait milliseconds, on an H200 microseconds.
+        let waits_ms = stats.host.wait_ns as f64 / 1e6 / calls as f64;
         if what == "blocked" {
             assert_eq!(slept, 0);
-        } else if std::env::var("PTERIA_POLL_OUTPUTS").is_err() {
+        } else if std::env::var("PTERIA_POLL_OUTPUTS").is_err() && waits_ms > 1.0 {
             // Every call after the first two had the last one's time to sleep through.
             assert!(slept >= calls - 2, "{slept} of {calls} calls slept");
         }
