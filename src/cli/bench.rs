@@ -219,7 +219,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     if a.prompt_len == 0 || a.prompt_len > max_t {
         bail!("--prompt-len must be 1..={max_t} for this method");
     }
-    let mut last_logits: Vec<f32> = Vec::new();
+    // The last call's first output: the sampler is timed on its last row of logits.
+    let mut last_out: Option<HostTensor> = None;
     let mut call = |tokens: &[i64], pos: i64| -> Result<f64> {
         let positions: Vec<i64> = if pos_is_start {
             vec![pos]
@@ -231,12 +232,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         let t = Instant::now();
         let outs = method.execute(&[tok, p])?;
         let dt = t.elapsed().as_secs_f64();
-        // The last row of the first output, for timing the sampler on real logits.
-        if let Some(pteria::runtime::Output::Tensor(h)) = outs.first() {
-            let v = pteria::runtime::tensor::to_f32(h.dtype, &h.data);
-            let row = h.sizes.last().copied().unwrap_or(0).min(v.len());
-            last_logits.clear();
-            last_logits.extend_from_slice(&v[v.len() - row..]);
+        if let Some(pteria::runtime::Output::Tensor(h)) = outs.into_iter().next() {
+            last_out = Some(h);
         }
         Ok(dt)
     };
@@ -270,10 +267,15 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             decode_total += dt;
         }
     }
-    let sampling = if last_logits.is_empty() {
-        None
-    } else {
-        Some(sample_cost(&last_logits)?)
+    let sampling = match &last_out {
+        Some(h) if h.dtype.is_float() => {
+            let v = pteria::runtime::tensor::to_f32(h.dtype, &h.data);
+            let row = h.sizes.last().copied().unwrap_or(0).min(v.len());
+            (row > 0)
+                .then(|| sample_cost(&v[v.len() - row..]))
+                .transpose()?
+        }
+        _ => None,
     };
     let timed = a.decode.saturating_sub(1).max(1) as f64;
     let decode_ms = if a.decode > 1 {

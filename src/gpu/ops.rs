@@ -1735,7 +1735,8 @@ fn norm_pair<'a>(env: &Env<'a>, a: usize) -> Option<(&'a Op, f32, usize, Prequan
     (same && fits).then_some((bop, eps, l, quant))
 }
 
-/// Rows of x up to which the mat-vec kernel (weights re-read per row) beats the tiled one.
+/// Rows of x up to which any linear the mat-vec kernels take (weights re-read per row) runs as
+/// a mat-vec; quantized ones with 16-byte quads go on to `QUAD_MATVEC_MAX_M`.
 const MATVEC_MAX_M: usize = 8;
 
 /// Rows of x up to which a quantized linear with 16-byte quads runs as the quad mat-vec (its

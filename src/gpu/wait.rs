@@ -25,10 +25,11 @@ pub(crate) struct WaitClock {
 }
 
 impl WaitClock {
-    /// When to start polling for a call submitted at `submitted`, if not at once.
-    fn wake_at(&self, submitted: Instant) -> Option<Instant> {
-        let e = self.expect?.checked_sub(SPIN_TAIL)?;
-        Some(submitted + e)
+    /// When to start polling for a call submitted at `submitted`, if it is worth sleeping from
+    /// `now` until then.
+    fn wake_at(&self, submitted: Instant, now: Instant) -> Option<Instant> {
+        let at = submitted + self.expect?.checked_sub(SPIN_TAIL)?;
+        (at > now + MIN_SLEEP).then_some(at)
     }
 
     /// Learns from a call: `took` from submit to mapped outputs, `early` where they were ready
@@ -56,12 +57,10 @@ pub(crate) fn await_map(
     let gone = || GpuError::Device("reading outputs back: no answer".into());
     let mut slept = None;
     if spin {
-        if let Some(at) = clock.wake_at(submitted) {
-            let now = Instant::now();
-            if at > now + MIN_SLEEP {
-                std::thread::sleep(at - now);
-                slept = Some(at - submitted);
-            }
+        let now = Instant::now();
+        if let Some(at) = clock.wake_at(submitted, now) {
+            std::thread::sleep(at - now);
+            slept = Some(at - submitted);
         }
         let start = Instant::now();
         let mut first = true;
@@ -91,14 +90,11 @@ pub(crate) fn await_map(
 mod tests {
     use super::*;
 
-    /// A GPU taking `gpu` a call: the host's sleep (as `await_map` computes it), whether the
-    /// outputs were ready at its first poll, and what the clock learns.
+    /// A GPU taking `gpu` a call, the host waiting from its submit: the host's sleep, whether
+    /// the outputs were ready at its first poll, and what the clock learns.
     fn call(clock: &mut WaitClock, gpu: Duration, overshoot: Duration) -> (Duration, bool) {
         let t0 = Instant::now();
-        let sleep = clock
-            .wake_at(t0)
-            .map(|at| at - t0)
-            .filter(|&s| s > MIN_SLEEP);
+        let sleep = clock.wake_at(t0, t0).map(|at| at - t0);
         let woke = sleep.map_or(Duration::ZERO, |s| s + overshoot);
         let early = woke >= gpu;
         let took = if early { woke } else { gpu };
@@ -144,6 +140,7 @@ mod tests {
     fn a_short_call_does_not_sleep() {
         let mut clock = WaitClock::default();
         call(&mut clock, Duration::from_micros(200), Duration::ZERO);
-        assert_eq!(clock.wake_at(Instant::now()), None);
+        let now = Instant::now();
+        assert_eq!(clock.wake_at(now, now), None);
     }
 }

@@ -427,8 +427,7 @@ impl Runner {
 }
 
 /// The last row of a call's logits: read in place from the output where it holds f32 words
-/// (a 262144-token row is 1 MB, which a copy spends tens of microseconds a token on), else
-/// converted.
+/// (a 262144-token row is 1 MB, otherwise copied again every token), else converted.
 enum Logits {
     InPlace { output: HostTensor, from: usize },
     Owned(Vec<f32>),

@@ -178,7 +178,7 @@ impl Sampler {
     }
 
     /// The logits after the repetition penalty: `logits` itself where it changes nothing (a
-    /// copy of a 262144-token vocabulary's logits costs tens of microseconds a token).
+    /// copy of a 262144-token vocabulary's logits is 1 MB a token).
     fn penalised<'a>(&'a mut self, logits: &'a [f32], history: &[u32]) -> &'a [f32] {
         if self.params.repetition_penalty == 1.0 || history.is_empty() {
             return logits;
@@ -225,8 +225,9 @@ impl Sampler {
 }
 
 /// Lanes of the vectorisable scans below: `LANES` independent maxima the compiler keeps in
-/// SIMD registers (one running maximum is a chain of dependent compares, 0.3 ms over a
-/// 262144-token vocabulary on this project's build machine).
+/// SIMD registers (one running maximum is a chain of dependent compares: greedy picks over a
+/// 262144-token vocabulary took 0.34-0.47 ms with it on this project's build machine, copy
+/// included, and 0.05 ms now).
 const LANES: usize = 16;
 
 /// The largest non-NaN value of `xs` (-inf where there is none): `f32::max` returns the other
