@@ -4003,3 +4003,18 @@ fn outputs_polled_for_after_a_sleep_are_right() {
         }
     }
 }
+
+/// The grid barrier benchmark's kernel (`pteria bench --kernels`): one workgroup passes every
+/// round's barrier and reads back its own last write each round; a grid no device can hold
+/// resident at once on a CPU driver ends with failed waits rather than hanging.
+#[test]
+fn grid_barrier_counts_every_round_and_gives_up_without_residency() {
+    let Some(ctx) = ctx() else { return };
+    let r = pteria::gpu::bench::grid_barrier_run(&ctx, 1, 64, 200).unwrap();
+    assert_eq!((r.failures, r.stale), (0, 0), "{r:?}");
+    if ctx.adapter().device_type == "cpu" {
+        // lavapipe runs a workgroup to its end on one of its threads, a few at a time.
+        let r = pteria::gpu::bench::grid_barrier_run(&ctx, 4096, 64, 4).unwrap();
+        assert!(r.failures > 0, "{r:?}");
+    }
+}

@@ -631,6 +631,18 @@ fn kernels(a: &Args) -> Result<()> {
             "a dispatch that waits for the one before: {:.2} us; one that waits for nothing: {:.2} us",
             report.dependent_dispatch_us, report.independent_dispatch_us
         );
+        for g in &report.grid_barrier {
+            match g.us {
+                Some(us) => println!(
+                    "a barrier across {} workgroups of {} in one dispatch: {us:.2} us",
+                    g.workgroups, g.invocations
+                ),
+                None => println!(
+                    "a barrier across {} workgroups of {} in one dispatch: failed ({} waits gave up, {} stale reads)",
+                    g.workgroups, g.invocations, g.failures, g.stale
+                ),
+            }
+        }
         println!("prefill attention (8 heads on 1 kv head, causal from 0, [B, S, H, D]):");
         for r in &report.attention {
             let window = r.window.map_or("none".to_string(), |w| w.to_string());

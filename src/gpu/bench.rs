@@ -143,7 +143,32 @@ pub struct KernelReport {
     pub independent_dispatch_us: f64,
     pub matvec: Vec<MatVecResult>,
     pub attention: Vec<AttnResult>,
+    /// A barrier across one dispatch's workgroups (`grid_barrier`), by grid size.
+    pub grid_barrier: Vec<GridBarrierResult>,
 }
+
+/// What a grid-wide barrier inside one dispatch costs (`grid_barrier`).
+#[derive(Debug, Clone, Serialize)]
+pub struct GridBarrierResult {
+    pub workgroups: u32,
+    pub invocations: u32,
+    /// µs a barrier; `None` where a run failed.
+    pub us: Option<f64>,
+    /// The failed run's waits that gave up and stale reads (else the last run's: 0).
+    pub failures: u32,
+    pub stale: u32,
+}
+
+/// Grids `kernel_bench` times `grid_barrier` on: (workgroups, invocations each). An H100 has
+/// 132 multiprocessors, an H200 too.
+pub const GRID_CASES: [(u32, u32); 6] = [
+    (1, 256),
+    (32, 256),
+    (132, 256),
+    (264, 256),
+    (528, 64),
+    (1056, 64),
+];
 
 /// A prefill's attention at Gemma 4 E2B shapes: 8 query heads on one kv head, [B, S, H, D]
 /// (as the published exports' custom sdpa), causal from position 0 over a 1024-row cache.
@@ -389,6 +414,17 @@ pub fn kernel_bench(
     for &(s, d, window) in &ATTN_CASES {
         attention.push(attention_case(ctx, s, d, window, opts.seconds)?);
     }
+    let mut grid = Vec::new();
+    for &(workgroups, invocations) in &GRID_CASES {
+        let (s, run) = grid_barrier(ctx, workgroups, invocations)?;
+        grid.push(GridBarrierResult {
+            workgroups,
+            invocations,
+            us: s.map(|s| s * 1e6),
+            failures: run.failures,
+            stale: run.stale,
+        });
+    }
     let mut rows = Vec::new();
     for &case in &opts.weights {
         for &(k, n) in &opts.shapes {
@@ -418,6 +454,7 @@ pub fn kernel_bench(
         independent_dispatch_us: independent * 1e6,
         matvec: rows,
         attention,
+        grid_barrier: grid,
     })
 }
 
@@ -482,4 +519,159 @@ fn attention_case(
         dispatches: gpu.stats().last_dispatches,
         us: t * 1e6,
     })
+}
+
+/// One dispatch of `kernels/grid_barrier.wgsl`: `workgroups` workgroups of `wg` invocations
+/// passing `rounds` grid-wide barriers.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct GridRun {
+    /// GPU time of the dispatch (timestamps where the device has them, else the wall clock
+    /// around its submit and wait).
+    pub seconds: f64,
+    /// Waits that gave up (a workgroup never resident beside the others).
+    pub failures: u32,
+    /// Reads of a neighbour's word that did not see its last round's write.
+    pub stale: u32,
+}
+
+/// Runs `grid_barrier.wgsl` once; see `GridRun`.
+pub fn grid_barrier_run(
+    ctx: &Arc<Context>,
+    workgroups: u32,
+    wg: u32,
+    rounds: u32,
+) -> Result<GridRun, GpuError> {
+    use super::context::Slot;
+    use wgpu::util::DeviceExt;
+    if workgroups == 0 || workgroups > ctx.max_workgroups() || !(1..=256).contains(&wg) {
+        return Err(GpuError::Device(format!(
+            "grid barrier: {workgroups} workgroups of {wg} is not a dispatch this device runs"
+        )));
+    }
+    let _turn = ctx.turn();
+    let pipe = ctx.pipeline(
+        "grid_barrier",
+        "main",
+        &[("WG", wg as f64)],
+        &[Slot::Uniform, Slot::Write, Slot::Write],
+    )?;
+    let dev = &ctx.device;
+    let storage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+    let params = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("grid params"),
+        contents: bytemuck::cast_slice(&[rounds, 0, 0, 0]),
+        usage: wgpu::BufferUsages::UNIFORM,
+    });
+    // Zeroed at creation: no arrivals, no failures, and every cell at round 0's value.
+    let sync = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("grid sync"),
+        size: 16,
+        usage: storage,
+        mapped_at_creation: false,
+    });
+    let cells = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("grid cells"),
+        size: 8 * workgroups as u64,
+        usage: storage,
+        mapped_at_creation: false,
+    });
+    let read = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("grid read"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipe.layout,
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: sync.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: cells.as_entire_binding(),
+            },
+        ],
+    });
+    let stamps = ctx
+        .has_timestamps()
+        .then(|| super::executor::Stamps::new(ctx, 2));
+    let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: stamps.as_ref().map(|s| s.writes(0)),
+        });
+        pass.set_pipeline(&pipe.pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(workgroups, 1, 1);
+    }
+    enc.copy_buffer_to_buffer(&sync, 0, &read, 0, 16);
+    if let Some(s) = &stamps {
+        s.resolve(&mut enc);
+    }
+    let t0 = std::time::Instant::now();
+    ctx.queue.submit([enc.finish()]);
+    let words: Vec<u32> = bytemuck::pod_collect_to_vec(&super::executor::read_back(ctx, &read)?);
+    let wall = t0.elapsed().as_secs_f64();
+    ctx.take_errors()?;
+    let seconds = match &stamps {
+        Some(s) => {
+            let t = s.read(ctx)?;
+            t[1].saturating_sub(t[0]) as f64 * ctx.queue.get_timestamp_period() as f64 * 1e-9
+        }
+        None => wall,
+    };
+    let arrivals = words.first().copied().unwrap_or(0);
+    let mut failures = words.get(1).copied().unwrap_or(u32::MAX);
+    let stale = words.get(2).copied().unwrap_or(u32::MAX);
+    // Every workgroup counted once a round, unless a failure ended the waiting.
+    if failures == 0 && arrivals != rounds.saturating_mul(workgroups) {
+        failures = 1;
+    }
+    Ok(GridRun {
+        seconds,
+        failures,
+        stale,
+    })
+}
+
+/// What one grid-wide barrier costs with `workgroups` workgroups of `wg` invocations, in
+/// seconds: the difference between dispatches of few and many rounds, over the extra rounds
+/// (the least of a few tries); `None` where a run failed (the workgroups were not all resident
+/// at once, or a read came stale), with that run.
+pub fn grid_barrier(
+    ctx: &Arc<Context>,
+    workgroups: u32,
+    wg: u32,
+) -> Result<(Option<f64>, GridRun), GpuError> {
+    let (few, many) = (16u32, 16 + 1024);
+    let failed = |r: &GridRun| r.failures > 0 || r.stale > 0;
+    // The first dispatches warm the GPU's clocks (see `measure`).
+    let mut last = grid_barrier_run(ctx, workgroups, wg, many)?;
+    for _ in 0..2 {
+        if failed(&last) {
+            return Ok((None, last));
+        }
+        last = grid_barrier_run(ctx, workgroups, wg, many)?;
+    }
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let a = grid_barrier_run(ctx, workgroups, wg, few)?;
+        let b = grid_barrier_run(ctx, workgroups, wg, many)?;
+        for r in [a, b] {
+            if failed(&r) {
+                return Ok((None, r));
+            }
+        }
+        best = best.min((b.seconds - a.seconds) / (many - few) as f64);
+        last = b;
+    }
+    Ok((Some(best.max(0.0)), last))
 }

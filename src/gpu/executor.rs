@@ -1089,7 +1089,7 @@ impl GpuExecutor {
 }
 
 /// A timestamp query set with its resolve and read-back buffers.
-struct Stamps {
+pub(crate) struct Stamps {
     set: wgpu::QuerySet,
     resolve: wgpu::Buffer,
     read: wgpu::Buffer,
@@ -1097,7 +1097,7 @@ struct Stamps {
 }
 
 impl Stamps {
-    fn new(ctx: &Context, count: u32) -> Stamps {
+    pub(crate) fn new(ctx: &Context, count: u32) -> Stamps {
         let bytes = count as u64 * 8;
         let buffer = |usage| {
             ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -1119,7 +1119,7 @@ impl Stamps {
         }
     }
 
-    fn writes(&self, first: u32) -> wgpu::ComputePassTimestampWrites<'_> {
+    pub(crate) fn writes(&self, first: u32) -> wgpu::ComputePassTimestampWrites<'_> {
         wgpu::ComputePassTimestampWrites {
             query_set: &self.set,
             beginning_of_pass_write_index: Some(first),
@@ -1127,32 +1127,35 @@ impl Stamps {
         }
     }
 
-    fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
+    pub(crate) fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
         enc.resolve_query_set(&self.set, 0..self.count, &self.resolve, 0);
         enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, self.count as u64 * 8);
     }
 
     /// The timestamps, after the submit that resolved them.
-    fn read(&self, ctx: &Context) -> Result<Vec<u64>, GpuError> {
-        let slice = self.read.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        ctx.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Device(e.to_string()))?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            _ => return Err(GpuError::Device("reading timestamps back failed".into())),
-        }
-        let v = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| GpuError::Device(format!("reading timestamps back: {e}")))?;
-            bytemuck::cast_slice::<u8, u64>(&view).to_vec()
-        };
-        self.read.unmap();
-        Ok(v)
+    pub(crate) fn read(&self, ctx: &Context) -> Result<Vec<u64>, GpuError> {
+        Ok(bytemuck::pod_collect_to_vec(&read_back(ctx, &self.read)?))
     }
+}
+
+/// The bytes of a MAP_READ buffer, after the submit that filled it.
+pub(crate) fn read_back(ctx: &Context, buffer: &wgpu::Buffer) -> Result<Vec<u8>, GpuError> {
+    let slice = buffer.slice(..);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| GpuError::Device(e.to_string()))?;
+    match rx.recv() {
+        Ok(Ok(())) => {}
+        _ => return Err(GpuError::Device("reading a buffer back failed".into())),
+    }
+    let v = slice
+        .get_mapped_range()
+        .map_err(|e| GpuError::Device(format!("reading a buffer back: {e}")))?
+        .to_vec();
+    buffer.unmap();
+    Ok(v)
 }

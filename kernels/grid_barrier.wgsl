@@ -1,0 +1,56 @@
+// A barrier across every workgroup of one dispatch: what a persistent kernel (one dispatch
+// running a decode step's phases in turn) would pay between phases, where a dispatch boundary
+// costs a launch and a pipeline barrier. For `pteria bench --kernels` (src/gpu/bench.rs
+// `grid_barrier`), not used by any model.
+//
+// It needs every workgroup resident at once, which WebGPU does not promise (lavapipe runs a few
+// at a time): a wait gives up after SPIN polls and counts a failure, and once one has failed no
+// workgroup waits again, so such a device ends the dispatch with failures instead of hanging.
+// Each round a workgroup also reads what its left neighbour wrote the round before: a stale
+// value counts a failure too, so the barrier is checked to order memory, not only to count.
+
+struct Params {
+    rounds: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+// [0]: arrivals so far, [1]: waits that gave up, [2]: stale reads.
+@group(0) @binding(1) var<storage, read_write> sync: array<atomic<u32>, 4>;
+// Two rows of one word a workgroup, written in alternate rounds. Atomics: a plain load may be
+// served from a multiprocessor's own cache, which no barrier in WGSL invalidates (naga declares
+// no storage buffer Coherent).
+@group(0) @binding(2) var<storage, read_write> cells: array<atomic<u32>>;
+
+override WG: u32 = 64u;
+const SPIN: u32 = 1048576u;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+    let n = nwg.x;
+    let left = (wg.x + n - 1u) % n;
+    for (var r = 0u; r < p.rounds; r++) {
+        if t == 0u {
+            if atomicLoad(&cells[((r + 1u) % 2u) * n + left]) != r {
+                atomicAdd(&sync[2], 1u);
+            }
+            atomicStore(&cells[(r % 2u) * n + wg.x], r + 1u);
+        }
+        // Device-scope release of this round's writes (naga: OpControlBarrier, Device memory
+        // scope, AcquireRelease | UniformMemory) before the arrival is counted ...
+        storageBarrier();
+        if t == 0u {
+            atomicAdd(&sync[0], 1u);
+            let goal = (r + 1u) * n;
+            var s = 0u;
+            while s < SPIN && atomicLoad(&sync[0]) < goal && atomicLoad(&sync[1]) == 0u {
+                s++;
+            }
+            if s == SPIN {
+                atomicAdd(&sync[1], 1u);
+            }
+        }
+        // ... and its acquire once every workgroup has been counted.
+        storageBarrier();
+    }
+}
