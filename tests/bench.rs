@@ -34,6 +34,14 @@ fn kernel_bench_reports_every_shape_and_format() {
     let v = json(&out);
     assert!(v["stream_gb_per_s"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["dependent_dispatch_us"].as_f64().unwrap() > 0.0, "{v}");
+    // One workgroup always passes its barriers; larger grids report a time or their failures.
+    let grids = v["grid_barrier"].as_array().unwrap();
+    assert_eq!(grids[0]["workgroups"].as_u64(), Some(1), "{v}");
+    assert!(grids[0]["us"].as_f64().unwrap() > 0.0, "{v}");
+    for g in grids {
+        let failed = g["failures"].as_u64().unwrap() + g["stale"].as_u64().unwrap() > 0;
+        assert_eq!(g["us"].is_null(), failed, "{g}");
+    }
     let rows = v["matvec"].as_array().unwrap();
     assert_eq!(rows.len(), 6, "{v}");
     for r in rows {
