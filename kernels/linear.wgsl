@@ -480,19 +480,18 @@ fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) 
     return scales[g] * qn + bias_at(g) * qs;
 }
 
-// The grid is (x rows, workgroups) rather than (workgroups, x rows): the rows that one block
-// of weights serves run next to each other (src/gpu/ops.rs).
-override M_FIRST: bool = false;
+// The quad mat-vecs' grid is (x rows, workgroups): the rows of x that one block of weights
+// serves run next to each other (src/gpu/ops.rs). Returns (workgroup, row of x).
+fn quad_grid(wg: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+    return vec2<u32>(wg.y + wg.z * nwg.y, wg.x);
+}
 
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
-    var wgi = wg.x + wg.y * nwg.x;
-    var m = wg.z;
-    if M_FIRST {
-        wgi = wg.y + wg.z * nwg.y;
-        m = wg.x;
-    }
+    let pos = quad_grid(wg, nwg);
+    let wgi = pos.x;
+    let m = pos.y;
     var chained: array<vec4<u32>, 2>;
     if CHAIN_X {
         chained = chain_quad(t);
@@ -526,8 +525,9 @@ fn store_rows(wgi: u32, m: u32, t: u32, s: vec4<f32>) {
 @compute @workgroup_size(WG)
 fn matvec_ranged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) t: u32) {
-    let wgi = wg.x + wg.y * nwg.x;
-    let v = glu_store(wgi, wg.z, t, team_sums(wgi, wg.z, t, array<vec4<u32>, 2>()));
+    let pos = quad_grid(wg, nwg);
+    let wgi = pos.x;
+    let v = glu_store(wgi, pos.y, t, team_sums(wgi, pos.y, t, array<vec4<u32>, 2>()));
     // A team's stores are its first lanes': their range by subgroup shuffles, then one atomic
     // pair a team (a few thousand on few words cost the E2B gate/up mat-vec 4 us), each team on
     // its own slot where there are enough. Lanes that store nothing hold 0, which is in every
@@ -746,7 +746,7 @@ override NORM_LANES: u32 = 1u;
 @compute @workgroup_size(WG)
 fn matvec_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) t: u32) {
-    let wgi = wg.x + wg.y * nwg.x;
+    let wgi = quad_grid(wg, nwg).x;
     norm_row(wgi == 0u, t);
     store_rows(wgi, 0u, t, team_sums(wgi, 0u, t, array<vec4<u32>, 2>()));
 }

@@ -2326,16 +2326,11 @@ fn linear(
             } else {
                 "matvec"
             };
-            // Several rows of x: the rows of one block of weights run next to each other, so
-            // that its loads serve them all from the cache.
-            let m_first = entry == "matvec" && m > 1 && m <= env.max_groups as usize;
-            let grid = if m_first {
-                consts.push(("M_FIRST", 1.0));
-                let g = env.grid(groups, 1);
-                [m as u32, g[0], g[1]]
-            } else {
-                env.grid(groups, m)
-            };
+            // Rows of x first (linear.wgsl `quad_grid`): the rows that one block of weights
+            // serves run next to each other, so that its loads serve them all from the cache
+            // (m is at most QUAD_MATVEC_MAX_M, far below any device's grid limit).
+            let g = env.grid(groups, 1);
+            let grid = [m as u32, g[0], g[1]];
             steps.push(step(
                 if normed.is_some() {
                     "linear_norm"
