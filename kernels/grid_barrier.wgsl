@@ -16,9 +16,10 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 // [0]: arrivals so far, [1]: waits that gave up, [2]: stale reads.
 @group(0) @binding(1) var<storage, read_write> sync: array<atomic<u32>, 4>;
-// Two rows of one word a workgroup, written in alternate rounds. Atomics: a plain load may be
-// served from a multiprocessor's own cache, which no barrier in WGSL invalidates (naga declares
-// no storage buffer Coherent).
+// Two rows of one word a workgroup, written in alternate rounds. Atomics: with plain loads and
+// stores every grid of 32 or more workgroups failed on an H200 (likely a stale read from a
+// multiprocessor's own cache, which no WGSL barrier invalidates; naga declares no storage
+// buffer Coherent).
 @group(0) @binding(2) var<storage, read_write> cells: array<atomic<u32>>;
 
 override WG: u32 = 64u;

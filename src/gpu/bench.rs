@@ -523,7 +523,7 @@ fn attention_case(
 
 /// One dispatch of `kernels/grid_barrier.wgsl`: `workgroups` workgroups of `wg` invocations
 /// passing `rounds` grid-wide barriers.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy)]
 pub struct GridRun {
     /// GPU time of the dispatch (timestamps where the device has them, else the wall clock
     /// around its submit and wait).
