@@ -306,8 +306,8 @@ fn check(what: &str, t: &T, tol: f32, floor: f32) {
 const TOL: f32 = 1e-4;
 
 /// Rows of x up to which a linear of 16-byte weight quads runs as the mat-vec, taking its
-/// activations packed (src/gpu/ops.rs `QUAD_MATVEC_MAX_M`); more are tiled.
-const MATVEC_ROWS: usize = 128;
+/// activations packed; more are tiled. The cases at 129 and 130 rows sit just past it.
+const MATVEC_ROWS: usize = pteria::gpu::QUAD_MATVEC_MAX_M;
 
 #[test]
 fn context_reports_the_adapter() {

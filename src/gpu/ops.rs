@@ -1745,7 +1745,7 @@ const MATVEC_MAX_M: usize = 8;
 /// short prompts: on an H200 the E2B-shaped program's prefill of 16 tokens took 51.7 ms tiled
 /// and 16.1 as mat-vecs, 64 tokens 54.3 and 31.4, 128 tokens 62.8 and 51.2, 192 tokens 72.4
 /// and 72.6, 256 tokens 82.2 and 92.7.
-const QUAD_MATVEC_MAX_M: usize = 128;
+pub const QUAD_MATVEC_MAX_M: usize = 128;
 
 /// Whether a linear of `m` rows of x (k → n) runs as a mat-vec rather than tiled.
 fn matvec_rows(weight: Weight, k: usize, n: usize, m: usize) -> bool {
