@@ -1267,3 +1267,57 @@ fn load_options_on_a_device_run_delegated_programs_on_the_cpu_and_the_gpu_execut
         }
     }
 }
+
+/// On the GPU a decode step hands back only its row's sampling candidates: the same tokens as
+/// reading every row, greedy and sampled, and the row itself still there when asked for.
+#[test]
+fn gpu_decode_picks_from_candidates_what_whole_rows_pick() {
+    use pteria::runtime::delegate::Device;
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        return;
+    }
+    let (options, _) = LoadOptions::on_device(Device::Gpu).unwrap();
+    let never = CancelToken::new();
+    let sampled = |top_k, temperature, seed| SamplingParams {
+        top_k,
+        temperature,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    for file in [
+        "gemma4_tiny_vulkan_stock_8da4w_emb4.pte",
+        "gemma4_tiny_vulkan_fp32.pte",
+    ] {
+        for params in [
+            SamplingParams::greedy(),
+            sampled(64, 1.0, 5),
+            sampled(3, 0.7, 9),
+        ] {
+            let mut runs = Vec::new();
+            for full_logits in [true, false] {
+                let config = RunnerConfig {
+                    full_logits,
+                    ..RunnerConfig::default()
+                };
+                let mut r =
+                    Runner::open(&fixtures().join(file), &[], &options.backends, &config).unwrap();
+                let mut s = Sampler::new(params.clone()).unwrap();
+                let (_, d) = r
+                    .generate(
+                        &PROMPT,
+                        &mut s,
+                        &no_stops(Some(12)),
+                        &never,
+                        &mut |_| Ok(()),
+                    )
+                    .unwrap();
+                // The first token comes from the prompt's row; every later one from its step.
+                let picks = if full_logits { 0 } else { d.tokens.len() - 1 };
+                assert_eq!(r.candidate_picks(), picks, "{file} {params:?}");
+                runs.push((d.tokens, r.logits().unwrap().to_vec()));
+            }
+            assert_eq!(runs[0].0, runs[1].0, "{file} {params:?}");
+            assert_eq!(runs[0].1, runs[1].1, "{file} {params:?}: the last row");
+        }
+    }
+}

@@ -4018,3 +4018,92 @@ fn grid_barrier_counts_every_round_and_gives_up_without_residency() {
         assert!(r.failures > 0, "{r:?}");
     }
 }
+
+/// A row of logits reduced to its sampling candidates on the GPU (kernels/candidates.wgsl)
+/// gives the reference's (`runtime::candidates`): the same count, and the same pairs wherever
+/// they fit. Rows model-like, tied by the thousand, full of NaN, infinities and signed zeros,
+/// shorter than a block and not whole blocks; k above the blocks; the last of several rows.
+#[test]
+fn candidates_match_the_reference() {
+    use pteria::gpu::bench::{model_like_logits, row_graph};
+    use pteria::runtime::candidates::{candidates_of, CAPACITY};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(41);
+    let awkward = |rng: &mut Rng, n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| match rng.next() % 30 {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                2 => -0.0,
+                3 => 0.0,
+                4 if rng.next() % 50 == 0 => f32::INFINITY,
+                r if r < 15 => (rng.next() % 5) as f32 - 2.0,
+                _ => rng.f() * 4.0,
+            })
+            .collect()
+    };
+    let mut cases: Vec<(String, Vec<f32>, usize)> = vec![
+        ("model-like".into(), model_like_logits(262144, 3), 1),
+        (
+            "ties in fours".into(),
+            (0..262144).map(|i| (i % 4) as f32).collect(),
+            1,
+        ),
+        ("all NaN".into(), vec![f32::NAN; 3000], 1),
+        ("three rows".into(), model_like_logits(3 * 5000, 4), 3),
+    ];
+    for n in [1, 7, 1024, 1025, 4099, 70000] {
+        cases.push((format!("awkward {n}"), awkward(&mut rng, n), 1));
+    }
+    let zero = 0f32.to_le_bytes();
+    let inputs = [InputValue::Tensor {
+        shape: vec![1],
+        data: &zero,
+    }];
+    let mut complete = 0;
+    for (what, values, rows) in &cases {
+        let mut gpu = GpuExecutor::new(ctx.clone(), row_graph(values, *rows)).unwrap();
+        let full = gpu.run(&inputs).unwrap().remove(0);
+        let n = values.len() / rows;
+        for k in [1, 2, 64, 300] {
+            let (outs, got) = gpu.run_candidates(&inputs, 0, k).unwrap();
+            assert!(outs[0].data.is_empty(), "{what}: the row came back too");
+            // The row the call made, read after it: the reference's input.
+            let row = gpu.read_output(0).unwrap();
+            assert_eq!(row, full, "{what} k {k}: read_output");
+            let row: Vec<f32> = row
+                .data
+                .chunks_exact(4)
+                .skip((rows - 1) * n)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let want = candidates_of(&row, k);
+            assert_eq!(got.found, want.found, "{what} k {k}");
+            assert_eq!(got.k, k);
+            let mut pairs = got.pairs.clone();
+            pairs.sort_by_key(|p| p.0);
+            let same =
+                |a: &(u32, f32), b: &(u32, f32)| a.0 == b.0 && a.1.to_bits() == b.1.to_bits();
+            if want.found <= CAPACITY {
+                assert_eq!(pairs.len(), want.pairs.len(), "{what} k {k}");
+                assert!(
+                    pairs.iter().zip(&want.pairs).all(|(a, b)| same(a, b)),
+                    "{what} k {k}"
+                );
+                complete += got.complete() as usize;
+            } else {
+                // Overflowed: CAPACITY distinct pairs of the reference's, in the order they
+                // were found.
+                assert_eq!(pairs.len(), CAPACITY, "{what} k {k}");
+                pairs.dedup_by_key(|p| p.0);
+                assert_eq!(pairs.len(), CAPACITY, "{what} k {k}: repeated ids");
+                let at = |i: u32| row[i as usize];
+                assert!(pairs.iter().all(|p| at(p.0).to_bits() == p.1.to_bits()
+                    && p.1 >= pteria::runtime::candidates::threshold(&row, k)));
+            }
+        }
+        // A plain call after them reads the whole output again.
+        assert_eq!(gpu.run(&inputs).unwrap().remove(0), full, "{what}");
+    }
+    assert!(complete > 20, "{complete} complete");
+}

@@ -145,6 +145,9 @@ struct ProgramReport {
     /// defaults (temperature 1, top-k 64, top-p 0.95). The chat adds it to each token's time.
     sample_greedy_us: Option<f64>,
     sample_default_us: Option<f64>,
+    /// Decode steps with the token picked and fed back, greedy and Gemma's defaults.
+    picked_greedy: Option<Picked>,
+    picked_default: Option<Picked>,
     /// Dispatches per decode step.
     dispatches_per_token: Option<usize>,
     /// GPU time of a decode step's dispatches replayed back to back in one pass (no host work).
@@ -289,6 +292,23 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         }
         _ => (None, None),
     };
+    // The chat's decode: each step's token picked and fed back, from the whole row and (where
+    // the method reduces rows on the GPU) from its candidates. It ends on a plain step, so that
+    // the replays below time the same recording as before.
+    let picked = if a.decode > 1 {
+        use pteria::llm::sampler::SamplingParams;
+        let steps = Steps {
+            specs: &specs,
+            start: a.prompt_len,
+            steps: a.decode,
+        };
+        Some([
+            picked_decode(&mut method, &steps, SamplingParams::greedy())?,
+            picked_decode(&mut method, &steps, SamplingParams::default())?,
+        ])
+    } else {
+        None
+    };
     let per_step = |ns: u64| ns as f64 / timed / 1e6;
     let host_ms = host.map(|h| {
         [
@@ -400,6 +420,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         decode_wait_ms: host_ms.map(|h| h[3]),
         decode_outputs_ms: host_ms.map(|h| h[4]),
         decode_other_ms: host_ms.map(|h| decode_ms - h.iter().sum::<f64>()),
+        picked_greedy: picked.map(|p| p[0]),
+        picked_default: picked.map(|p| p[1]),
         sample_greedy_us: sampling.map(|s| s.0),
         sample_default_us: sampling.map(|s| s.1),
         dispatches_per_token: dispatches,
@@ -495,6 +517,26 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
              runtime {r:.3} ms"
         );
     }
+    for (what, p) in [
+        ("greedy", report.picked_greedy),
+        (
+            "temperature 1 / top-k 64 / top-p 0.95",
+            report.picked_default,
+        ),
+    ] {
+        let Some(p) = p else { continue };
+        match p.candidates_ms {
+            Some(c) => println!(
+                "decode with {what} picks fed back: {:.3} ms/token reading the whole row, {c:.3} \
+                 reading its candidates ({} of {} steps read the row too)",
+                p.row_ms, p.fallbacks, p.steps
+            ),
+            None => println!(
+                "decode with {what} picks fed back: {:.3} ms/token (no candidates here)",
+                p.row_ms
+            ),
+        }
+    }
     if let (Some(g), Some(d)) = (report.sample_greedy_us, report.sample_default_us) {
         println!(
             "sampling a token from the last logits: greedy {g:.1} us, temperature 1 / top-k 64 / \
@@ -545,6 +587,180 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A token's pick from a row of logits that the GPU makes each call (`gpu::bench::row_graph`,
+/// model-like logits): the call and the pick, in µs, reading the row or its candidates.
+#[derive(Debug, Clone, serde::Serialize)]
+struct PickBench {
+    vocab: usize,
+    calls: usize,
+    greedy_row_us: f64,
+    greedy_candidates_us: f64,
+    default_row_us: f64,
+    default_candidates_us: f64,
+    /// Candidates the last call with Gemma's defaults (top-k 64) found.
+    default_found: usize,
+}
+
+fn pick_bench(ctx: &Arc<pteria::gpu::Context>) -> Result<PickBench> {
+    use pteria::gpu::bench::{model_like_logits, row_graph};
+    use pteria::ir::InputValue;
+    use pteria::llm::sampler::{Sampler, SamplingParams};
+    let (vocab, calls) = (262144, 200);
+    let mut gpu =
+        pteria::gpu::GpuExecutor::new(ctx.clone(), row_graph(&model_like_logits(vocab, 11), 1))?;
+    let zero = 0f32.to_le_bytes();
+    let inputs = [InputValue::Tensor {
+        shape: vec![1],
+        data: &zero,
+    }];
+    let mut time = |params: SamplingParams, cands: bool| -> Result<(f64, usize)> {
+        let mut s = Sampler::new(SamplingParams {
+            seed: Some(1),
+            ..params
+        })?;
+        let mut found = 0;
+        let mut t0 = std::time::Instant::now();
+        for i in 0..calls + 10 {
+            if i == 10 {
+                t0 = std::time::Instant::now();
+            }
+            match s.candidates_wanted().filter(|_| cands) {
+                Some(k) => {
+                    let (_, c) = gpu.run_candidates(&inputs, 0, k)?;
+                    found = c.found;
+                    if s.sample_candidates(&c)?.is_none() {
+                        bail!("{} candidates for k {k} did not decide the pick", c.found);
+                    }
+                }
+                None => {
+                    let out = gpu.run(&inputs)?;
+                    let row: &[f32] = bytemuck::try_cast_slice(&out[0].data)
+                        .map_err(|e| anyhow::anyhow!("logits: {e}"))?;
+                    s.sample(row, &[])?;
+                }
+            }
+        }
+        Ok((t0.elapsed().as_secs_f64() * 1e6 / calls as f64, found))
+    };
+    // Two interleaved rounds; the faster of each.
+    let mut best = [f64::MAX; 4];
+    let mut default_found = 0;
+    for _ in 0..2 {
+        let runs = [
+            time(SamplingParams::greedy(), false)?,
+            time(SamplingParams::greedy(), true)?,
+            time(SamplingParams::default(), false)?,
+            time(SamplingParams::default(), true)?,
+        ];
+        for (b, r) in best.iter_mut().zip(&runs) {
+            *b = b.min(r.0);
+        }
+        default_found = runs[3].1;
+    }
+    Ok(PickBench {
+        vocab,
+        calls,
+        greedy_row_us: best[0],
+        greedy_candidates_us: best[1],
+        default_row_us: best[2],
+        default_candidates_us: best[3],
+        default_found,
+    })
+}
+
+/// A decode that picks each step's token and feeds it back (the chat's).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Picked {
+    steps: usize,
+    /// ms a step, the pick included, reading the whole row of logits.
+    row_ms: f64,
+    /// The same reading the row's candidates (`Method::execute_candidates`), where it can.
+    candidates_ms: Option<f64>,
+    /// Steps whose candidates did not decide the pick, so that the row was read too.
+    fallbacks: usize,
+}
+
+struct Steps<'a> {
+    specs: &'a [(pteria::runtime::DType, Vec<usize>)],
+    /// The first position (the steps overwrite the same cache rows each run).
+    start: usize,
+    steps: usize,
+}
+
+/// Times `s.steps` one-token decode steps picking with `params`, after two warm-up steps, both
+/// ways, then runs the last plain step again.
+fn picked_decode(
+    method: &mut pteria::runtime::Method,
+    s: &Steps,
+    params: pteria::llm::sampler::SamplingParams,
+) -> Result<Picked> {
+    use pteria::llm::sampler::Sampler;
+    use pteria::runtime::{HostTensor, Output};
+    let inputs = |tok: u32, pos: usize| {
+        [
+            HostTensor::from_i64(&[1, 1], &[tok as i64]).cast(s.specs[0].0),
+            HostTensor::from_i64(&[1], &[pos as i64]).cast(s.specs[1].0),
+        ]
+    };
+    let row = |out: Output| -> Result<Vec<f32>> {
+        match out {
+            Output::Tensor(h) if h.dtype.is_float() => {
+                let v = pteria::runtime::tensor::to_f32(h.dtype, &h.data);
+                let n = h.sizes.last().copied().unwrap_or(0).min(v.len());
+                Ok(v[v.len() - n..].to_vec())
+            }
+            _ => bail!("the first output is not a float tensor"),
+        }
+    };
+    let mut sampler = Sampler::new(pteria::llm::sampler::SamplingParams {
+        seed: Some(1),
+        ..params
+    })?;
+    let mut fallbacks = 0;
+    let mut run = |method: &mut pteria::runtime::Method, cands: bool| -> Result<f64> {
+        let mut tok = 7u32;
+        let mut t0 = std::time::Instant::now();
+        for i in 0..s.steps + 2 {
+            if i == 2 {
+                t0 = std::time::Instant::now();
+            }
+            let io = inputs(tok, s.start + i % s.steps);
+            tok = match sampler.candidates_wanted().filter(|_| cands) {
+                Some(k) => {
+                    let (_, c) = method.execute_candidates(&io, 0, k)?;
+                    match sampler.sample_candidates(&c)? {
+                        Some(t) => t,
+                        None => {
+                            fallbacks += (i >= 2) as usize;
+                            sampler.sample(&row(method.read_output(0)?)?, &[])?
+                        }
+                    }
+                }
+                None => {
+                    let out = method.execute(&io)?.into_iter().next();
+                    let out = out.ok_or_else(|| anyhow::anyhow!("no outputs"))?;
+                    sampler.sample(&row(out)?, &[])?
+                }
+            };
+        }
+        Ok(t0.elapsed().as_secs_f64() * 1e3 / s.steps as f64)
+    };
+    let row_ms = run(method, false)?;
+    let candidates_ms = if method.supports_candidates(0) {
+        Some(run(method, true)?)
+    } else {
+        None
+    };
+    // The bench's last decode step again (its position too: attention's work grows with it).
+    method.execute(&inputs(7, s.start + s.steps - 1))?;
+    Ok(Picked {
+        steps: s.steps,
+        row_ms,
+        candidates_ms,
+        fallbacks,
+    })
 }
 
 /// Microseconds a token's pick takes from `logits`: greedy, and Gemma's defaults, each the mean
@@ -618,8 +834,19 @@ fn kernels(a: &Args) -> Result<()> {
         }
     };
     let report = kernel_bench(&ctx, &opts, row)?;
+    let picks = pick_bench(&ctx)?;
     if json {
-        println!("{}", serde_json::to_string(&report)?);
+        #[derive(serde::Serialize)]
+        struct Kernels<'a> {
+            #[serde(flatten)]
+            report: &'a pteria::gpu::bench::KernelReport,
+            picks: &'a PickBench,
+        }
+        let all = Kernels {
+            report: &report,
+            picks: &picks,
+        };
+        println!("{}", serde_json::to_string(&all)?);
     } else {
         println!(
             "stream (WGSL copy, read+write): {:.0} GB/s over {} MiB; timestamps: {}",
@@ -643,6 +870,18 @@ fn kernels(a: &Args) -> Result<()> {
                 ),
             }
         }
+        println!(
+            "a token's pick from a {}-logit row the GPU makes (a call and the pick, host and GPU, \
+             {} calls): greedy {:.1} us reading the row, {:.1} reading its candidates; \
+             temperature 1 / top-k 64 / top-p 0.95 {:.1} us and {:.1} ({} candidates)",
+            picks.vocab,
+            picks.calls,
+            picks.greedy_row_us,
+            picks.greedy_candidates_us,
+            picks.default_row_us,
+            picks.default_candidates_us,
+            picks.default_found
+        );
         println!("prefill attention (8 heads on 1 kv head, causal from 0, [B, S, H, D]):");
         for r in &report.attention {
             let window = r.window.map_or("none".to_string(), |w| w.to_string());

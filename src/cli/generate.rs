@@ -131,6 +131,7 @@ pub fn open(args: &ModelArgs) -> Result<(Engine, ModelInfo)> {
     options.runner = RunnerConfig {
         prefill_chunk: args.prefill_chunk,
         context_limit: args.context,
+        ..RunnerConfig::default()
     };
     let tally = options.kv_tally.clone();
     let engine = Engine::new()?;

@@ -675,3 +675,42 @@ pub fn grid_barrier(
     }
     Ok((Some(best.max(0.0)), last))
 }
+
+/// A graph whose one output is `rows` rows of `values` (a constant) plus its one input, a single
+/// float: with 0 in, a call makes the rows anew on the GPU, as an LM head does, for timing and
+/// testing what reads logits back (`GpuExecutor::run_candidates`).
+pub fn row_graph(values: &[f32], rows: usize) -> Graph {
+    let shape = vec![rows, values.len() / rows.max(1)];
+    let mut g = Graph::default();
+    let s = g.add_tensor("s", DType::F32, vec![1], Role::Input(0));
+    g.inputs.push(Io::Tensor(s));
+    let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let l = g.add_tensor(
+        "l",
+        DType::F32,
+        shape.clone(),
+        Role::Constant(shared(bytes)),
+    );
+    let y = g.add_tensor("y", DType::F32, shape, Role::Activation);
+    g.op(
+        OpKind::Binary(crate::ir::BinaryOp::Add),
+        vec![l, s],
+        vec![y],
+    );
+    g.outputs.push(y);
+    g
+}
+
+/// `n` logits shaped as a language model's: about normal (a sum of four uniforms), spread 3.
+pub fn model_like_logits(n: usize, seed: u64) -> Vec<f32> {
+    let parts: Vec<Vec<u8>> = (0..4).map(|i| floats(n, seed + i, -1.0, 2.0)).collect();
+    (0..n)
+        .map(|i| {
+            let sum: f32 = parts
+                .iter()
+                .map(|p| f32::from_le_bytes([p[4 * i], p[4 * i + 1], p[4 * i + 2], p[4 * i + 3]]))
+                .sum();
+            3.0 * sum
+        })
+        .collect()
+}

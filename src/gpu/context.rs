@@ -55,6 +55,8 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         "cache_update" => include_str!("../../kernels/cache_update.wgsl"),
         "layout" => include_str!("../../kernels/layout.wgsl"),
         "full" => include_str!("../../kernels/full.wgsl"),
+        // The executor's, after a call's ops: a row of logits reduced for sampling.
+        "candidates" => include_str!("../../kernels/candidates.wgsl"),
         // A benchmark's, not an op's (src/gpu/bench.rs `grid_barrier`).
         "grid_barrier" => include_str!("../../kernels/grid_barrier.wgsl"),
         _ => return None,

@@ -18,6 +18,7 @@ use super::ops::{self, Env, Res, Step};
 use super::wait::{await_map, WaitClock};
 use super::GpuError;
 use crate::ir::{Graph, InputValue, Int, Io, IrError, Node, OpKind, Plan, PlanCache, Role};
+use crate::runtime::candidates::{self, Candidates};
 use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
 use crate::runtime::{DType, HostTensor};
 use std::borrow::Cow;
@@ -60,6 +61,9 @@ struct Recording {
     copies: Vec<(usize, u64, u64)>,
     /// Per graph output: offset in `readback` and shape.
     outputs: Vec<(u64, Vec<usize>)>,
+    /// The output whose last row it reduces to candidates (`run_candidates`), and where they
+    /// lie in `readback`: that output is not read back.
+    cands: Option<(CandidateRequest, u64)>,
     readback: Option<wgpu::Buffer>,
     readback_size: u64,
     last_used: u64,
@@ -164,7 +168,8 @@ pub struct GpuExecutor {
     /// Big embeddings gathered on the host before each call (`host_gather`).
     host: Option<super::host_gather::HostGathers>,
     mem: MemoryPlan,
-    /// The plan's buffers, then the dummy, the syms buffer and the ranges buffer.
+    /// The plan's buffers, then the dummy, the syms buffer, the ranges buffer and the
+    /// candidates buffer.
     buffers: Vec<wgpu::Buffer>,
     dummy: usize,
     syms: usize,
@@ -172,6 +177,8 @@ pub struct GpuExecutor {
     /// the start of every call (`encode`): zero is in every range, so it is the atomics'
     /// starting point. Timed replays do not zero it: their ranges only widen.
     ranges: usize,
+    /// Sampling candidates of a call's row of logits (kernels/candidates.wgsl's `c`).
+    cands: usize,
     literals: Vec<i64>,
     literal_slot: HashMap<i64, u32>,
     /// Per tensor root, whose storage it reads in the call being recorded (`ops::views`).
@@ -346,11 +353,18 @@ impl GpuExecutor {
             usage,
             mapped_at_creation: false,
         }));
+        buffers.push(device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("candidates"),
+            size: CANDS_WORDS * 4,
+            usage,
+            mapped_at_creation: false,
+        }));
         let plans = PlanCache::new(&graph);
         let mut ex = GpuExecutor {
-            dummy: buffers.len() - 3,
-            syms: buffers.len() - 2,
-            ranges: buffers.len() - 1,
+            dummy: buffers.len() - 4,
+            syms: buffers.len() - 3,
+            ranges: buffers.len() - 2,
+            cands: buffers.len() - 1,
             ctx,
             graph,
             mem,
@@ -521,8 +535,108 @@ impl GpuExecutor {
 
     /// Runs one call; returns the graph outputs, as `ir::cpu::CpuExecutor::run` does.
     pub fn run(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>, GpuError> {
+        Ok(self.run_with(inputs, None)?.0)
+    }
+
+    /// Runs a call as `run` does, but hands back output `output`'s last row as its sampling
+    /// candidates for `k` (src/runtime/candidates.rs) and reads none of that output back: its
+    /// place in the outputs holds an empty tensor, and `read_output` reads it until the next
+    /// call. A token's pick then reads a few hundred pairs instead of a 1 MB row.
+    pub fn run_candidates(
+        &mut self,
+        inputs: &[InputValue],
+        output: usize,
+        k: usize,
+    ) -> Result<(Vec<HostTensor>, Candidates), GpuError> {
+        self.candidates_check(output)?;
+        let want = CandidateRequest {
+            output,
+            k: k.clamp(1, u32::MAX as usize),
+        };
+        let (outs, c) = self.run_with(inputs, Some(want))?;
+        let c = c.ok_or_else(|| GpuError::Device("candidates missing after a call".into()))?;
+        Ok((outs, c))
+    }
+
+    /// Why output `output` cannot be reduced to candidates, if it cannot: it must be f32 in
+    /// one buffer (a row longer than the kernel ranks fails the call that makes it).
+    pub fn candidates_check(&self, output: usize) -> Result<(), GpuError> {
+        let no = |why: String| {
+            Err(GpuError::Device(format!(
+                "candidates of output {output}: {why}"
+            )))
+        };
+        let Some(&t) = self.graph.outputs.get(output) else {
+            return no(format!(
+                "the graph has {} outputs",
+                self.graph.outputs.len()
+            ));
+        };
+        if self.graph.tensors[t].dtype != DType::F32 || self.mem.repr[t] != Repr::F32 {
+            return no("not an f32 tensor".into());
+        }
+        if self.mem.place[self.mem.root[t]].len() != 1 {
+            return no("split over several buffers".into());
+        }
+        Ok(())
+    }
+
+    /// Output `output` of the last call, read from the GPU: what `run_candidates` left out.
+    pub fn read_output(&mut self, output: usize) -> Result<HostTensor, GpuError> {
+        let ctx = self.ctx.clone();
+        let _turn = ctx.turn();
+        let rec = self
+            .last_rec
+            .and_then(|i| self.recordings.get(i))
+            .map(|(_, r)| r)
+            .ok_or_else(|| GpuError::Device("no call has run".into()))?;
+        let (&t, (_, shape)) = self
+            .graph
+            .outputs
+            .iter()
+            .zip(&rec.outputs)
+            .nth(output)
+            .ok_or_else(|| GpuError::Device(format!("no output {output}")))?;
+        let def = &self.graph.tensors[t];
+        let numel: usize = shape.iter().product();
+        let bytes = numel as u64 * elem_bytes(self.mem.repr[t], def.dtype.size());
+        let size = padded(bytes.div_ceil(4) * 4);
+        let read = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("output"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let (mut at, mut left) = (0u64, bytes.div_ceil(4) * 4);
+        for &b in &self.mem.place[self.mem.root[t]] {
+            let n = left.min(self.mem.buffers[b].size);
+            if n == 0 {
+                break;
+            }
+            enc.copy_buffer_to_buffer(&self.buffers[b], 0, &read, at, n);
+            at += n;
+            left -= n;
+        }
+        ctx.queue.submit([enc.finish()]);
+        let data = read_back(&ctx, &read)?;
+        ctx.take_errors()?;
+        Ok(HostTensor {
+            dtype: def.dtype,
+            sizes: shape.clone(),
+            data: from_repr(self.mem.repr[t], def.dtype, &data, numel),
+        })
+    }
+
+    fn run_with(
+        &mut self,
+        inputs: &[InputValue],
+        want: Option<CandidateRequest>,
+    ) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
         let Some(host) = &mut self.host else {
-            return self.run_all(inputs);
+            return self.run_all(inputs, want);
         };
         // The rows gathered on the host go in as the inputs `host_gather::split` added.
         let rows = host.run(inputs).map_err(GpuError::Device)?;
@@ -531,10 +645,14 @@ impl GpuExecutor {
             shape: shape.clone(),
             data,
         }));
-        self.run_all(&all)
+        self.run_all(&all, want)
     }
 
-    fn run_all(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>, GpuError> {
+    fn run_all(
+        &mut self,
+        inputs: &[InputValue],
+        want: Option<CandidateRequest>,
+    ) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
         let t_start = std::time::Instant::now();
@@ -548,9 +666,13 @@ impl GpuExecutor {
             .collect();
         // Same shapes as the last call (a decode step): its recording, found without comparing
         // every tensor's shape.
+        let wants = |r: &Recording| r.cands.map(|c| c.0) == want;
         let found = match self.last_rec {
-            Some(i) if same => Some(i),
-            _ => self.recordings.iter().position(|(k, _)| *k == plan.shapes),
+            Some(i) if same && wants(&self.recordings[i].1) => Some(i),
+            _ => self
+                .recordings
+                .iter()
+                .position(|(k, r)| *k == plan.shapes && wants(r)),
         };
         let idx = match found {
             Some(i) => {
@@ -574,7 +696,7 @@ impl GpuExecutor {
                         self.recordings.swap_remove(i);
                     }
                 }
-                let rec = self.record(&plan)?;
+                let rec = self.record(&plan, want)?;
                 self.recordings.push((plan.shapes, rec));
                 self.stats.recordings += 1;
                 self.recordings.len() - 1
@@ -644,10 +766,18 @@ impl GpuExecutor {
         let mut t_outputs = t_wait;
 
         // The outputs, converted straight from the mapped readback buffer.
-        let convert = |bytes: &[u8]| -> Vec<HostTensor> {
+        let convert = |bytes: &[u8]| -> (Vec<HostTensor>, Option<Candidates>) {
             let mut outs = Vec::with_capacity(self.graph.outputs.len());
-            for (&t, (off, shape)) in self.graph.outputs.iter().zip(&rec.outputs) {
+            for (i, (&t, (off, shape))) in self.graph.outputs.iter().zip(&rec.outputs).enumerate() {
                 let def = &self.graph.tensors[t];
+                if rec.cands.is_some_and(|c| c.0.output == i) {
+                    outs.push(HostTensor {
+                        dtype: def.dtype,
+                        sizes: vec![0],
+                        data: Vec::new(),
+                    });
+                    continue;
+                }
                 let numel: usize = shape.iter().product();
                 outs.push(HostTensor {
                     dtype: def.dtype,
@@ -655,7 +785,10 @@ impl GpuExecutor {
                     data: from_repr(self.mem.repr[t], def.dtype, &bytes[*off as usize..], numel),
                 });
             }
-            outs
+            let cands = rec
+                .cands
+                .map(|(c, at)| read_candidates(&bytes[at as usize..], c.k));
+            (outs, cands)
         };
         let mut clock = rec.wait;
         let outs = match &rec.readback {
@@ -814,7 +947,8 @@ impl GpuExecutor {
         let mut at: Vec<Option<usize>> = vec![None; self.graph.nodes.len()];
         let mut out: Vec<OpTime> = Vec::new();
         for (d, &s) in rec.dispatches.iter().zip(&per_dispatch) {
-            let Node::Op(op) = &self.graph.nodes[d.node] else {
+            // The executor's own dispatches (candidates) belong to no node.
+            let Some(Node::Op(op)) = self.graph.nodes.get(d.node) else {
                 continue;
             };
             let i = *at[d.node].get_or_insert_with(|| {
@@ -868,7 +1002,11 @@ impl GpuExecutor {
         enc.finish()
     }
 
-    fn record(&mut self, plan: &Plan) -> Result<Recording, GpuError> {
+    fn record(
+        &mut self,
+        plan: &Plan,
+        want: Option<CandidateRequest>,
+    ) -> Result<Recording, GpuError> {
         let mut steps: Vec<(usize, Step)> = Vec::new();
         let align = self.ctx.limits().min_storage_buffer_offset_alignment as u64;
         (self.view_of, self.view_off) = ops::views(&self.graph, &self.mem, &plan.shapes, align);
@@ -901,6 +1039,40 @@ impl GpuExecutor {
                 steps.extend(built.into_iter().map(|s| (n, s)));
             }
         }
+        if let Some(c) = want {
+            let t = self.graph.outputs[c.output];
+            let n = plan.shapes[t].last().copied().unwrap_or(1);
+            let numel: usize = plan.shapes[t].iter().product();
+            let blocks = n.div_ceil(candidates::BLOCK);
+            if n == 0 || blocks > candidates::MAX_BLOCKS {
+                return Err(GpuError::Device(format!(
+                    "candidates of output {}: rows of {n} logits (1 to {} can be reduced)",
+                    c.output,
+                    candidates::MAX_BLOCKS * candidates::BLOCK
+                )));
+            }
+            let params = vec![
+                (numel - n) as u32,
+                n as u32,
+                c.k as u32,
+                candidates::CAPACITY as u32,
+                blocks as u32,
+            ];
+            for entry in ["block_max", "gather"] {
+                let step = Step {
+                    kernel: "candidates",
+                    entry,
+                    constants: Vec::new(),
+                    params: params.clone(),
+                    out: Res::Candidates,
+                    inputs: vec![Res::Tensor(t)],
+                    writes: Vec::new(),
+                    reads_after: Vec::new(),
+                    groups: [blocks as u32, 1, 1],
+                };
+                steps.push((usize::MAX, step));
+            }
+        }
         let mut dispatches = Vec::with_capacity(steps.len());
         for (n, s) in &steps {
             dispatches.push(self.dispatch(*n, s)?);
@@ -909,12 +1081,15 @@ impl GpuExecutor {
         let mut copies = Vec::new();
         let mut outputs = Vec::new();
         let mut size = 0u64;
-        for &t in &self.graph.outputs {
+        for (i, &t) in self.graph.outputs.iter().enumerate() {
             let shape = plan.shapes[t].clone();
             let def = &self.graph.tensors[t];
             let bytes = shape.iter().product::<usize>() as u64
                 * elem_bytes(self.mem.repr[t], def.dtype.size());
             outputs.push((size, shape));
+            if want.is_some_and(|c| c.output == i) {
+                continue;
+            }
             let mut left = bytes.div_ceil(4) * 4;
             for &b in &self.mem.place[self.mem.root[t]] {
                 if left == 0 {
@@ -926,6 +1101,12 @@ impl GpuExecutor {
                 left -= n;
             }
         }
+        let cands = want.map(|c| {
+            let bytes = (1 + 2 * candidates::CAPACITY as u64) * 4;
+            copies.push((self.cands, bytes, size));
+            size += bytes;
+            (c, size - bytes)
+        });
         let readback = (size > 0).then(|| {
             self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
@@ -938,6 +1119,7 @@ impl GpuExecutor {
             dispatches,
             copies,
             outputs,
+            cands,
             readback,
             readback_size: size,
             last_used: 0,
@@ -961,6 +1143,7 @@ impl GpuExecutor {
         match r {
             Res::Dummy => Ok(self.dummy),
             Res::Ranges => Ok(self.ranges),
+            Res::Candidates => Ok(self.cands),
             Res::Scratch(k) => self.mem.scratch[node]
                 .get(k)
                 .copied()
@@ -1136,6 +1319,29 @@ impl Stamps {
     pub(crate) fn read(&self, ctx: &Context) -> Result<Vec<u64>, GpuError> {
         Ok(bytemuck::pod_collect_to_vec(&read_back(ctx, &self.read)?))
     }
+}
+
+/// What `run_candidates` asks of a call: output `output`'s last row reduced to its sampling
+/// candidates for `k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CandidateRequest {
+    output: usize,
+    k: usize,
+}
+
+/// Words of the candidates buffer (kernels/candidates.wgsl's `c`): the count, the pairs, the
+/// blocks' maxima.
+const CANDS_WORDS: u64 = (1 + 2 * candidates::CAPACITY + candidates::MAX_BLOCKS) as u64;
+
+/// The candidates a call left: its count, then (id, logit bits) pairs.
+fn read_candidates(bytes: &[u8], k: usize) -> Candidates {
+    let words: &[u32] = bytemuck::cast_slice(&bytes[..(1 + 2 * candidates::CAPACITY) * 4]);
+    let found = words[0] as usize;
+    let pairs = words[1..1 + 2 * found.min(candidates::CAPACITY)]
+        .chunks_exact(2)
+        .map(|p| (p[0], f32::from_bits(p[1])))
+        .collect();
+    Candidates { pairs, found, k }
 }
 
 /// The bytes of a MAP_READ buffer, after the submit that filled it.

@@ -33,6 +33,8 @@ pub(crate) enum Res {
     /// The ranges buffer: per `MemoryPlan::range_site`, RANGE_SLOTS pairs of words that a
     /// producer leaves its stores' range in for the linear that quantizes them (`ranged`).
     Ranges,
+    /// The executor's sampling candidates (`GpuExecutor::run_candidates`).
+    Candidates,
 }
 
 /// One kernel dispatch.

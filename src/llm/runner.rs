@@ -11,7 +11,7 @@ use super::metadata::{ModelMetadata, PositionForm};
 use super::sampler::Sampler;
 use super::{CancelToken, LlmError, Result};
 use crate::pte::Program;
-use crate::runtime::{BackendRegistry, HostTensor, Method, Output};
+use crate::runtime::{BackendRegistry, Candidates, HostTensor, Method, Output};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,9 @@ pub struct RunnerConfig {
     pub prefill_chunk: Option<usize>,
     /// Use at most this many cache positions (the program's max_context_len still applies).
     pub context_limit: Option<usize>,
+    /// Read every decode step's whole row of logits, even where the executor can hand back
+    /// only the candidates that decide the sampler's pick (`runtime::candidates`).
+    pub full_logits: bool,
 }
 
 /// What a prefill did.
@@ -99,7 +102,20 @@ pub struct Runner {
     /// A forward failed part-way, so the cache's contents are unknown until a reset.
     stale: bool,
     resets: usize,
+    /// Decode steps may hand back candidates (`RunnerConfig::full_logits` off, and the last
+    /// whole output was one row of logits a token).
+    candidates: bool,
+    full_logits: bool,
+    /// Picks in a row that the candidates did not decide (the row read too): at
+    /// `MAX_MISSES` the runner reads rows until the next prefill, as a program whose logits
+    /// tie by the thousand would make it.
+    misses: usize,
+    /// Tokens picked from candidates alone.
+    candidate_picks: usize,
 }
+
+/// Candidate misses in a row after which decode steps read their whole row.
+const MAX_MISSES: usize = 3;
 
 impl std::fmt::Debug for Runner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -166,6 +182,10 @@ impl Runner {
             used: false,
             stale: false,
             resets: 0,
+            candidates: false,
+            full_logits: config.full_logits,
+            misses: 0,
+            candidate_picks: 0,
         })
     }
 
@@ -191,12 +211,58 @@ impl Runner {
         }
     }
 
-    /// Logits after the last cached token.
-    pub fn logits(&self) -> Option<&[f32]> {
-        self.logits
+    /// Logits after the last cached token (read back in full here where a decode step left
+    /// only candidates; `None` if that fails).
+    pub fn logits(&mut self) -> Option<&[f32]> {
+        if self.stale {
+            return None;
+        }
+        if matches!(self.logits, Some(Logits::Candidates(_))) {
+            self.read_row().ok()?;
+        }
+        self.logits.as_ref().and_then(Logits::as_slice)
+    }
+
+    /// The last call's whole row of logits, read again where it handed back candidates.
+    fn read_row(&mut self) -> Result<()> {
+        let method = self.method.as_mut().ok_or(LlmError::NoPrompt)?;
+        let out = method.read_output(0).map_err(|source| LlmError::Runtime {
+            context: "reading the last call's logits".into(),
+            source,
+        })?;
+        let Output::Tensor(h) = out else {
+            return Err(LlmError::Unsupported(
+                "the first output is not a float tensor".into(),
+            ));
+        };
+        self.logits = Some(Logits::last_row(h, self.meta.vocab_size));
+        Ok(())
+    }
+
+    /// The next token from the current logits: from their candidates where those decide it,
+    /// else from the whole row.
+    fn pick(&mut self, sampler: &mut Sampler) -> Result<u32> {
+        if let Some(Logits::Candidates(c)) = &self.logits {
+            if let Some(tok) = sampler.sample_candidates(c)? {
+                self.misses = 0;
+                self.candidate_picks += 1;
+                return Ok(tok);
+            }
+            self.misses += 1;
+            self.read_row()?;
+        }
+        let row = self
+            .logits
             .as_ref()
-            .map(Logits::as_slice)
-            .filter(|_| !self.stale)
+            .and_then(Logits::as_slice)
+            .ok_or(LlmError::NoPrompt)?;
+        sampler.sample(row, &self.cached)
+    }
+
+    /// Tokens picked from their step's candidates alone, the row of logits never read
+    /// (`RunnerConfig::full_logits`).
+    pub fn candidate_picks(&self) -> usize {
+        self.candidate_picks
     }
 
     /// How many times the method has been reloaded to clear its cache.
@@ -275,7 +341,7 @@ impl Runner {
             }
             let at = self.cached.len();
             let end = (at + self.chunk).min(tokens.len());
-            let logits = self.forward(&tokens[at..end], at)?;
+            let logits = self.forward(&tokens[at..end], at, None)?;
             self.cached.extend_from_slice(&tokens[at..end]);
             self.logits = Some(logits);
             out.chunks += 1;
@@ -318,8 +384,7 @@ impl Runner {
                     StopReason::ContextFull
                 };
             }
-            let logits = self.logits.as_ref().ok_or(LlmError::NoPrompt)?;
-            let tok = sampler.sample(logits.as_slice(), &self.cached)?;
+            let tok = self.pick(sampler)?;
             let now = Instant::now();
             first_token_at.get_or_insert(now);
             last_token_at = Some(now);
@@ -333,7 +398,10 @@ impl Runner {
                 continue;
             }
             let at = self.cached.len();
-            let logits = self.forward(&[tok], at)?;
+            let want = sampler
+                .candidates_wanted()
+                .filter(|_| !self.full_logits && self.misses < MAX_MISSES);
+            let logits = self.forward(&[tok], at, want)?;
             self.cached.push(tok);
             self.logits = Some(logits);
         };
@@ -370,9 +438,10 @@ impl Runner {
         Ok((p, d))
     }
 
-    /// One `forward` call on `tokens` at positions `start..`; returns the last token's logits.
-    fn forward(&mut self, tokens: &[u32], start: usize) -> Result<Logits> {
-        let result = self.forward_inner(tokens, start);
+    /// One `forward` call on `tokens` at positions `start..`; returns the last token's logits,
+    /// or their candidates for `k` where asked and the method can reduce them.
+    fn forward(&mut self, tokens: &[u32], start: usize, k: Option<usize>) -> Result<Logits> {
+        let result = self.forward_inner(tokens, start, k);
         self.used = true;
         if result.is_err() {
             // The call may have written part of the cache: nothing cached can be trusted.
@@ -383,7 +452,7 @@ impl Runner {
         result
     }
 
-    fn forward_inner(&mut self, tokens: &[u32], start: usize) -> Result<Logits> {
+    fn forward_inner(&mut self, tokens: &[u32], start: usize, k: Option<usize>) -> Result<Logits> {
         let t = tokens.len();
         let ids: Vec<i64> = tokens.iter().map(|&x| i64::from(x)).collect();
         let positions: Vec<i64> = match self.meta.positions {
@@ -399,13 +468,22 @@ impl Runner {
                 "the method failed to reload after a reset; load the model again".into(),
             )
         })?;
-        let outputs = method
-            .execute(&[tok, pos])
-            .map_err(|source| LlmError::Runtime {
-                context: context(),
-                source,
-            })?;
+        let err = |source| LlmError::Runtime {
+            context: context(),
+            source,
+        };
         let vocab = self.meta.vocab_size;
+        if let Some(k) = k.filter(|_| self.candidates && method.supports_candidates(0)) {
+            let (_, c) = method.execute_candidates(&[tok, pos], 0, k).map_err(err)?;
+            if let Some(&(id, _)) = c.pairs.iter().find(|p| p.0 as usize >= vocab) {
+                return Err(LlmError::Unsupported(format!(
+                    "{}: candidate token {id} is outside the {vocab}-token vocabulary",
+                    context()
+                )));
+            }
+            return Ok(Logits::Candidates(c));
+        }
+        let outputs = method.execute(&[tok, pos]).map_err(err)?;
         match outputs.into_iter().next() {
             Some(Output::Tensor(h)) if h.dtype.is_float() => {
                 let n = h.data.len() / h.dtype.size();
@@ -415,6 +493,11 @@ impl Runner {
                         context(),
                         h.sizes
                     )));
+                }
+                // Candidates reduce the output's last dim: one row a token.
+                self.candidates = h.sizes.last() == Some(&vocab);
+                if t > 1 {
+                    self.misses = 0;
                 }
                 Ok(Logits::last_row(h, vocab))
             }
@@ -429,8 +512,13 @@ impl Runner {
 /// The last row of a call's logits: read in place from the output where it holds f32 words
 /// (a 262144-token row is 1 MB, otherwise copied again every token), else converted.
 enum Logits {
-    InPlace { output: HostTensor, from: usize },
+    InPlace {
+        output: HostTensor,
+        from: usize,
+    },
     Owned(Vec<f32>),
+    /// Only the candidates that decide a sampler's pick (the row stays on the device).
+    Candidates(Candidates),
 }
 
 impl Logits {
@@ -445,12 +533,13 @@ impl Logits {
         Logits::Owned(v[v.len() - vocab..].to_vec())
     }
 
-    fn as_slice(&self) -> &[f32] {
+    fn as_slice(&self) -> Option<&[f32]> {
         match self {
             Logits::InPlace { output, from } => {
-                &bytemuck::cast_slice::<u8, f32>(&output.data)[*from..]
+                Some(&bytemuck::cast_slice::<u8, f32>(&output.data)[*from..])
             }
-            Logits::Owned(v) => v,
+            Logits::Owned(v) => Some(v),
+            Logits::Candidates(_) => None,
         }
     }
 }

@@ -4,6 +4,8 @@
 //! reproduces it exactly.
 
 use super::{LlmError, Result};
+use crate::runtime::Candidates;
+use std::cmp::Ordering;
 
 /// How to pick tokens. Defaults are Gemma 4's `generation_config.json` (temperature 1.0,
 /// top-k 64, top-p 0.95).
@@ -211,16 +213,69 @@ impl Sampler {
             return argmax(l);
         }
         let dist = self.distribution(logits, history)?;
+        Ok(self.draw(&dist))
+    }
+
+    /// The k whose candidates (`runtime::candidates`: every logit at or above a threshold
+    /// that k of them reach) decide this sampler's next pick exactly, or `None` where it needs
+    /// the whole row: a repetition penalty changes the history's logits, and a draw without
+    /// top-k may pick any token.
+    pub fn candidates_wanted(&self) -> Option<usize> {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            return None;
+        }
+        if p.temperature == 0.0 {
+            return Some(1);
+        }
+        (p.top_k > 0).then_some(p.top_k)
+    }
+
+    /// Picks the next token from a row's candidates: the token `sample` picks from the whole
+    /// row, with the same draw from the RNG. `None`, drawing nothing, where they cannot decide
+    /// it (gathered for a smaller k, overflowed, or none at all: the caller then samples the
+    /// row, which also says why it has no finite logit).
+    pub fn sample_candidates(&mut self, c: &Candidates) -> Result<Option<u32>> {
+        let Some(k) = self.candidates_wanted() else {
+            return Ok(None);
+        };
+        if !c.complete() || c.k < k {
+            return Ok(None);
+        }
+        if self.params.temperature == 0.0 {
+            // argmax's pick: the largest (signed zeros equal), then the first.
+            let best = c
+                .pairs
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, p| if p.1 > m { p.1 } else { m });
+            let first = c.pairs.iter().filter(|p| p.1 == best).map(|p| p.0).min();
+            return Ok(first);
+        }
+        let mut top = c.pairs.clone();
+        if top.len() > k {
+            top.select_nth_unstable_by(k - 1, ranks_before);
+            top.truncate(k);
+        }
+        let t = self.params.temperature as f64;
+        let dist = finish(
+            top.into_iter().map(|(i, x)| (i, x as f64 / t)).collect(),
+            &self.params,
+        )?;
+        Ok(Some(self.draw(&dist)))
+    }
+
+    /// A token of `dist` (most likely first, summing to 1) by one uniform draw.
+    fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
         let u = self.rng.next_f64();
         let mut acc = 0.0;
-        for &(id, prob) in &dist {
+        for &(id, prob) in dist {
             acc += prob;
             if u < acc {
-                return Ok(id);
+                return id;
             }
         }
         // Rounding left the sum a hair under 1 and u above it: the last survivor.
-        Ok(dist.last().map(|d| d.0).unwrap_or(0))
+        dist.last().map(|d| d.0).unwrap_or(0)
     }
 }
 
@@ -281,7 +336,7 @@ const BLOCK: usize = 256;
 /// every block none of whose logits beats the k-th best so far: a vocabulary of 262144 costs
 /// about as much as reading it once, where sorting it all took a millisecond.
 fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let better = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let better = ranks_before::<f32>;
     let cap = 2 * k.max(BLOCK);
     let mut kept: Vec<(u32, f32)> = Vec::with_capacity(cap + BLOCK);
     // Only a logit above the k-th best kept one can join: an equal one comes later, so its id
@@ -316,11 +371,20 @@ fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     kept
 }
 
+/// The order of candidates: the larger logit first (signed zeros equal, so that a logit equal to
+/// the k-th best and later never joins top-k, as its floor test says), then the lower id. Never
+/// given NaN.
+fn ranks_before<T: PartialOrd>(a: &(u32, T), b: &(u32, T)) -> Ordering {
+    b.1.partial_cmp(&a.1)
+        .unwrap_or(Ordering::Equal)
+        .then(a.0.cmp(&b.0))
+}
+
 fn candidates(logits: &[f32], p: &SamplingParams) -> Result<Vec<(u32, f64)>> {
     let t = p.temperature as f64;
     // Dividing by t > 0 keeps the logits' order and makes no ties (two f32 quotients rounded
     // to f64 stay apart), so top-k may pick on the logits themselves.
-    let mut c: Vec<(u32, f64)> = if p.top_k > 0 {
+    let c: Vec<(u32, f64)> = if p.top_k > 0 {
         top_k(logits, p.top_k)
             .into_iter()
             .map(|(i, x)| (i, x as f64 / t))
@@ -333,12 +397,17 @@ fn candidates(logits: &[f32], p: &SamplingParams) -> Result<Vec<(u32, f64)>> {
             .map(|(i, &x)| (i as u32, x as f64 / t))
             .collect()
     };
+    finish(c, p)
+}
+
+/// The draw's distribution over `c` (temperature applied; top-k's survivors, or every token):
+/// sorted, softmax, then top-p and min-p.
+fn finish(mut c: Vec<(u32, f64)>, p: &SamplingParams) -> Result<Vec<(u32, f64)>> {
     if c.is_empty() {
         return Err(LlmError::Sampling("no token has a finite logit".into()));
     }
     // Most likely first; ties broken by the lower id so the order (and the draw) is deterministic.
-    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    c.sort_unstable_by(order);
+    c.sort_unstable_by(ranks_before::<f64>);
     if c[0].1 == f64::INFINITY {
         // A +inf logit takes all the mass (and with it every other +inf logit, equally).
         let n = c.iter().take_while(|x| x.1 == f64::INFINITY).count();
@@ -429,7 +498,7 @@ mod tests {
             .filter(|(_, x)| !x.is_nan() && **x != f32::NEG_INFINITY)
             .map(|(i, &x)| (i as u32, x as f64 / t))
             .collect();
-        let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let order = ranks_before::<f64>;
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, order);
             c.truncate(p.top_k);
@@ -512,6 +581,73 @@ mod tests {
             }
         }
         assert!(checked > 200, "{checked} cases");
+    }
+
+    #[test]
+    fn candidates_pick_what_the_whole_row_picks() {
+        use crate::runtime::candidates::candidates_of;
+        let mut rng = Rng::new(11);
+        let (mut decided, mut undecided) = (0, 0);
+        for n in [1, 5, 1000, 1025, 4099, 70000] {
+            for specials in [false, true] {
+                let logits = awkward_logits(&mut rng, n, specials);
+                for (t, top_k, top_p) in
+                    [(0.0, 0, 1.0), (1.0, 64, 0.95), (0.7, 3, 1.0), (1.3, 1, 1.0)]
+                {
+                    let p = SamplingParams {
+                        temperature: t,
+                        top_k,
+                        top_p,
+                        seed: Some(n as u64),
+                        ..SamplingParams::default()
+                    };
+                    let mut row = Sampler::new(p.clone()).unwrap();
+                    let mut cands = Sampler::new(p).unwrap();
+                    let k = cands.candidates_wanted().unwrap();
+                    let c = candidates_of(&logits, k);
+                    for draw in 0..8 {
+                        let want = row.sample(&logits, &[]);
+                        match cands.sample_candidates(&c).unwrap() {
+                            Some(got) => {
+                                assert_eq!(Some(got), want.ok(), "n {n} k {k} t {t} draw {draw}");
+                                decided += 1;
+                            }
+                            // Nothing drawn: the row decides, with the same RNG.
+                            None => {
+                                assert!(!c.complete());
+                                assert_eq!(
+                                    cands.sample(&logits, &[]).ok(),
+                                    want.ok(),
+                                    "n {n} k {k} t {t} draw {draw}"
+                                );
+                                undecided += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Gathered for a smaller k, or wanted with a penalty: the row decides.
+        let logits = awkward_logits(&mut rng, 3000, false);
+        let mut s = Sampler::new(SamplingParams::default()).unwrap();
+        assert_eq!(
+            s.sample_candidates(&candidates_of(&logits, 8)).unwrap(),
+            None
+        );
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 1.1,
+            ..SamplingParams::default()
+        })
+        .unwrap();
+        assert_eq!(s.candidates_wanted(), None);
+        assert_eq!(
+            s.sample_candidates(&candidates_of(&logits, 64)).unwrap(),
+            None
+        );
+        assert!(
+            decided > 300 && undecided > 0,
+            "{decided} decided, {undecided} not"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! executor (CPU reference or GPU) runs it, and this adapter moves values between the method's
 //! memory and the graph's inputs and outputs.
 
-use super::{Backend, DelegateExecutor, HostTensor, Memory, Value};
+use super::{Backend, Candidates, DelegateExecutor, HostTensor, Memory, Value};
 use crate::ir::{self, Io};
 use crate::pte::{BackendDelegate, NamedData};
 use crate::runtime::tensor::{from_f64, from_i64, to_f64, to_i64};
@@ -22,6 +22,31 @@ pub trait FrontEnd: Send + Sync {
 /// Runs IR graphs; implemented by the CPU executor and the GPU executor.
 pub trait IrExecutor: Send {
     fn run(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<HostTensor>, String>;
+
+    /// Whether `run_candidates` can reduce output `output`.
+    fn candidates_supported(&self, _output: usize) -> bool {
+        false
+    }
+
+    /// A call as `run` makes it, with output `output`'s last row handed back as its sampling
+    /// candidates for `k` (`runtime::candidates`) and an empty tensor in its place; `None`
+    /// where this executor cannot.
+    #[allow(clippy::type_complexity)]
+    fn run_candidates(
+        &mut self,
+        _inputs: &[ir::InputValue],
+        _output: usize,
+        _k: usize,
+    ) -> Option<Result<(Vec<HostTensor>, Candidates), String>> {
+        None
+    }
+
+    /// Output `output` of the last call in full (what `run_candidates` left out).
+    fn read_output(&mut self, output: usize) -> Result<HostTensor, String> {
+        Err(format!(
+            "output {output}: this executor hands back every output with its call"
+        ))
+    }
 }
 
 impl IrExecutor for ir::cpu::CpuExecutor {
@@ -229,6 +254,26 @@ impl IrExecutor for crate::gpu::GpuExecutor {
     fn run(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<HostTensor>, String> {
         crate::gpu::GpuExecutor::run(self, inputs).map_err(|e| e.to_string())
     }
+
+    fn candidates_supported(&self, output: usize) -> bool {
+        self.candidates_check(output).is_ok()
+    }
+
+    fn run_candidates(
+        &mut self,
+        inputs: &[ir::InputValue],
+        output: usize,
+        k: usize,
+    ) -> Option<Result<(Vec<HostTensor>, Candidates), String>> {
+        Some(
+            crate::gpu::GpuExecutor::run_candidates(self, inputs, output, k)
+                .map_err(|e| e.to_string()),
+        )
+    }
+
+    fn read_output(&mut self, output: usize) -> Result<HostTensor, String> {
+        crate::gpu::GpuExecutor::read_output(self, output).map_err(|e| e.to_string())
+    }
 }
 
 /// The GPU executor factory on an opened device.
@@ -410,17 +455,53 @@ impl IrExecutor for SharedGpu {
             .0
             .lock()
             .map_err(|_| "GPU executor poisoned".to_string())?;
-        p.last = inputs
-            .iter()
-            .map(|v| match v {
-                ir::InputValue::Tensor { shape, data } => {
-                    OwnedInput::Tensor(shape.clone(), data.to_vec())
-                }
-                ir::InputValue::Sym(s) => OwnedInput::Sym(*s),
-            })
-            .collect();
+        p.last = owned_inputs(inputs);
         p.exec.run(inputs).map_err(|e| e.to_string())
     }
+
+    fn candidates_supported(&self, output: usize) -> bool {
+        self.0
+            .lock()
+            .is_ok_and(|p| p.exec.candidates_check(output).is_ok())
+    }
+
+    fn run_candidates(
+        &mut self,
+        inputs: &[ir::InputValue],
+        output: usize,
+        k: usize,
+    ) -> Option<Result<(Vec<HostTensor>, Candidates), String>> {
+        let mut p = match self.0.lock() {
+            Ok(p) => p,
+            Err(_) => return Some(Err("GPU executor poisoned".into())),
+        };
+        p.last = owned_inputs(inputs);
+        Some(
+            p.exec
+                .run_candidates(inputs, output, k)
+                .map_err(|e| e.to_string()),
+        )
+    }
+
+    fn read_output(&mut self, output: usize) -> Result<HostTensor, String> {
+        let mut p = self
+            .0
+            .lock()
+            .map_err(|_| "GPU executor poisoned".to_string())?;
+        p.exec.read_output(output).map_err(|e| e.to_string())
+    }
+}
+
+fn owned_inputs(inputs: &[ir::InputValue]) -> Vec<OwnedInput> {
+    inputs
+        .iter()
+        .map(|v| match v {
+            ir::InputValue::Tensor { shape, data } => {
+                OwnedInput::Tensor(shape.clone(), data.to_vec())
+            }
+            ir::InputValue::Sym(s) => OwnedInput::Sym(*s),
+        })
+        .collect()
 }
 
 impl ProfiledGpu {

@@ -5,11 +5,13 @@
 //! in mutable buffers survive), constants are zero-copy views of the file, kernels are looked up by
 //! operator name in `kernels`, and delegate calls go through a `BackendRegistry`.
 
+pub mod candidates;
 pub mod delegate;
 pub mod kernels;
 pub mod tensor;
 pub mod whole;
 
+pub use candidates::Candidates;
 pub use tensor::{DType, HostTensor, Storage, Tensor, TensorIn};
 
 /// ||a - b|| / ||b||, in f64: how far one run's outputs are from another's (the conformance
@@ -457,6 +459,59 @@ impl Method {
 
     /// Runs the method. Tensor inputs must match the declared dtype and fit the declared bounds.
     pub fn execute(&mut self, inputs: &[HostTensor]) -> Result<Vec<Output>> {
+        Ok(self.execute_inner(inputs, None)?.0)
+    }
+
+    /// Whether `execute_candidates` can reduce output `output`: a whole-method graph on an
+    /// executor that reduces rows (the GPU's).
+    pub fn supports_candidates(&self, output: usize) -> bool {
+        self.whole
+            .as_ref()
+            .is_some_and(|w| w.candidates_supported(output))
+    }
+
+    /// Runs the method as `execute` does, but hands back output `output`'s last row as its
+    /// sampling candidates for `k` (`candidates`): that output's place holds an empty tensor,
+    /// and `read_output` reads it in full until the next call.
+    pub fn execute_candidates(
+        &mut self,
+        inputs: &[HostTensor],
+        output: usize,
+        k: usize,
+    ) -> Result<(Vec<Output>, Candidates)> {
+        if !self.supports_candidates(output) {
+            return Err(RuntimeError::Other(format!(
+                "method `{}`: output {output} cannot be reduced to candidates here",
+                self.plan.name
+            )));
+        }
+        let (outs, c) = self.execute_inner(inputs, Some((output, k)))?;
+        let c = c.ok_or_else(|| RuntimeError::Other("candidates missing after a call".into()))?;
+        Ok((outs, c))
+    }
+
+    /// Output `output` of the last call of a whole-method graph, read again in full (what
+    /// `execute_candidates` left out).
+    pub fn read_output(&mut self, output: usize) -> Result<Output> {
+        let method = self.plan.name.clone();
+        let exec = self
+            .whole
+            .as_mut()
+            .ok_or_else(|| RuntimeError::Other(format!("method `{method}` does not run whole")))?;
+        let h = exec
+            .read_output(output)
+            .map_err(|m| RuntimeError::Other(format!("method `{method}`: {m}")))?;
+        let vid = *self.plan.outputs.get(output).ok_or_else(|| {
+            RuntimeError::Other(format!("method `{method}` has no output {output}"))
+        })?;
+        Ok(Output::Tensor(self.whole_output(h, vid)))
+    }
+
+    fn execute_inner(
+        &mut self,
+        inputs: &[HostTensor],
+        cands: Option<(usize, usize)>,
+    ) -> Result<(Vec<Output>, Option<Candidates>)> {
         let method = self.plan.name.clone();
         if inputs.len() != self.plan.inputs.len() {
             return Err(RuntimeError::Other(format!(
@@ -476,7 +531,7 @@ impl Method {
         }
 
         if self.whole.is_some() {
-            return self.execute_whole(inputs);
+            return self.execute_whole(inputs, cands);
         }
 
         let mut pc = 0usize;
@@ -539,11 +594,16 @@ impl Method {
             .iter()
             .map(|&o| self.output(o))
             .collect::<std::result::Result<Vec<_>, String>>()
+            .map(|outs| (outs, None))
             .map_err(|m| RuntimeError::Other(format!("method `{method}` output: {m}")))
     }
 
     /// One call of the whole-method graph; inputs were checked and stored by `set_input`.
-    fn execute_whole(&mut self, inputs: &[HostTensor]) -> Result<Vec<Output>> {
+    fn execute_whole(
+        &mut self,
+        inputs: &[HostTensor],
+        cands: Option<(usize, usize)>,
+    ) -> Result<(Vec<Output>, Option<Candidates>)> {
         let method = self.plan.name.clone();
         let vals: Vec<crate::ir::InputValue> = self
             .plan
@@ -562,22 +622,35 @@ impl Method {
             .whole
             .as_mut()
             .ok_or_else(|| RuntimeError::Other("no whole-method graph".into()))?;
-        let outs = exec
-            .run(&vals)
-            .map_err(|m| RuntimeError::Other(format!("method `{method}`: {m}")))?;
-        outs.into_iter()
+        let err = |m: String| RuntimeError::Other(format!("method `{method}`: {m}"));
+        let (outs, c) = match cands {
+            None => (exec.run(&vals).map_err(err)?, None),
+            Some((output, k)) => {
+                let (outs, c) = exec
+                    .run_candidates(&vals, output, k)
+                    .unwrap_or_else(|| Err("this executor does not reduce outputs".into()))
+                    .map_err(err)?;
+                (outs, Some(c))
+            }
+        };
+        let outs = outs
+            .into_iter()
             .zip(&self.plan.outputs)
-            .map(|(mut h, &vid)| {
-                // Integer widths are not converted inside the graph.
-                if let Value::Tensor(t) = &self.mem.values[vid] {
-                    if t.dtype != h.dtype && !t.dtype.is_float() && !h.dtype.is_float() {
-                        h.data = tensor::from_i64(t.dtype, &tensor::to_i64(h.dtype, &h.data));
-                        h.dtype = t.dtype;
-                    }
-                }
-                Ok(Output::Tensor(h))
-            })
-            .collect()
+            .map(|(h, &vid)| Output::Tensor(self.whole_output(h, vid)))
+            .collect();
+        Ok((outs, c))
+    }
+
+    /// A whole-method graph's output as the method declares it: integer widths are not
+    /// converted inside the graph.
+    fn whole_output(&self, mut h: HostTensor, vid: usize) -> HostTensor {
+        if let Value::Tensor(t) = &self.mem.values[vid] {
+            if t.dtype != h.dtype && !t.dtype.is_float() && !h.dtype.is_float() {
+                h.data = tensor::from_i64(t.dtype, &tensor::to_i64(h.dtype, &h.data));
+                h.dtype = t.dtype;
+            }
+        }
+        h
     }
 
     fn set_input(

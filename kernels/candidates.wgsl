@@ -1,0 +1,106 @@
+// A row of logits reduced to its sampling candidates (src/runtime/candidates.rs says why and
+// holds the reference): every logit at or above the k-th largest of the row's block maxima.
+// `block_max` leaves one maximum a block; `gather` ranks them, and each block that reaches the
+// threshold appends its logits that do to the list by an atomic count. The host reads the count
+// and the list; past CAP logits it reads the row instead.
+//
+// `c`: [0] the count, then CAP (id, logit bits) pairs, then one maximum a block (its bits).
+
+struct Params {
+    // The row's first element in x, its length, k, CAP, and its blocks.
+    row: u32,
+    n: u32,
+    k: u32,
+    cap: u32,
+    blocks: u32,
+}
+
+const BLOCK: u32 = 1024u;
+const WG: u32 = 256u;
+// src/runtime/candidates.rs MAX_BLOCKS.
+const MAX_BLOCKS: u32 = 2048u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read_write> c: array<atomic<u32>>;
+@group(0) @binding(3) var<storage, read> x: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
+var<workgroup> maxima: array<f32, MAX_BLOCKS>;
+var<workgroup> thr: f32;
+
+// The larger of m and v, NaN never (v > m is false for a NaN v, and m is never NaN).
+fn larger(m: f32, v: f32) -> f32 {
+    return select(m, v, v > m);
+}
+
+@compute @workgroup_size(256)
+fn block_max(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let b = wg.x;
+    var m = bitcast<f32>(0xff800000u);
+    for (var j = 0u; j < BLOCK; j += WG) {
+        let i = b * BLOCK + j + li;
+        if i < p.n {
+            m = larger(m, x[p.row + i]);
+        }
+    }
+    red[li] = m;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if li < s {
+            red[li] = larger(red[li], red[li + s]);
+        }
+        workgroupBarrier();
+    }
+    if li == 0u {
+        atomicStore(&c[1u + 2u * p.cap + b], bitcast<u32>(red[0]));
+        // The count starts again each call; `gather` is the next dispatch.
+        if b == 0u {
+            atomicStore(&c[0], 0u);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let b = wg.x;
+    let NEG_INF = bitcast<f32>(0xff800000u);
+    let base = 1u + 2u * p.cap;
+    for (var i = li; i < p.blocks; i += WG) {
+        maxima[i] = bitcast<f32>(atomicLoad(&c[base + i]));
+    }
+    if li == 0u {
+        // Fewer than k blocks: every logit but -inf is a candidate.
+        thr = NEG_INF;
+    }
+    workgroupBarrier();
+    // Each maximum's rank (larger first, ties by block): the one ranked k - 1 is the threshold.
+    for (var i = li; i < p.blocks; i += WG) {
+        let m = maxima[i];
+        var rank = 0u;
+        for (var j = 0u; j < p.blocks; j++) {
+            let o = maxima[j];
+            rank += select(0u, 1u, o > m || (o == m && j < i));
+        }
+        if rank + 1u == p.k {
+            thr = m;
+        }
+    }
+    workgroupBarrier();
+    let t = thr;
+    if maxima[b] < t {
+        return;
+    }
+    for (var j = 0u; j < BLOCK; j += WG) {
+        let i = b * BLOCK + j + li;
+        if i < p.n {
+            let v = x[p.row + i];
+            if v >= t && v != NEG_INF {
+                let at = atomicAdd(&c[0], 1u);
+                if at < p.cap {
+                    atomicStore(&c[1u + 2u * at], i);
+                    atomicStore(&c[2u + 2u * at], bitcast<u32>(v));
+                }
+            }
+        }
+    }
+}

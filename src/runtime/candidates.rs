@@ -1,0 +1,118 @@
+//! A row of logits reduced to the few that sampling can pick (`kernels/candidates.wgsl` makes
+//! them on the GPU; [`candidates_of`] is the reference): every logit at or above a threshold
+//! that at least `k` of them reach. A 262144-token row is 1 MB to read back and scan on the
+//! host every token; its candidates are a few hundred pairs.
+//!
+//! The threshold is the k-th largest of the row's block maxima ([`BLOCK`] logits a block): k
+//! blocks reach it, each with a logit at least that large, so the k best logits (by value, ties
+//! by the lower id) are all at or above it, and so is every logit equal to the k-th. Top-k (and
+//! the argmax, k = 1) over the candidates is then exactly top-k over the row.
+
+/// Logits a block maximum covers: one GPU workgroup's share.
+pub const BLOCK: usize = 1024;
+
+/// Most candidates a call stores; past it they are counted only (`found`), and the caller
+/// reads the whole row.
+pub const CAPACITY: usize = 1024;
+
+/// Most blocks a row may have (the GPU ranks their maxima in workgroup memory): rows of up to
+/// 2M logits.
+pub const MAX_BLOCKS: usize = 2048;
+
+/// One row's candidates, in no particular order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Candidates {
+    /// (token id, logit) pairs; never NaN or -inf.
+    pub pairs: Vec<(u32, f32)>,
+    /// How many logits reached the threshold: more than `pairs.len()` when they overflowed
+    /// [`CAPACITY`].
+    pub found: usize,
+    /// The k they were gathered for.
+    pub k: usize,
+}
+
+impl Candidates {
+    /// Whether they hold every logit that reached the threshold, and at least one.
+    pub fn complete(&self) -> bool {
+        self.found == self.pairs.len() && self.found > 0
+    }
+}
+
+/// The threshold for `k`: the k-th largest of `row`'s block maxima (NaN ignored), or -inf when
+/// there are fewer than k blocks.
+pub fn threshold(row: &[f32], k: usize) -> f32 {
+    let mut maxima: Vec<f32> = row
+        .chunks(BLOCK)
+        .map(|b| {
+            b.iter()
+                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+        })
+        .collect();
+    if k == 0 || k > maxima.len() {
+        return f32::NEG_INFINITY;
+    }
+    maxima.sort_unstable_by(|a, b| b.total_cmp(a));
+    maxima[k - 1]
+}
+
+/// The reference: `row`'s candidates for `k`, in id order, stored up to [`CAPACITY`].
+pub fn candidates_of(row: &[f32], k: usize) -> Candidates {
+    let t = threshold(row, k);
+    let all: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .filter(|(_, &x)| x >= t && x != f32::NEG_INFINITY)
+        .map(|(i, &x)| (i as u32, x))
+        .collect();
+    let found = all.len();
+    let mut pairs = all;
+    pairs.truncate(CAPACITY);
+    Candidates { pairs, found, k }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_k_best_are_always_among_the_candidates() {
+        // Blocks whose maxima tie, a block of NaN, -inf and +inf, a short last block.
+        let mut row: Vec<f32> = (0..5000)
+            .map(|i| ((i * 7919) % 1013) as f32 / 50.0)
+            .collect();
+        row[10..1034].fill(f32::NAN);
+        row[2100] = f32::NEG_INFINITY;
+        row[4999] = f32::INFINITY;
+        for k in [1, 2, 3, 4, 5, 6] {
+            let c = candidates_of(&row, k);
+            let mut sorted: Vec<(u32, f32)> = row
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| !x.is_nan() && **x != f32::NEG_INFINITY)
+                .map(|(i, &x)| (i as u32, x))
+                .collect();
+            sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            for best in &sorted[..k.min(sorted.len())] {
+                assert!(c.pairs.contains(best), "k {k}: {best:?} missing");
+            }
+            assert!(c.pairs.iter().all(|p| !p.1.is_nan()));
+        }
+        // 5 blocks: k = 6 admits every finite logit, more than the capacity holds.
+        let c = candidates_of(&row, 6);
+        assert_eq!(c.found, 5000 - 1024 - 1);
+        assert_eq!(c.pairs.len(), CAPACITY);
+        assert!(!c.complete());
+        assert!(candidates_of(&row, 1).complete());
+        assert_eq!(candidates_of(&row, 1).pairs, vec![(4999, f32::INFINITY)]);
+    }
+
+    #[test]
+    fn rows_without_a_finite_logit_have_no_candidates() {
+        let row = vec![f32::NAN; 3000];
+        assert_eq!(threshold(&row, 1), f32::NEG_INFINITY);
+        let c = candidates_of(&row, 1);
+        assert_eq!((c.found, c.complete()), (0, false));
+        let row = vec![f32::NEG_INFINITY; 10];
+        assert!(!candidates_of(&row, 1).complete());
+    }
+}
