@@ -4027,7 +4027,11 @@ fn grid_barrier_counts_every_round_and_gives_up_without_residency() {
 fn candidates_match_the_reference() {
     use pteria::gpu::bench::{model_like_logits, row_graph};
     use pteria::runtime::candidates::{candidates_of, CAPACITY};
-    let Some(ctx) = ctx() else { return };
+    // A device of its own: the other tests' calls would reuse the activation buffers that
+    // `read_output` reads from.
+    let Some(ctx) = open(ContextOptions::default()) else {
+        return;
+    };
     let mut rng = Rng::new(41);
     let awkward = |rng: &mut Rng, n: usize| -> Vec<f32> {
         (0..n)
@@ -4104,6 +4108,11 @@ fn candidates_match_the_reference() {
         }
         // A plain call after them reads the whole output again.
         assert_eq!(gpu.run(&inputs).unwrap().remove(0), full, "{what}");
+        // Another executor's call may reuse its buffers: reading back is then refused.
+        let mut other = GpuExecutor::new(ctx.clone(), row_graph(&[1.0, 2.0], 1)).unwrap();
+        other.run(&inputs).unwrap();
+        let e = gpu.read_output(0).unwrap_err().to_string();
+        assert!(e.contains("another call"), "{what}: {e}");
     }
     assert!(complete > 20, "{complete} complete");
 }

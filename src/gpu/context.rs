@@ -239,6 +239,9 @@ pub struct Context {
     shared: Mutex<HashMap<usize, Vec<wgpu::Buffer>>>,
     /// Held while an executor uses the shared buffers, so that executors on other threads wait.
     turn: Mutex<()>,
+    /// Calls made on the shared buffers so far: an output read after its call is that call's
+    /// only while no other has run.
+    calls: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -382,6 +385,7 @@ impl Context {
             pipelines: Mutex::default(),
             shared: Mutex::default(),
             turn: Mutex::default(),
+            calls: Default::default(),
         })
     }
 
@@ -394,6 +398,18 @@ impl Context {
     /// Exclusive use of the shared buffers for one call.
     pub(crate) fn turn(&self) -> MutexGuard<'_, ()> {
         lock(&self.turn)
+    }
+
+    /// Counts a call (made under `turn`) and returns its number.
+    pub(crate) fn count_call(&self) -> u64 {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
+    }
+
+    /// The number of the last call counted.
+    pub(crate) fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn shared_buffer(

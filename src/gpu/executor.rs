@@ -193,6 +193,8 @@ pub struct GpuExecutor {
     recordings: Vec<(Vec<Vec<usize>>, Recording)>,
     /// The recording the last call ran (index into `recordings`).
     last_rec: Option<usize>,
+    /// The context's number for the last call (`Context::count_call`).
+    last_call: u64,
     plans: PlanCache,
     /// The next call's commands, encoded ahead (see `run`), unless PTERIA_ENCODE_AHEAD=0.
     ready: Option<Ready>,
@@ -379,6 +381,7 @@ impl GpuExecutor {
             bind_groups: HashMap::new(),
             recordings: Vec::new(),
             last_rec: None,
+            last_call: 0,
             plans,
             ready: None,
             encode_ahead: std::env::var("PTERIA_ENCODE_AHEAD").map_or(true, |v| v != "0"),
@@ -581,10 +584,17 @@ impl GpuExecutor {
         Ok(())
     }
 
-    /// Output `output` of the last call, read from the GPU: what `run_candidates` left out.
+    /// Output `output` of the last call, read from the GPU: what `run_candidates` left out. An
+    /// error once another call has run on this context (executors share activation buffers).
     pub fn read_output(&mut self, output: usize) -> Result<HostTensor, GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
+        if ctx.calls() != self.last_call {
+            return Err(GpuError::Device(format!(
+                "output {output}: another call on this device has run since this executor's \
+                 last, and may have overwritten it"
+            )));
+        }
         let rec = self
             .last_rec
             .and_then(|i| self.recordings.get(i))
@@ -656,6 +666,7 @@ impl GpuExecutor {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
         let t_start = std::time::Instant::now();
+        self.last_call = ctx.count_call();
         let (plan, same) = self.plans.plan(&self.graph, inputs)?;
         self.clock += 1;
         let syms: Vec<i32> = plan
