@@ -31,13 +31,12 @@ pub trait IrExecutor: Send {
     /// A call as `run` makes it, with output `output`'s last row handed back as its sampling
     /// candidates for `k` (`runtime::candidates`) and an empty tensor in its place; `None`
     /// where this executor cannot.
-    #[allow(clippy::type_complexity)]
     fn run_candidates(
         &mut self,
         _inputs: &[ir::InputValue],
         _output: usize,
         _k: usize,
-    ) -> Option<Result<(Vec<HostTensor>, Candidates), String>> {
+    ) -> Option<CandidateRun> {
         None
     }
 
@@ -54,6 +53,9 @@ impl IrExecutor for ir::cpu::CpuExecutor {
         ir::cpu::CpuExecutor::run(self, inputs).map_err(|e| e.to_string())
     }
 }
+
+/// A call's outputs (the reduced one empty) and that output's candidates.
+pub type CandidateRun = Result<(Vec<HostTensor>, Candidates), String>;
 
 /// Builds an executor for a lowered graph (the device choice lives here, not in front ends).
 pub type ExecutorFactory =
@@ -264,7 +266,7 @@ impl IrExecutor for crate::gpu::GpuExecutor {
         inputs: &[ir::InputValue],
         output: usize,
         k: usize,
-    ) -> Option<Result<(Vec<HostTensor>, Candidates), String>> {
+    ) -> Option<CandidateRun> {
         Some(
             crate::gpu::GpuExecutor::run_candidates(self, inputs, output, k)
                 .map_err(|e| e.to_string()),
@@ -470,7 +472,7 @@ impl IrExecutor for SharedGpu {
         inputs: &[ir::InputValue],
         output: usize,
         k: usize,
-    ) -> Option<Result<(Vec<HostTensor>, Candidates), String>> {
+    ) -> Option<CandidateRun> {
         let mut p = match self.0.lock() {
             Ok(p) => p,
             Err(_) => return Some(Err("GPU executor poisoned".into())),
