@@ -42,6 +42,20 @@ fn kernel_bench_reports_every_shape_and_format() {
         let failed = g["failures"].as_u64().unwrap() + g["stale"].as_u64().unwrap() > 0;
         assert_eq!(g["us"].is_null(), failed, "{g}");
     }
+    // A token's pick from a GPU's row of logits, both ways; at top-k 64 at least 64 candidates,
+    // and few enough that the pick never reads the row (the bench fails if one does).
+    let picks = &v["picks"];
+    assert_eq!(picks["vocab"].as_u64(), Some(262144), "{picks}");
+    for t in [
+        "greedy_row_us",
+        "greedy_candidates_us",
+        "default_row_us",
+        "default_candidates_us",
+    ] {
+        assert!(picks[t].as_f64().unwrap() > 0.0, "{picks}");
+    }
+    let found = picks["default_found"].as_u64().unwrap();
+    assert!((64..=1024).contains(&found), "{picks}");
     let rows = v["matvec"].as_array().unwrap();
     assert_eq!(rows.len(), 6, "{v}");
     for r in rows {
