@@ -321,6 +321,7 @@ impl Runner {
             });
         }
         self.check_ids(tokens)?;
+        self.misses = 0;
         let mut out = Prefill::default();
         let extends = !self.stale
             && self.cached.len() <= tokens.len()
@@ -496,9 +497,6 @@ impl Runner {
                 }
                 // Candidates reduce the output's last dim: one row a token.
                 self.candidates = h.sizes.last() == Some(&vocab);
-                if t > 1 {
-                    self.misses = 0;
-                }
                 Ok(Logits::last_row(h, vocab))
             }
             _ => Err(LlmError::Unsupported(format!(
