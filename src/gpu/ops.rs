@@ -1239,6 +1239,17 @@ fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize, usiz
         return Some(t);
     }
     let quads = k / per_quad;
+    if n <= SIZED_ROWS {
+        // Measured on an H200 (`pteria bench --kernels`, 8da4w at E2B shapes, sweeps of
+        // PTERIA_MATVEC_TUNE): about 192k invocations in 256-wide workgroups, a row a team,
+        // beat one quad a lane in 64-wide ones by 3-12% a shape (1536->6144 9.14 -> 8.16 us,
+        // 12288->1536 13.53 -> 12.52). A team is never wider than the row's quads need.
+        let mut team = 4;
+        while team < 256 && team < quads && n * team * 2 <= 196_608 {
+            team *= 2;
+        }
+        return Some((team, 256, 1));
+    }
     // Measured on an H100: lanes with one quad each beat two (5.0 against 6.0 us per link of a
     // chain of dependent 1536x1536 4-bit mat-vecs); then fewer rows per team until 128k
     // invocations (E2B-shaped decode step 4.86 -> 4.77 ms of GPU time; 64k: 4.80, 256k: 4.78).
@@ -1254,6 +1265,9 @@ fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize, usiz
     }
     Some((team, team.max(64), rpt))
 }
+
+/// Rows up to which `quad_matvec` sizes for latency (more, an LM head, read for bandwidth).
+const SIZED_ROWS: usize = 65536;
 
 /// Subgroup runs a reduction reads after one barrier (common.wgsl `FLAT_RUNS`).
 const FLAT_RUNS: usize = 32;
