@@ -1206,14 +1206,14 @@ fn matvec_aligned(weight: Weight, k: usize) -> bool {
     }
 }
 
-/// `(TEAM, WG, RPT)` of the `matvec` kernel for a weight of `n` rows of `k`, or `None` where
-/// its 16-byte quads would straddle a group (or K). A team of lanes shares RPT rows and walks
-/// the quads TEAM apart. A decode mat-vec is latency-bound unless it reads hundreds of MB: so
-/// teams widen until each lane has one quad (or the team is 256 wide) while the grid is small,
-/// and teams own fewer rows (4, 2 or 1) until about 64k invocations share the work. A row's
-/// arithmetic depends on TEAM, not RPT. `PTERIA_MATVEC_TUNE=TEAM,WG[,RPT]` overrides, for
-/// benchmark sweeps.
-fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize, usize)> {
+/// `(TEAM, WG, RPT)` of the `matvec` kernel for a weight of `n` rows of `k` and `m` rows of x,
+/// or `None` where its 16-byte quads would straddle a group (or K). A team of lanes shares RPT
+/// rows and walks the quads TEAM apart. A mat-vec is latency-bound unless it reads hundreds of
+/// MB: up to `SIZED_ROWS` rows, teams of one row widen until the grid holds about as many
+/// invocations as measured best; more rows (an LM head) keep narrow teams of up to 4 rows. A
+/// row's arithmetic depends on TEAM, not RPT. `PTERIA_MATVEC_TUNE=TEAM,WG[,RPT]` overrides,
+/// for benchmark sweeps.
+fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, usize, usize)> {
     let per_quad = match weight {
         Weight::F32 => 4,
         Weight::Q4 { group } if group % 32 == 0 => 32,
@@ -1244,8 +1244,9 @@ fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize, usiz
         // PTERIA_MATVEC_TUNE): about 192k invocations in 256-wide workgroups, a row a team,
         // beat one quad a lane in 64-wide ones by 3-12% a shape (1536->6144 9.14 -> 8.16 us,
         // 12288->1536 13.53 -> 12.52). A team is never wider than the row's quads need.
+        let lanes = if m > 1 { MULTI_LANES } else { 196_608 };
         let mut team = 4;
-        while team < 256 && team < quads && n * team * 2 <= 196_608 {
+        while team < 256 && team < quads && n * team * 2 <= lanes {
             team *= 2;
         }
         return Some((team, 256, 1));
@@ -1265,6 +1266,13 @@ fn quad_matvec(weight: Weight, k: usize, n: usize) -> Option<(usize, usize, usiz
     }
     Some((team, team.max(64), rpt))
 }
+
+/// Invocations `quad_matvec` aims for where a mat-vec takes several rows of x (a prefill of up
+/// to `QUAD_MATVEC_MAX_M` tokens), each doing that many rows' work. Measured on an H200, the
+/// E2B-shaped program's prefill of 64 / 128 tokens: 27.4-27.7 / 42.8-43.0 ms at the single
+/// row's 196608, 24.9-25.2 / 38.1-39.2 at 98304, 23.7-23.9 / 35.4-35.9 at 49152, and the same
+/// at 24576 and 12288 (16 tokens: 14.5-15.7 ms at all of them).
+const MULTI_LANES: usize = 49_152;
 
 /// Rows up to which `quad_matvec` sizes for latency (more, an LM head, read for bandwidth).
 const SIZED_ROWS: usize = 65536;
@@ -1765,7 +1773,7 @@ pub const QUAD_MATVEC_MAX_M: usize = 128;
 
 /// Whether a linear of `m` rows of x (k → n) runs as a mat-vec rather than tiled.
 fn matvec_rows(weight: Weight, k: usize, n: usize, m: usize) -> bool {
-    let quad = !matches!(weight, Weight::F32) && quad_matvec(weight, k, n).is_some();
+    let quad = !matches!(weight, Weight::F32) && quad_matvec(weight, k, n, 1).is_some();
     matvec_aligned(weight, k) && (m <= MATVEC_MAX_M || (quad && m <= QUAD_MATVEC_MAX_M))
 }
 
@@ -1785,7 +1793,7 @@ pub(crate) fn glu_fused<'a>(env: &'a Env, lead: usize) -> Option<(usize, &'a [Ch
     let k = *env.shape(op.inputs[0]).last()?;
     let m = env.numel(op.inputs[0]).checked_div(k)?;
     let rows = env.shape(op.outputs[0]).last()? + env.shape(op2.outputs[0]).last()?;
-    let fused = matvec_rows(*weight, k, rows, m) && quad_matvec(*weight, k, rows).is_some();
+    let fused = matvec_rows(*weight, k, rows, m) && quad_matvec(*weight, k, rows, m).is_some();
     fused.then_some((c, steps.as_slice(), chain.inputs[0] == op.outputs[0]))
 }
 
@@ -1797,7 +1805,7 @@ fn int_x(weight: Weight, act_quant: crate::ir::ActQuant, k: usize, n: usize, m: 
     let xnn_exact = act_quant == crate::ir::ActQuant::Xnnpack && kind_q;
     act_quant != crate::ir::ActQuant::None
         && kind_q
-        && ((matvec && quad_matvec(weight, k, n).is_some())
+        && ((matvec && quad_matvec(weight, k, n, 1).is_some())
             || (xnn_exact && matvec_aligned(weight, k)))
 }
 
@@ -1904,7 +1912,7 @@ pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [C
         return None;
     };
     let per_quad = packed_quad(weight)?;
-    let (team, _, _) = quad_matvec(weight, k, n)?;
+    let (team, _, _) = quad_matvec(weight, k, n, 1)?;
     let shape = env.shape(by.outputs[0]);
     let storage = |t: TensorId| env.view_of[env.mem.root[t]];
     let ok = m == 1
@@ -1967,7 +1975,7 @@ pub(crate) fn norm_loaded<'a>(env: &'a Env, l: usize) -> Option<NormLoad<'a>> {
         return None;
     };
     let per_quad = packed_quad(weight)?;
-    let (team, _, _) = quad_matvec(weight, k, n)?;
+    let (team, _, _) = quad_matvec(weight, k, n, 1)?;
     let (norm_wg, lanes) = norm_workgroup(env, k / 4);
     let wg = norm_wg.div_ceil(team) * team;
     // Its workgroup arrays: the team sums' (a vec4 an invocation), the row's words as floats
@@ -2249,7 +2257,7 @@ fn linear(
             ("DERIVED_BIAS", b(derived)),
         ];
         let quad = if matvec {
-            quad_matvec(weight, k, nc)
+            quad_matvec(weight, k, nc, m)
         } else {
             None
         };
