@@ -1314,10 +1314,24 @@ fn gpu_decode_picks_from_candidates_what_whole_rows_pick() {
                 // The first token comes from the prompt's row; every later one from its step.
                 let picks = if full_logits { 0 } else { d.tokens.len() - 1 };
                 assert_eq!(r.candidate_picks(), picks, "{file} {params:?}");
-                runs.push((d.tokens, r.logits().unwrap().to_vec()));
+                // Decoding on with Gemma's defaults: candidates gathered for a smaller k (greedy,
+                // top-k 3) cannot decide its first pick, so that one reads the row.
+                let mut s2 = Sampler::new(sampled(64, 1.0, 21)).unwrap();
+                let d2 = r
+                    .decode(&mut s2, &no_stops(Some(5)), &never, &mut |_| Ok(()))
+                    .unwrap();
+                let decided = params.temperature > 0.0 && params.top_k >= 64;
+                let more = match (full_logits, decided) {
+                    (true, _) => 0,
+                    (false, true) => d2.tokens.len(),
+                    (false, false) => d2.tokens.len() - 1,
+                };
+                assert_eq!(r.candidate_picks(), picks + more, "{file} {params:?}");
+                runs.push((d.tokens, d2.tokens, r.logits().unwrap().to_vec()));
             }
             assert_eq!(runs[0].0, runs[1].0, "{file} {params:?}");
-            assert_eq!(runs[0].1, runs[1].1, "{file} {params:?}: the last row");
+            assert_eq!(runs[0].1, runs[1].1, "{file} {params:?}: decoding on");
+            assert_eq!(runs[0].2, runs[1].2, "{file} {params:?}: the last row");
         }
     }
 }
