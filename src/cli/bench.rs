@@ -270,14 +270,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             decode_total += dt;
         }
     }
-    let sampling = match &last_out {
-        Some(h) if h.dtype.is_float() => {
-            let v = pteria::runtime::tensor::to_f32(h.dtype, &h.data);
-            let row = h.sizes.last().copied().unwrap_or(0).min(v.len());
-            (row > 0)
-                .then(|| sample_cost(&v[v.len() - row..]))
-                .transpose()?
-        }
+    let sampling = match last_out.as_ref().and_then(last_row) {
+        Some(row) if !row.is_empty() => Some(sample_cost(&row)?),
         _ => None,
     };
     let timed = a.decode.saturating_sub(1).max(1) as f64;
@@ -670,6 +664,16 @@ fn pick_bench(ctx: &Arc<pteria::gpu::Context>) -> Result<PickBench> {
     })
 }
 
+/// The last row (last dim) of a float output as f32: what a pick reads.
+fn last_row(h: &pteria::runtime::HostTensor) -> Option<Vec<f32>> {
+    if !h.dtype.is_float() {
+        return None;
+    }
+    let v = pteria::runtime::tensor::to_f32(h.dtype, &h.data);
+    let n = h.sizes.last().copied().unwrap_or(0).min(v.len());
+    Some(v[v.len() - n..].to_vec())
+}
+
 /// A decode that picks each step's token and feeds it back (the chat's).
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 struct Picked {
@@ -706,13 +710,10 @@ fn picked_decode(
     };
     let row = |out: Output| -> Result<Vec<f32>> {
         match out {
-            Output::Tensor(h) if h.dtype.is_float() => {
-                let v = pteria::runtime::tensor::to_f32(h.dtype, &h.data);
-                let n = h.sizes.last().copied().unwrap_or(0).min(v.len());
-                Ok(v[v.len() - n..].to_vec())
-            }
-            _ => bail!("the first output is not a float tensor"),
+            Output::Tensor(h) => last_row(&h),
+            _ => None,
         }
+        .ok_or_else(|| anyhow::anyhow!("the first output is not a float tensor"))
     };
     let mut sampler = Sampler::new(pteria::llm::sampler::SamplingParams {
         seed: Some(1),

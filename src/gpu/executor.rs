@@ -610,25 +610,19 @@ impl GpuExecutor {
         let def = &self.graph.tensors[t];
         let numel: usize = shape.iter().product();
         let bytes = numel as u64 * elem_bytes(self.mem.repr[t], def.dtype.size());
-        let size = padded(bytes.div_ceil(4) * 4);
         let read = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("output"),
-            size,
+            size: padded(bytes.div_ceil(4) * 4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         let mut enc = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let (mut at, mut left) = (0u64, bytes.div_ceil(4) * 4);
-        for &b in &self.mem.place[self.mem.root[t]] {
-            let n = left.min(self.mem.buffers[b].size);
-            if n == 0 {
-                break;
-            }
+        let mut at = 0;
+        for (b, n) in self.output_pieces(t, bytes) {
             enc.copy_buffer_to_buffer(&self.buffers[b], 0, &read, at, n);
             at += n;
-            left -= n;
         }
         ctx.queue.submit([enc.finish()]);
         let data = read_back(&ctx, &read)?;
@@ -638,6 +632,22 @@ impl GpuExecutor {
             sizes: shape.clone(),
             data: from_repr(self.mem.repr[t], def.dtype, &data, numel),
         })
+    }
+
+    /// The (buffer, bytes) pieces holding output tensor `t`'s first `bytes`, in order (whole
+    /// words): what a call's readback copies, and `read_output`.
+    fn output_pieces(&self, t: crate::ir::TensorId, bytes: u64) -> Vec<(usize, u64)> {
+        let mut left = bytes.div_ceil(4) * 4;
+        let mut pieces = Vec::new();
+        for &b in &self.mem.place[self.mem.root[t]] {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(self.mem.buffers[b].size);
+            pieces.push((b, n));
+            left -= n;
+        }
+        pieces
     }
 
     fn run_with(
@@ -1101,15 +1111,9 @@ impl GpuExecutor {
             if want.is_some_and(|c| c.output == i) {
                 continue;
             }
-            let mut left = bytes.div_ceil(4) * 4;
-            for &b in &self.mem.place[self.mem.root[t]] {
-                if left == 0 {
-                    break;
-                }
-                let n = left.min(self.mem.buffers[b].size);
+            for (b, n) in self.output_pieces(t, bytes) {
                 copies.push((b, n, size));
                 size += n;
-                left -= n;
             }
         }
         let cands = want.map(|c| {
@@ -1346,11 +1350,17 @@ const CANDS_WORDS: u64 = (1 + 2 * candidates::CAPACITY + candidates::MAX_BLOCKS)
 
 /// The candidates a call left: its count, then (id, logit bits) pairs.
 fn read_candidates(bytes: &[u8], k: usize) -> Candidates {
-    let words: &[u32] = bytemuck::cast_slice(&bytes[..(1 + 2 * candidates::CAPACITY) * 4]);
-    let found = words[0] as usize;
-    let pairs = words[1..1 + 2 * found.min(candidates::CAPACITY)]
-        .chunks_exact(2)
-        .map(|p| (p[0], f32::from_bits(p[1])))
+    let word = |i: usize| {
+        u32::from_le_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ])
+    };
+    let found = word(0) as usize;
+    let pairs = (0..found.min(candidates::CAPACITY))
+        .map(|i| (word(1 + 2 * i), f32::from_bits(word(2 + 2 * i))))
         .collect();
     Candidates { pairs, found, k }
 }

@@ -102,8 +102,8 @@ pub struct Runner {
     /// A forward failed part-way, so the cache's contents are unknown until a reset.
     stale: bool,
     resets: usize,
-    /// Decode steps may hand back candidates (`RunnerConfig::full_logits` off, and the last
-    /// whole output was one row of logits a token).
+    /// Decode steps may hand back candidates: the method can reduce its output, and the last
+    /// whole output was one row of logits a token.
     candidates: bool,
     full_logits: bool,
     /// Picks in a row that the candidates did not decide (the row read too): at
@@ -474,7 +474,7 @@ impl Runner {
             source,
         };
         let vocab = self.meta.vocab_size;
-        if let Some(k) = k.filter(|_| self.candidates && method.supports_candidates(0)) {
+        if let Some(k) = k.filter(|_| self.candidates) {
             let (_, c) = method.execute_candidates(&[tok, pos], 0, k).map_err(err)?;
             if let Some(&(id, _)) = c.pairs.iter().find(|p| p.0 as usize >= vocab) {
                 return Err(LlmError::Unsupported(format!(
@@ -495,8 +495,9 @@ impl Runner {
                         h.sizes
                     )));
                 }
-                // Candidates reduce the output's last dim: one row a token.
-                self.candidates = h.sizes.last() == Some(&vocab);
+                // Candidates reduce the output's last dim: one row a token. Asked here, once a
+                // whole row, not on every decode step.
+                self.candidates = h.sizes.last() == Some(&vocab) && method.supports_candidates(0);
                 Ok(Logits::last_row(h, vocab))
             }
             _ => Err(LlmError::Unsupported(format!(
