@@ -4,7 +4,12 @@
 // threshold appends its logits that do to the list by an atomic count. The host reads the count
 // and the list; past CAP logits it reads the row instead.
 //
-// `c`: [0] the count, then CAP (id, logit bits) pairs, then one maximum a block (its bits).
+// `pick` (greedy decoding) finds the row's first largest logit from the blocks' maxima: the
+// first block whose maximum is the row's, then the first logit in it equal to that.
+//
+// `c`: [0] the count, then CAP (id, logit bits) pairs, then the pick (NONE where the row is all
+// NaN), then the pick again or 0 (what a fed call reads as its token), then one maximum a block
+// (its bits).
 
 struct Params {
     // The row's first element in x, its length, k, CAP, and its blocks.
@@ -52,7 +57,7 @@ fn block_max(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         workgroupBarrier();
     }
     if li == 0u {
-        atomicStore(&c[1u + 2u * p.cap + b], bitcast<u32>(red[0]));
+        atomicStore(&c[3u + 2u * p.cap + b], bitcast<u32>(red[0]));
         // The count starts again each call; `gather` is the next dispatch.
         if b == 0u {
             atomicStore(&c[0], 0u);
@@ -64,7 +69,7 @@ fn block_max(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let b = wg.x;
     let NEG_INF = bitcast<f32>(0xff800000u);
-    let base = 1u + 2u * p.cap;
+    let base = 3u + 2u * p.cap;
     for (var i = li; i < p.blocks; i += WG) {
         maxima[i] = bitcast<f32>(atomicLoad(&c[base + i]));
     }
@@ -102,5 +107,71 @@ fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
                 }
             }
         }
+    }
+}
+
+const NONE: u32 = 0xffffffffu;
+
+var<workgroup> first_block: atomic<u32>;
+var<workgroup> hit: atomic<u32>;
+var<workgroup> hit_now: u32;
+
+// One workgroup, after `block_max`: the first position of the row's largest logit, NaN never
+// (src/runtime/candidates.rs `first_max`, the sampler's argmax).
+@compute @workgroup_size(256)
+fn pick(@builtin(local_invocation_index) li: u32) {
+    let base = 3u + 2u * p.cap;
+    var m = bitcast<f32>(0xff800000u);
+    for (var i = li; i < p.blocks; i += WG) {
+        let v = bitcast<f32>(atomicLoad(&c[base + i]));
+        maxima[i] = v;
+        m = larger(m, v);
+    }
+    red[li] = m;
+    if li == 0u {
+        atomicStore(&first_block, NONE);
+        atomicStore(&hit, NONE);
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if li < s {
+            red[li] = larger(red[li], red[li + s]);
+        }
+        workgroupBarrier();
+    }
+    let top = red[0];
+    for (var i = li; i < p.blocks; i += WG) {
+        if maxima[i] == top {
+            atomicMin(&first_block, i);
+        }
+    }
+    workgroupBarrier();
+    // A block whose maximum is the row's holds it, unless that maximum is the -inf a block of
+    // NaN starts from: then the whole row is searched below.
+    let b = atomicLoad(&first_block);
+    if b != NONE {
+        for (var j = li; j < BLOCK; j += WG) {
+            let i = b * BLOCK + j;
+            if i < p.n && x[p.row + i] == top {
+                atomicMin(&hit, i);
+            }
+        }
+    }
+    workgroupBarrier();
+    if li == 0u {
+        hit_now = atomicLoad(&hit);
+    }
+    if workgroupUniformLoad(&hit_now) == NONE {
+        for (var i = li; i < p.n; i += WG) {
+            if x[p.row + i] == top {
+                atomicMin(&hit, i);
+            }
+        }
+        workgroupBarrier();
+    }
+    if li == 0u {
+        let h = atomicLoad(&hit);
+        atomicStore(&c[1u + 2u * p.cap], h);
+        atomicStore(&c[2u + 2u * p.cap], select(h, 0u, h == NONE));
     }
 }

@@ -4055,6 +4055,30 @@ fn candidates_match_the_reference() {
         ),
         ("all NaN".into(), vec![f32::NAN; 3000], 1),
         ("three rows".into(), model_like_logits(3 * 5000, 4), 3),
+        // The pick's search past the first block whose maximum is the row's: a block of NaN
+        // keeps -inf as its maximum, and the first -inf lies two blocks on.
+        (
+            "NaN, then -inf".into(),
+            (0..4000)
+                .map(|i| match i {
+                    2500 | 3000 => f32::NEG_INFINITY,
+                    _ => f32::NAN,
+                })
+                .collect(),
+            1,
+        ),
+        (
+            "signed zeros".into(),
+            (0..3000)
+                .map(|i| match i {
+                    1100 => -0.0,
+                    1500 => 0.0,
+                    _ if i % 3 == 0 => f32::NAN,
+                    _ => -1.0,
+                })
+                .collect(),
+            1,
+        ),
     ];
     for n in [1, 7, 1024, 1025, 4099, 70000] {
         cases.push((format!("awkward {n}"), awkward(&mut rng, n), 1));
@@ -4084,6 +4108,8 @@ fn candidates_match_the_reference() {
             let want = candidates_of(&row, k);
             assert_eq!(got.found, want.found, "{what} k {k}");
             assert_eq!(got.k, k);
+            // k = 1: the greedy pick over the whole row, overflowed or not.
+            assert_eq!(got.first, want.first, "{what} k {k}: the pick");
             let mut pairs = got.pairs.clone();
             pairs.sort_by_key(|p| p.0);
             let same =
@@ -4115,4 +4141,143 @@ fn candidates_match_the_reference() {
         assert!(e.contains("another call"), "{what}: {e}");
     }
     assert!(complete > 20, "{complete} complete");
+}
+
+/// A row of `vocab` logits per token whose largest lies at `next(token)`: an embedding of a
+/// table built so, with its id input.
+fn successor_graph(vocab: usize) -> (Graph, impl Fn(u32) -> u32) {
+    let next = move |t: u32| (t * 7 + 3) % vocab as u32;
+    let mut rng = Rng::new(77);
+    let mut table = vec![0f32; vocab * vocab];
+    for t in 0..vocab {
+        for v in 0..vocab {
+            table[t * vocab + v] = rng.f() * 4.0 - 2.0;
+        }
+        table[t * vocab + next(t as u32) as usize] = 9.0;
+    }
+    let bytes: Vec<u8> = table.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut g = Graph::default();
+    let ids = g.add_tensor("ids", DType::I64, vec![1, 1], Role::Input(0));
+    g.inputs.push(Io::Tensor(ids));
+    let w = g.add_tensor(
+        "w",
+        DType::F32,
+        vec![vocab, vocab],
+        Role::Constant(Blob::whole(Arc::new(Bytes::Owned(bytes)))),
+    );
+    let y = g.add_tensor("y", DType::F32, vec![1, 1, vocab], Role::Activation);
+    g.op(
+        OpKind::Embedding {
+            weight: Weight::F32,
+        },
+        vec![w, ids],
+        vec![y],
+    );
+    g.outputs.push(y);
+    (g, next)
+}
+
+/// Greedy decode steps one ahead: a call copies its pick into the next call's token on the
+/// device, two calls in flight, each finished with its own candidates; and the misuses refused.
+#[test]
+fn fed_calls_take_the_last_calls_pick() {
+    // A device of its own: `read_output` below must see only this test's calls.
+    let Some(ctx) = open(ContextOptions::default()) else {
+        return;
+    };
+    let vocab = 1500;
+    let (g, next) = successor_graph(vocab);
+    let mut gpu = GpuExecutor::new(ctx.clone(), g).unwrap();
+    let token = |t: i64| t.to_le_bytes().to_vec();
+    fn call(bytes: &[u8]) -> [InputValue<'_>; 1] {
+        [InputValue::Tensor {
+            shape: vec![1, 1],
+            data: bytes,
+        }]
+    }
+    let (five, junk) = (token(5), token(1234));
+    // Not fed: the host's token. Then fed: the placeholder is not read.
+    gpu.start_candidates(&call(&five), 0, 1, Some(0), false)
+        .unwrap();
+    let mut want = next(5);
+    for step in 0..6 {
+        gpu.start_candidates(&call(&junk), 0, 1, Some(0), true)
+            .unwrap();
+        assert_eq!(gpu.in_flight(), 2);
+        let e = gpu
+            .start_candidates(&call(&junk), 0, 1, Some(0), true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("in flight"), "{e}");
+        let e = gpu.run(&call(&five)).unwrap_err().to_string();
+        assert!(e.contains("in flight"), "{e}");
+        let e = gpu.read_output(0).unwrap_err().to_string();
+        assert!(e.contains("in flight"), "{e}");
+        let (outs, c) = gpu.finish_candidates().unwrap();
+        assert!(outs[0].data.is_empty());
+        assert_eq!(c.first, Some(want), "step {step}");
+        assert!(
+            c.complete() && c.pairs == vec![(want, 9.0)],
+            "step {step}: {c:?}"
+        );
+        want = next(want);
+    }
+    let (_, c) = gpu.finish_candidates().unwrap();
+    assert_eq!(c.first, Some(want));
+    assert_eq!(gpu.in_flight(), 0);
+    assert!(gpu.finish_candidates().is_err());
+    // The last call's row, whole: the table's row for the token it was fed.
+    let row = gpu.read_output(0).unwrap();
+    let fed = (0..vocab as u32).find(|&t| next(t) == want).unwrap();
+    let expect = CpuExecutor::new(successor_graph(vocab).0)
+        .unwrap()
+        .run(&call(&token(fed as i64)))
+        .unwrap()
+        .remove(0);
+    assert_eq!(row, expect);
+    // Sampled picks (k > 1) are not fed, and a fed call must follow a feeding one.
+    let e = gpu
+        .start_candidates(&call(&five), 0, 2, Some(0), false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("greedy"), "{e}");
+    gpu.start_candidates(&call(&five), 0, 1, None, false)
+        .unwrap();
+    gpu.finish_candidates().unwrap();
+    let e = gpu
+        .start_candidates(&call(&junk), 0, 1, Some(0), true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("must follow"), "{e}");
+    // Another executor's call between the feeding call and the fed one is refused too.
+    gpu.start_candidates(&call(&five), 0, 1, Some(0), false)
+        .unwrap();
+    gpu.finish_candidates().unwrap();
+    let (g2, _) = successor_graph(8);
+    let mut other = GpuExecutor::new(ctx.clone(), g2).unwrap();
+    other.run(&call(&token(1))).unwrap();
+    let e = gpu
+        .start_candidates(&call(&junk), 0, 1, Some(0), true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("must follow"), "{e}");
+    // A float input cannot be fed a token.
+    let mut rows =
+        GpuExecutor::new(ctx.clone(), pteria::gpu::bench::row_graph(&[1.0, 2.0], 1)).unwrap();
+    assert!(rows.feed_check(0).is_err());
+    let zero = 0f32.to_le_bytes();
+    let e = rows
+        .start_candidates(
+            &[InputValue::Tensor {
+                shape: vec![1],
+                data: &zero,
+            }],
+            0,
+            1,
+            Some(0),
+            false,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not an integer"), "{e}");
 }

@@ -52,8 +52,21 @@ struct Dispatch {
 /// A recording's dispatches and output copies encoded ahead of the call that submits them.
 struct Ready {
     rec: usize,
+    /// The readback buffer its copies fill.
+    slot: usize,
     commands: wgpu::CommandBuffer,
 }
+
+/// A call submitted and not yet finished (`start_candidates`).
+struct Started {
+    rec: usize,
+    slot: usize,
+    submitted: std::time::Instant,
+}
+
+/// Calls one executor may have submitted and not finished: a decode step and the next, fed
+/// the first one's pick. Each has a readback buffer of its own.
+const MAX_IN_FLIGHT: usize = 2;
 
 struct Recording {
     dispatches: Vec<Dispatch>,
@@ -64,8 +77,12 @@ struct Recording {
     /// The output whose last row it reduces to candidates (`run_candidates`), and where they
     /// lie in `readback`: that output is not read back.
     cands: Option<(CandidateRequest, u64)>,
-    readback: Option<wgpu::Buffer>,
+    /// Where the outputs are copied: one buffer, and a second once two calls are in flight.
+    readbacks: Vec<wgpu::Buffer>,
     readback_size: u64,
+    /// The buffer of the input that `CandidateRequest::feed` names: the call's pick is copied
+    /// into it, for a next call that is fed it.
+    feed: Option<usize>,
     last_used: u64,
     /// How long its last call took from submit to outputs (when to wake for the next).
     wait: WaitClock,
@@ -198,6 +215,11 @@ pub struct GpuExecutor {
     plans: PlanCache,
     /// The next call's commands, encoded ahead (see `run`), unless PTERIA_ENCODE_AHEAD=0.
     ready: Option<Ready>,
+    /// Calls submitted and not yet finished, oldest first.
+    in_flight: std::collections::VecDeque<Started>,
+    /// The last call started copied its pick into this input, and no call on the context has
+    /// run since: a call may be fed it.
+    fed_input: Option<usize>,
     encode_ahead: bool,
     clock: u64,
     stats: ExecutorStats,
@@ -384,6 +406,8 @@ impl GpuExecutor {
             last_call: 0,
             plans,
             ready: None,
+            in_flight: std::collections::VecDeque::new(),
+            fed_input: None,
             encode_ahead: std::env::var("PTERIA_ENCODE_AHEAD").map_or(true, |v| v != "0"),
             clock: 0,
             stats: ExecutorStats::default(),
@@ -555,10 +579,85 @@ impl GpuExecutor {
         let want = CandidateRequest {
             output,
             k: k.clamp(1, u32::MAX as usize),
+            feed: None,
         };
         let (outs, c) = self.run_with(inputs, Some(want))?;
         let c = c.ok_or_else(|| GpuError::Device("candidates missing after a call".into()))?;
         Ok((outs, c))
+    }
+
+    /// Submits a call as `run_candidates` makes it and returns without waiting for it;
+    /// `finish_candidates` hands back its outputs, oldest call first. Two calls may be in
+    /// flight at once, so a decode step can be submitted before the last one's token is known:
+    /// with `feed`, the call also copies its greedy pick (k = 1: `Candidates::first`) into that
+    /// input's buffer, and a next call made with `fed` reads its token from there, its own value
+    /// for that input unused. The host checks each pick when it finishes the call that made it.
+    pub fn start_candidates(
+        &mut self,
+        inputs: &[InputValue],
+        output: usize,
+        k: usize,
+        feed: Option<usize>,
+        fed: bool,
+    ) -> Result<(), GpuError> {
+        self.candidates_check(output)?;
+        if let Some(input) = feed {
+            self.feed_check(input)?;
+            if k != 1 {
+                return Err(GpuError::Device(format!(
+                    "input {input} can be fed a greedy pick (k = 1) only, not top-{k}'s"
+                )));
+            }
+        }
+        let want = CandidateRequest {
+            output,
+            k: k.clamp(1, u32::MAX as usize),
+            feed,
+        };
+        match &mut self.host {
+            None => self.start_call(inputs, Some(want), fed),
+            Some(host) => {
+                let rows = host.run(inputs).map_err(GpuError::Device)?;
+                let mut all = inputs.to_vec();
+                all.extend(rows.iter().map(|(shape, data)| InputValue::Tensor {
+                    shape: shape.clone(),
+                    data,
+                }));
+                self.start_call(&all, Some(want), fed)
+            }
+        }
+    }
+
+    /// The outputs and candidates of the oldest call `start_candidates` submitted.
+    pub fn finish_candidates(&mut self) -> Result<(Vec<HostTensor>, Candidates), GpuError> {
+        let (outs, c) = self.finish_call()?;
+        let c = c.ok_or_else(|| GpuError::Device("candidates missing after a call".into()))?;
+        Ok((outs, c))
+    }
+
+    /// Calls submitted and not yet finished.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Why input `input` cannot be fed a call's pick, if it cannot: it must be an integer
+    /// tensor the GPU holds, read by no embedding gathered on the host (those rows are chosen
+    /// before the call is submitted).
+    pub fn feed_check(&self, input: usize) -> Result<(), GpuError> {
+        let no = |why: &str| Err(GpuError::Device(format!("feeding input {input}: {why}")));
+        let Some(Io::Tensor(t)) = self.graph.inputs.get(input) else {
+            return no("not a tensor input");
+        };
+        if self.mem.repr[*t] != Repr::I32 {
+            return no("not an integer tensor");
+        }
+        if self.mem.place[self.mem.root[*t]].is_empty() {
+            return no("no GPU buffer holds it");
+        }
+        if self.host.is_some() {
+            return no("embeddings gathered on the host read the inputs before the call");
+        }
+        Ok(())
     }
 
     /// Why output `output` cannot be reduced to candidates, if it cannot: it must be f32 in
@@ -589,6 +688,11 @@ impl GpuExecutor {
     pub fn read_output(&mut self, output: usize) -> Result<HostTensor, GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
+        if !self.in_flight.is_empty() {
+            return Err(GpuError::Device(format!(
+                "output {output}: calls are still in flight"
+            )));
+        }
         if ctx.calls() != self.last_call {
             return Err(GpuError::Device(format!(
                 "output {output}: another call on this device has run since this executor's \
@@ -673,10 +777,38 @@ impl GpuExecutor {
         inputs: &[InputValue],
         want: Option<CandidateRequest>,
     ) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
+        if !self.in_flight.is_empty() {
+            return Err(GpuError::Device(
+                "a call waits while earlier ones are still in flight: finish them first".into(),
+            ));
+        }
+        self.start_call(inputs, want, false)?;
+        self.finish_call()
+    }
+
+    /// Plans a call, writes its inputs (all but the fed one, when `fed`) and submits it.
+    fn start_call(
+        &mut self,
+        inputs: &[InputValue],
+        want: Option<CandidateRequest>,
+        fed: bool,
+    ) -> Result<(), GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
         let t_start = std::time::Instant::now();
-        self.last_call = ctx.count_call();
+        if self.in_flight.len() >= MAX_IN_FLIGHT {
+            return Err(GpuError::Device(format!(
+                "{MAX_IN_FLIGHT} calls already in flight: finish one first"
+            )));
+        }
+        let feed = want.and_then(|w| w.feed);
+        if fed && (feed.is_none() || self.fed_input != feed || ctx.calls() != self.last_call) {
+            return Err(GpuError::Device(
+                "a fed call must follow a call that picks into the same input, with no other \
+                 call on the device between"
+                    .into(),
+            ));
+        }
         let (plan, same) = self.plans.plan(&self.graph, inputs)?;
         self.clock += 1;
         let syms: Vec<i32> = plan
@@ -701,6 +833,12 @@ impl GpuExecutor {
                 i
             }
             None => {
+                if !self.in_flight.is_empty() {
+                    // Recordings move below, under the calls in flight.
+                    return Err(GpuError::Device(
+                        "a call of a new shape waits until the calls in flight finish".into(),
+                    ));
+                }
                 let plan = plan.clone();
                 // Indices into `recordings` change below.
                 self.ready = None;
@@ -724,11 +862,17 @@ impl GpuExecutor {
             }
         };
         self.last_rec = Some(idx);
+        self.last_call = ctx.count_call();
+        self.fed_input = feed;
 
         let t_encode = std::time::Instant::now();
         let queue = &self.ctx.queue;
         let mut uploaded = 0u64;
-        for (io, v) in self.graph.inputs.iter().zip(inputs) {
+        for (k, (io, v)) in self.graph.inputs.iter().zip(inputs).enumerate() {
+            if fed && feed == Some(k) {
+                // The last call's pick is already in its buffer.
+                continue;
+            }
             if let (Io::Tensor(t), InputValue::Tensor { data, .. }) = (io, v) {
                 let Some(&b) = self.mem.place[self.mem.root[*t]].first() else {
                     continue;
@@ -746,11 +890,29 @@ impl GpuExecutor {
             queue.write_buffer(&self.buffers[self.syms], 0, bytemuck::cast_slice(&syms));
         }
 
-        let rec = &mut self.recordings[idx].1;
-        rec.last_used = self.clock;
-        self.stats.last_dispatches = rec.dispatches.len();
+        // Its own readback buffer: the lowest that no call in flight fills.
+        let busy = |slot: usize| {
+            self.in_flight
+                .iter()
+                .any(|f| f.rec == idx && f.slot == slot)
+        };
+        let slot = (0..MAX_IN_FLIGHT).find(|&s| !busy(s)).unwrap_or(0);
+        {
+            let rec = &mut self.recordings[idx].1;
+            rec.last_used = self.clock;
+            if slot >= rec.readbacks.len() && rec.readback_size > 0 {
+                rec.readbacks
+                    .push(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("readback"),
+                        size: rec.readback_size,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    }));
+            }
+        }
+        self.stats.last_dispatches = self.recordings[idx].1.dispatches.len();
         let rec = &self.recordings[idx].1;
-        match self.ready.take().filter(|r| r.rec == idx) {
+        match self.ready.take().filter(|r| r.rec == idx && r.slot == slot) {
             Some(r) => {
                 queue.submit([r.commands]);
                 self.stats.submits += 1;
@@ -765,7 +927,8 @@ impl GpuExecutor {
                 while !rest.is_empty() {
                     let (now, later) = rest.split_at(piece.min(rest.len()));
                     rest = later;
-                    queue.submit([self.encode(rec, now, first, rest.is_empty())]);
+                    let last = rest.is_empty();
+                    queue.submit([self.encode(rec, now, first, last.then_some(slot))]);
                     first = false;
                     self.stats.submits += 1;
                     piece *= 4;
@@ -774,17 +937,46 @@ impl GpuExecutor {
         }
         let t_ahead = std::time::Instant::now();
         // The next call's commands, encoded while the GPU runs this call's: a decode step
-        // replays the same recording, so it then only writes its inputs and submits.
-        if self.encode_ahead {
+        // replays the same recording, so it then only writes its inputs and submits. A call
+        // that feeds the next is followed by that one while it runs, into the other readback.
+        let next = if feed.is_some() {
+            (slot + 1) % MAX_IN_FLIGHT
+        } else {
+            slot
+        };
+        if self.encode_ahead && (next < rec.readbacks.len() || rec.readback_size == 0) {
             self.ready = Some(Ready {
                 rec: idx,
-                commands: self.encode(rec, &rec.dispatches, true, true),
+                slot: next,
+                commands: self.encode(rec, &rec.dispatches, true, Some(next)),
             });
         }
         self.stats.last_upload_bytes = uploaded;
         self.stats.last_readback_bytes = rec.readback_size;
+        self.in_flight.push_back(Started {
+            rec: idx,
+            slot,
+            submitted: t_ahead,
+        });
+        let ns = |a: std::time::Instant, b: std::time::Instant| (b - a).as_nanos() as u64;
+        let host = &mut self.stats.host;
+        host.prepare_ns += ns(t_start, t_encode);
+        host.encode_ns += ns(t_encode, t_ahead);
+        host.ahead_ns += ns(t_ahead, std::time::Instant::now());
+        Ok(())
+    }
+
+    /// Waits for the oldest call in flight and hands back its outputs (and candidates).
+    fn finish_call(&mut self) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
+        let ctx = self.ctx.clone();
+        let _turn = ctx.turn();
+        let started = self
+            .in_flight
+            .pop_front()
+            .ok_or_else(|| GpuError::Device("no call in flight to finish".into()))?;
         let t_wait = std::time::Instant::now();
         let mut t_outputs = t_wait;
+        let rec = &self.recordings[started.rec].1;
 
         // The outputs, converted straight from the mapped readback buffer.
         let convert = |bytes: &[u8]| -> (Vec<HostTensor>, Option<Candidates>) {
@@ -812,7 +1004,7 @@ impl GpuExecutor {
             (outs, cands)
         };
         let mut clock = rec.wait;
-        let outs = match &rec.readback {
+        let outs = match rec.readbacks.get(started.slot) {
             Some(rb) => {
                 let slice = rb.slice(..);
                 let (tx, rx) = std::sync::mpsc::channel();
@@ -821,7 +1013,7 @@ impl GpuExecutor {
                 });
                 let spin = self.ctx.poll_outputs();
                 let (mapped, done, slept) =
-                    await_map(&self.ctx.device, &rx, t_ahead, &mut clock, spin)?;
+                    await_map(&self.ctx.device, &rx, started.submitted, &mut clock, spin)?;
                 t_outputs = done;
                 self.stats.slept_waits += slept as usize;
                 mapped.map_err(|e| GpuError::Device(format!("reading outputs back: {e}")))?;
@@ -836,13 +1028,10 @@ impl GpuExecutor {
             }
             None => convert(&[]),
         };
-        self.recordings[idx].1.wait = clock;
+        self.recordings[started.rec].1.wait = clock;
         self.ctx.take_errors()?;
         let ns = |a: std::time::Instant, b: std::time::Instant| (b - a).as_nanos() as u64;
         let host = &mut self.stats.host;
-        host.prepare_ns += ns(t_start, t_encode);
-        host.encode_ns += ns(t_encode, t_ahead);
-        host.ahead_ns += ns(t_ahead, t_wait);
         host.wait_ns += ns(t_wait, t_outputs);
         host.outputs_ns += ns(t_outputs, std::time::Instant::now());
         Ok(outs)
@@ -995,7 +1184,7 @@ impl GpuExecutor {
         rec: &Recording,
         dispatches: &[Dispatch],
         first: bool,
-        last: bool,
+        last: Option<usize>,
     ) -> wgpu::CommandBuffer {
         let mut enc = self
             .ctx
@@ -1015,9 +1204,20 @@ impl GpuExecutor {
                 pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
             }
         }
-        if let (true, Some(rb)) = (last, &rec.readback) {
-            for &(src, bytes, off) in &rec.copies {
-                enc.copy_buffer_to_buffer(&self.buffers[src], 0, rb, off, bytes);
+        if let Some(slot) = last {
+            if let Some(rb) = rec.readbacks.get(slot) {
+                for &(src, bytes, off) in &rec.copies {
+                    enc.copy_buffer_to_buffer(&self.buffers[src], 0, rb, off, bytes);
+                }
+            }
+            if let Some(b) = rec.feed {
+                enc.copy_buffer_to_buffer(
+                    &self.buffers[self.cands],
+                    (candidates::CAPACITY as u64 * 2 + 2) * 4,
+                    &self.buffers[b],
+                    0,
+                    4,
+                );
             }
         }
         enc.finish()
@@ -1079,7 +1279,13 @@ impl GpuExecutor {
                 candidates::CAPACITY as u32,
                 blocks as u32,
             ];
-            for entry in ["block_max", "gather"] {
+            // A greedy pick (k = 1) is also found over the whole row, in one workgroup.
+            let entries: &[&'static str] = if c.k == 1 {
+                &["block_max", "gather", "pick"]
+            } else {
+                &["block_max", "gather"]
+            };
+            for &entry in entries {
                 let step = Step {
                     kernel: "candidates",
                     entry,
@@ -1089,11 +1295,27 @@ impl GpuExecutor {
                     inputs: vec![Res::Tensor(t)],
                     writes: Vec::new(),
                     reads_after: Vec::new(),
-                    groups: [blocks as u32, 1, 1],
+                    groups: [if entry == "pick" { 1 } else { blocks as u32 }, 1, 1],
                 };
                 steps.push((usize::MAX, step));
             }
         }
+        let feed = match want.and_then(|c| c.feed) {
+            None => None,
+            Some(input) => {
+                self.feed_check(input)?;
+                let Some(Io::Tensor(t)) = self.graph.inputs.get(input) else {
+                    unreachable!("feed_check passed");
+                };
+                let numel: usize = plan.shapes[*t].iter().product();
+                if numel != 1 {
+                    return Err(GpuError::Device(format!(
+                        "input {input} is fed a pick, so it holds one token, not {numel}"
+                    )));
+                }
+                self.mem.place[self.mem.root[*t]].first().copied()
+            }
+        };
         let mut dispatches = Vec::with_capacity(steps.len());
         for (n, s) in &steps {
             dispatches.push(self.dispatch(*n, s)?);
@@ -1117,26 +1339,36 @@ impl GpuExecutor {
             }
         }
         let cands = want.map(|c| {
-            let bytes = (1 + 2 * candidates::CAPACITY as u64) * 4;
+            // The count, the pairs, the pick.
+            let bytes = (2 + 2 * candidates::CAPACITY as u64) * 4;
             copies.push((self.cands, bytes, size));
             size += bytes;
             (c, size - bytes)
         });
-        let readback = (size > 0).then(|| {
-            self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
+        // A call that feeds the next has that one in flight beside it.
+        let count = match (size > 0, feed.is_some()) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => MAX_IN_FLIGHT,
+        };
+        let readbacks = (0..count)
+            .map(|_| {
+                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("readback"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
             })
-        });
+            .collect();
         Ok(Recording {
             dispatches,
             copies,
             outputs,
             cands,
-            readback,
+            readbacks,
             readback_size: size,
+            feed,
             last_used: 0,
             wait: WaitClock::default(),
         })
@@ -1342,13 +1574,15 @@ impl Stamps {
 struct CandidateRequest {
     output: usize,
     k: usize,
+    /// The graph input that the call's pick (k = 1) is copied into, for a next call fed it.
+    feed: Option<usize>,
 }
 
 /// Words of the candidates buffer (kernels/candidates.wgsl's `c`): the count, the pairs, the
-/// blocks' maxima.
-const CANDS_WORDS: u64 = (1 + 2 * candidates::CAPACITY + candidates::MAX_BLOCKS) as u64;
+/// pick, the pick a fed call reads, the blocks' maxima.
+const CANDS_WORDS: u64 = (3 + 2 * candidates::CAPACITY + candidates::MAX_BLOCKS) as u64;
 
-/// The candidates a call left: its count, then (id, logit bits) pairs.
+/// The candidates a call left: its count, then (id, logit bits) pairs, then the pick for k = 1.
 fn read_candidates(bytes: &[u8], k: usize) -> Candidates {
     let word = |i: usize| {
         u32::from_le_bytes([
@@ -1362,7 +1596,13 @@ fn read_candidates(bytes: &[u8], k: usize) -> Candidates {
     let pairs = (0..found.min(candidates::CAPACITY))
         .map(|i| (word(1 + 2 * i), f32::from_bits(word(2 + 2 * i))))
         .collect();
-    Candidates { pairs, found, k }
+    let first = Some(word(1 + 2 * candidates::CAPACITY)).filter(|&w| k == 1 && w != u32::MAX);
+    Candidates {
+        pairs,
+        found,
+        k,
+        first,
+    }
 }
 
 /// The bytes of a MAP_READ buffer, after the submit that filled it.

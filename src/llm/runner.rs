@@ -26,6 +26,9 @@ pub struct RunnerConfig {
     /// Read every decode step's whole row of logits, even where the executor can hand back
     /// only the candidates that decide the sampler's pick (`runtime::candidates`).
     pub full_logits: bool,
+    /// Submit each decode step only once the last one's token is known on the host, even
+    /// where greedy steps could run one ahead on the device (`Runner::steps_ahead`).
+    pub serial_decode: bool,
 }
 
 /// What a prefill did.
@@ -112,6 +115,12 @@ pub struct Runner {
     misses: usize,
     /// Tokens picked from candidates alone.
     candidate_picks: usize,
+    serial_decode: bool,
+    /// Decode steps submitted with the device's own pick, before the host knew it.
+    steps_ahead: usize,
+    /// A call ran after the one whose logits `logits` holds (a step submitted ahead that
+    /// decode then dropped), so that call's row is gone from the device: `logits` runs it again.
+    row_gone: bool,
 }
 
 /// Candidate misses in a row after which decode steps read their whole row.
@@ -186,6 +195,9 @@ impl Runner {
             full_logits: config.full_logits,
             misses: 0,
             candidate_picks: 0,
+            serial_decode: config.serial_decode,
+            steps_ahead: 0,
+            row_gone: false,
         })
     }
 
@@ -225,6 +237,17 @@ impl Runner {
 
     /// The last call's whole row of logits, read again where it handed back candidates.
     fn read_row(&mut self) -> Result<()> {
+        if self.row_gone {
+            // Run the last cached token again: it writes the same keys and values at the same
+            // position (caches that hold every position, as ExecuTorch's exports make them),
+            // and the row comes back whole.
+            let at = self.cached.len().checked_sub(1).ok_or(LlmError::NoPrompt)?;
+            let tok = self.cached[at];
+            let logits = self.forward(&[tok], at, None)?;
+            self.logits = Some(logits);
+            self.row_gone = false;
+            return Ok(());
+        }
         let method = self.method.as_mut().ok_or(LlmError::NoPrompt)?;
         let out = method.read_output(0).map_err(|source| LlmError::Runtime {
             context: "reading the last call's logits".into(),
@@ -243,7 +266,14 @@ impl Runner {
     /// else from the whole row.
     fn pick(&mut self, sampler: &mut Sampler) -> Result<u32> {
         if let Some(Logits::Candidates(c)) = &self.logits {
-            if let Some(tok) = sampler.sample_candidates(c)? {
+            // A greedy pick is also the device's own over the whole row, which decides it where
+            // the candidates overflow (logits tied by the thousand).
+            let greedy = sampler.candidates_wanted() == Some(1);
+            let tok = match sampler.sample_candidates(c)? {
+                None if greedy => c.first,
+                t => t,
+            };
+            if let Some(tok) = tok {
                 self.misses = 0;
                 self.candidate_picks += 1;
                 return Ok(tok);
@@ -265,6 +295,12 @@ impl Runner {
         self.candidate_picks
     }
 
+    /// Greedy decode steps that ran one ahead: submitted with the device's pick from the step
+    /// before, while the host was still reading that step (`RunnerConfig::serial_decode`).
+    pub fn steps_ahead(&self) -> usize {
+        self.steps_ahead
+    }
+
     /// How many times the method has been reloaded to clear its cache.
     pub fn resets(&self) -> usize {
         self.resets
@@ -281,6 +317,7 @@ impl Runner {
     pub fn reset(&mut self) -> Result<()> {
         self.cached.clear();
         self.logits = None;
+        self.row_gone = false;
         if self.used || self.stale || self.method.is_none() {
             self.method = None;
             self.method = Some(load_forward(&self.program, &self.backends)?);
@@ -371,6 +408,9 @@ impl Runner {
         }
         let budget = self.budget();
         let limit = opts.max_new_tokens.map_or(budget, |m| m.min(budget));
+        if self.runs_ahead(sampler) {
+            return self.decode_ahead(sampler, opts, cancel, on_token, limit, start);
+        }
         let mut tokens = Vec::new();
         let mut first_token_at = None;
         let mut last_token_at = None;
@@ -415,6 +455,165 @@ impl Runner {
         })
     }
 
+    /// Whether greedy decode steps can run one ahead on the device: each step copies its pick
+    /// into the next step's token on the GPU (`Method::start_candidates`), so the next is
+    /// submitted before the host has read this one, and the GPU never waits for the host.
+    fn runs_ahead(&self, sampler: &Sampler) -> bool {
+        !self.serial_decode
+            && !self.full_logits
+            && self.candidates
+            && self.misses < MAX_MISSES
+            && sampler.candidates_wanted() == Some(1)
+            && self.method.as_ref().is_some_and(|m| m.supports_feed(0))
+    }
+
+    /// `decode` for greedy picks, one step ahead. The step for token t runs while the host
+    /// reads the one before; the device's pick from it (`Candidates::first`, the row's first
+    /// largest logit, which is `argmax`'s pick) is the next step's token, submitted with it.
+    /// The tokens are those of the one-at-a-time loop. A step submitted ahead that the decode
+    /// then does not need (a stop token, cancellation) is finished and dropped: its keys and
+    /// values sit past the cached tokens, where no call reads them.
+    fn decode_ahead(
+        &mut self,
+        sampler: &mut Sampler,
+        opts: &DecodeOptions,
+        cancel: &CancelToken,
+        on_token: &mut dyn FnMut(u32) -> Result<()>,
+        limit: usize,
+        start: Instant,
+    ) -> Result<Decoded> {
+        let mut tokens = Vec::new();
+        let mut first_token_at = None;
+        let mut last_token_at = None;
+        // A step is in flight whose token is the device's pick from the current logits.
+        let mut ahead = false;
+        let stop = loop {
+            if cancel.is_cancelled() || tokens.len() >= limit {
+                self.drop_ahead(&mut ahead)?;
+                if cancel.is_cancelled() {
+                    break StopReason::Cancelled;
+                }
+                break if opts.max_new_tokens.is_some_and(|m| tokens.len() >= m) {
+                    StopReason::MaxTokens
+                } else {
+                    StopReason::ContextFull
+                };
+            }
+            let first = match &self.logits {
+                Some(Logits::Candidates(c)) => c.first,
+                _ => None,
+            };
+            let tok = match first {
+                Some(t) => {
+                    self.candidate_picks += 1;
+                    t
+                }
+                None => {
+                    // No pick on the device (a row of NaN, or logits read whole): the host's,
+                    // from the row, which says why there is none.
+                    self.drop_ahead(&mut ahead)?;
+                    self.pick(sampler)?
+                }
+            };
+            let now = Instant::now();
+            first_token_at.get_or_insert(now);
+            last_token_at = Some(now);
+            if opts.stop_ids.contains(&tok) {
+                self.drop_ahead(&mut ahead)?;
+                break StopReason::EndOfTurn(tok);
+            }
+            tokens.push(tok);
+            if let Err(e) = on_token(tok) {
+                self.drop_ahead(&mut ahead)?;
+                return Err(e);
+            }
+            if tokens.len() >= limit || cancel.is_cancelled() {
+                continue;
+            }
+            let at = self.cached.len();
+            if ahead {
+                // It runs `tok` already.
+                self.steps_ahead += 1;
+            } else {
+                self.start_step(Some(tok), at)?;
+            }
+            self.cached.push(tok);
+            // The step after it, fed its pick, unless the limit leaves no room for its token.
+            ahead = tokens.len() + 1 < limit;
+            if ahead {
+                self.start_step(None, at + 1)?;
+            }
+            let logits = self.finish_step()?;
+            self.logits = Some(logits);
+        };
+        Ok(Decoded {
+            tokens,
+            stop,
+            first_token_at,
+            last_token_at,
+            time: start.elapsed(),
+        })
+    }
+
+    /// Submits a greedy decode step for `tok` at position `at` (`None`: the last step's pick,
+    /// on the device) that copies its own pick into the next step's token.
+    fn start_step(&mut self, tok: Option<u32>, at: usize) -> Result<()> {
+        let (ids, pos) = self.step_inputs(&[tok.unwrap_or(0)], at);
+        let method = self.method.as_mut().ok_or(LlmError::NoPrompt)?;
+        let result = method
+            .start_candidates(&[ids, pos], 0, 1, Some(0), tok.is_none())
+            .map_err(|source| LlmError::Runtime {
+                context: format!("starting `forward` on 1 token at position {at}"),
+                source,
+            });
+        self.used = true;
+        if result.is_err() {
+            self.stale = true;
+            self.cached.clear();
+            self.logits = None;
+        }
+        result
+    }
+
+    /// The oldest started step's candidates.
+    fn finish_step(&mut self) -> Result<Logits> {
+        let vocab = self.meta.vocab_size;
+        let method = self.method.as_mut().ok_or(LlmError::NoPrompt)?;
+        let result = method
+            .finish_candidates()
+            .map_err(|source| LlmError::Runtime {
+                context: "finishing a `forward` decode step".into(),
+                source,
+            })
+            .and_then(|(_, c)| {
+                let ids = c.pairs.iter().map(|p| p.0).chain(c.first);
+                match ids.into_iter().find(|&id| id as usize >= vocab) {
+                    Some(id) => Err(LlmError::Unsupported(format!(
+                        "a decode step's candidate token {id} is outside the {vocab}-token \
+                         vocabulary"
+                    ))),
+                    None => Ok(Logits::Candidates(c)),
+                }
+            });
+        self.row_gone = false;
+        if result.is_err() {
+            self.stale = true;
+            self.cached.clear();
+            self.logits = None;
+        }
+        result
+    }
+
+    /// Finishes and drops the step submitted ahead, if one is: the current logits' call is no
+    /// longer the device's last, so `logits` runs it again for its row.
+    fn drop_ahead(&mut self, ahead: &mut bool) -> Result<()> {
+        if std::mem::take(ahead) {
+            self.finish_step()?;
+            self.row_gone = true;
+        }
+        Ok(())
+    }
+
     /// Prefill then decode: the token-level generation loop.
     pub fn generate(
         &mut self,
@@ -444,6 +643,7 @@ impl Runner {
     fn forward(&mut self, tokens: &[u32], start: usize, k: Option<usize>) -> Result<Logits> {
         let result = self.forward_inner(tokens, start, k);
         self.used = true;
+        self.row_gone = false;
         if result.is_err() {
             // The call may have written part of the cache: nothing cached can be trusted.
             self.stale = true;
@@ -453,7 +653,8 @@ impl Runner {
         result
     }
 
-    fn forward_inner(&mut self, tokens: &[u32], start: usize, k: Option<usize>) -> Result<Logits> {
+    /// `forward`'s inputs for `tokens` at positions `start..`.
+    fn step_inputs(&self, tokens: &[u32], start: usize) -> (HostTensor, HostTensor) {
         let t = tokens.len();
         let ids: Vec<i64> = tokens.iter().map(|&x| i64::from(x)).collect();
         let positions: Vec<i64> = match self.meta.positions {
@@ -463,6 +664,12 @@ impl Runner {
         let tok = HostTensor::from_i64(&[1, t], &ids).cast(self.meta.tokens_dtype);
         let pos =
             HostTensor::from_i64(&[positions.len()], &positions).cast(self.meta.positions_dtype);
+        (tok, pos)
+    }
+
+    fn forward_inner(&mut self, tokens: &[u32], start: usize, k: Option<usize>) -> Result<Logits> {
+        let t = tokens.len();
+        let (tok, pos) = self.step_inputs(tokens, start);
         let context = || format!("`forward` on {t} token(s) at position {start}");
         let method = self.method.as_mut().ok_or_else(|| {
             LlmError::Unsupported(

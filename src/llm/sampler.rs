@@ -661,6 +661,32 @@ mod tests {
     }
 
     #[test]
+    fn argmax_is_the_first_max_the_gpu_reports() {
+        // The GPU's greedy pick (`Candidates::first`) follows `candidates::first_max`; a greedy
+        // decode trusts it where the candidates overflow, so the two must agree everywhere.
+        let mut rng = Rng::new(5);
+        let pool = [
+            f32::NAN,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            -0.0,
+            0.0,
+            1.5,
+            -2.0,
+            1.5,
+        ];
+        for len in [1, 2, 3, 17, 64, 65, 300, 1025] {
+            for _ in 0..200 {
+                let row: Vec<f32> = (0..len)
+                    .map(|_| pool[rng.next_u32() as usize % pool.len()])
+                    .collect();
+                let want = crate::runtime::candidates::first_max(&row);
+                assert_eq!(argmax(&row).ok(), want, "{row:?}");
+            }
+        }
+    }
+
+    #[test]
     fn invalid_parameters_are_rejected() {
         for p in [
             SamplingParams {

@@ -29,6 +29,10 @@ pub struct Candidates {
     pub found: usize,
     /// The k they were gathered for.
     pub k: usize,
+    /// For k = 1: the first position of the row's largest logit (NaN never wins), as
+    /// [`first_max`] finds it over the whole row, so that it decides a greedy pick even where
+    /// the pairs overflow; `None` where the row has nothing but NaN, or it was not asked for.
+    pub first: Option<u32>,
 }
 
 impl Candidates {
@@ -67,7 +71,22 @@ pub fn candidates_of(row: &[f32], k: usize) -> Candidates {
     let found = all.len();
     let mut pairs = all;
     pairs.truncate(CAPACITY);
-    Candidates { pairs, found, k }
+    let first = if k == 1 { first_max(row) } else { None };
+    Candidates {
+        pairs,
+        found,
+        k,
+        first,
+    }
+}
+
+/// The first position of `row`'s largest value, NaN never winning (`torch.argmax` and the
+/// sampler's greedy pick); `None` where every value is NaN. Signed zeros are equal.
+pub fn first_max(row: &[f32]) -> Option<u32> {
+    let best = row
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    row.iter().position(|&x| x == best).map(|i| i as u32)
 }
 
 #[cfg(test)]
@@ -109,6 +128,18 @@ mod tests {
         assert!(!c.complete());
         assert!(candidates_of(&row, 1).complete());
         assert_eq!(candidates_of(&row, 1).pairs, vec![(4999, f32::INFINITY)]);
+        assert_eq!(candidates_of(&row, 1).first, Some(4999));
+        assert_eq!(candidates_of(&row, 2).first, None);
+    }
+
+    #[test]
+    fn first_max_takes_the_first_of_ties_and_skips_nan() {
+        assert_eq!(first_max(&[f32::NAN, 1.0, 3.0, f32::NAN, 3.0]), Some(2));
+        assert_eq!(first_max(&[-0.0, 0.0, f32::NAN]), Some(0));
+        assert_eq!(first_max(&[f32::NAN, 0.0, -0.0]), Some(1));
+        assert_eq!(first_max(&[f32::NAN, f32::NEG_INFINITY]), Some(1));
+        assert_eq!(first_max(&[f32::NAN, f32::NAN]), None);
+        assert_eq!(first_max(&[]), None);
     }
 
     #[test]
@@ -116,8 +147,9 @@ mod tests {
         let row = vec![f32::NAN; 3000];
         assert_eq!(threshold(&row, 1), f32::NEG_INFINITY);
         let c = candidates_of(&row, 1);
-        assert_eq!((c.found, c.complete()), (0, false));
+        assert_eq!((c.found, c.complete(), c.first), (0, false, None));
         let row = vec![f32::NEG_INFINITY; 10];
         assert!(!candidates_of(&row, 1).complete());
+        assert_eq!(candidates_of(&row, 1).first, Some(0));
     }
 }

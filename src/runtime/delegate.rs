@@ -46,6 +46,30 @@ pub trait IrExecutor: Send {
             "output {output}: this executor hands back every output with its call"
         ))
     }
+
+    /// Whether `start_candidates` can feed input `input` a call's greedy pick.
+    fn feed_supported(&self, _input: usize) -> bool {
+        false
+    }
+
+    /// Submits a call as `run_candidates` makes it without waiting for it (see
+    /// `GpuExecutor::start_candidates`: `feed` and `fed` chain greedy decode steps on the
+    /// device); `None` where this executor cannot.
+    fn start_candidates(
+        &mut self,
+        _inputs: &[ir::InputValue],
+        _output: usize,
+        _k: usize,
+        _feed: Option<usize>,
+        _fed: bool,
+    ) -> Option<Result<(), String>> {
+        None
+    }
+
+    /// The oldest started call's outputs and candidates.
+    fn finish_candidates(&mut self) -> CandidateRun {
+        Err("this executor starts no calls".into())
+    }
 }
 
 impl IrExecutor for ir::cpu::CpuExecutor {
@@ -276,6 +300,28 @@ impl IrExecutor for crate::gpu::GpuExecutor {
     fn read_output(&mut self, output: usize) -> Result<HostTensor, String> {
         crate::gpu::GpuExecutor::read_output(self, output).map_err(|e| e.to_string())
     }
+
+    fn feed_supported(&self, input: usize) -> bool {
+        self.feed_check(input).is_ok()
+    }
+
+    fn start_candidates(
+        &mut self,
+        inputs: &[ir::InputValue],
+        output: usize,
+        k: usize,
+        feed: Option<usize>,
+        fed: bool,
+    ) -> Option<Result<(), String>> {
+        Some(
+            crate::gpu::GpuExecutor::start_candidates(self, inputs, output, k, feed, fed)
+                .map_err(|e| e.to_string()),
+        )
+    }
+
+    fn finish_candidates(&mut self) -> CandidateRun {
+        crate::gpu::GpuExecutor::finish_candidates(self).map_err(|e| e.to_string())
+    }
 }
 
 /// The GPU executor factory on an opened device.
@@ -491,6 +537,40 @@ impl IrExecutor for SharedGpu {
             .lock()
             .map_err(|_| "GPU executor poisoned".to_string())?;
         p.exec.read_output(output).map_err(|e| e.to_string())
+    }
+
+    fn feed_supported(&self, input: usize) -> bool {
+        self.0
+            .lock()
+            .is_ok_and(|p| p.exec.feed_check(input).is_ok())
+    }
+
+    fn start_candidates(
+        &mut self,
+        inputs: &[ir::InputValue],
+        output: usize,
+        k: usize,
+        feed: Option<usize>,
+        fed: bool,
+    ) -> Option<Result<(), String>> {
+        let mut p = match self.0.lock() {
+            Ok(p) => p,
+            Err(_) => return Some(Err("GPU executor poisoned".into())),
+        };
+        p.last = owned_inputs(inputs);
+        Some(
+            p.exec
+                .start_candidates(inputs, output, k, feed, fed)
+                .map_err(|e| e.to_string()),
+        )
+    }
+
+    fn finish_candidates(&mut self) -> CandidateRun {
+        let mut p = self
+            .0
+            .lock()
+            .map_err(|_| "GPU executor poisoned".to_string())?;
+        p.exec.finish_candidates().map_err(|e| e.to_string())
     }
 }
 

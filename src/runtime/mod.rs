@@ -490,6 +490,59 @@ impl Method {
         Ok((outs, c))
     }
 
+    /// Whether `start_candidates` can feed input `input` each call's greedy pick on the device.
+    pub fn supports_feed(&self, input: usize) -> bool {
+        self.whole.as_ref().is_some_and(|w| w.feed_supported(input))
+    }
+
+    /// Submits a call as `execute_candidates` makes it, without waiting; `finish_candidates`
+    /// hands back its outputs. With `feed` (k = 1) the call copies its greedy pick into input
+    /// `feed` on the device, and a next call made with `fed` reads its token from there (its
+    /// value for that input then only gives the shape): a decode step submitted before the
+    /// last one's token is known (`GpuExecutor::start_candidates`).
+    pub fn start_candidates(
+        &mut self,
+        inputs: &[HostTensor],
+        output: usize,
+        k: usize,
+        feed: Option<usize>,
+        fed: bool,
+    ) -> Result<()> {
+        let method = self.plan.name.clone();
+        if !self.supports_candidates(output) {
+            return Err(RuntimeError::Other(format!(
+                "method `{method}`: output {output} cannot be reduced to candidates here"
+            )));
+        }
+        self.check_inputs(inputs)?;
+        let vals = self.whole_inputs(inputs);
+        let exec = self
+            .whole
+            .as_mut()
+            .ok_or_else(|| RuntimeError::Other("no whole-method graph".into()))?;
+        exec.start_candidates(&vals, output, k, feed, fed)
+            .unwrap_or_else(|| Err("this executor does not start calls".into()))
+            .map_err(|m| RuntimeError::Other(format!("method `{method}`: {m}")))
+    }
+
+    /// The outputs and candidates of the oldest call `start_candidates` submitted.
+    pub fn finish_candidates(&mut self) -> Result<(Vec<Output>, Candidates)> {
+        let method = self.plan.name.clone();
+        let exec = self
+            .whole
+            .as_mut()
+            .ok_or_else(|| RuntimeError::Other(format!("method `{method}` does not run whole")))?;
+        let (outs, c) = exec
+            .finish_candidates()
+            .map_err(|m| RuntimeError::Other(format!("method `{method}`: {m}")))?;
+        let outs = outs
+            .into_iter()
+            .zip(&self.plan.outputs)
+            .map(|(h, &vid)| Output::Tensor(self.whole_output(h, vid)))
+            .collect();
+        Ok((outs, c))
+    }
+
     /// Output `output` of the last call of a whole-method graph, read again in full (what
     /// `execute_candidates` left out).
     pub fn read_output(&mut self, output: usize) -> Result<Output> {
@@ -513,23 +566,7 @@ impl Method {
         cands: Option<(usize, usize)>,
     ) -> Result<(Vec<Output>, Option<Candidates>)> {
         let method = self.plan.name.clone();
-        if inputs.len() != self.plan.inputs.len() {
-            return Err(RuntimeError::Other(format!(
-                "method `{method}` takes {} inputs, got {}",
-                self.plan.inputs.len(),
-                inputs.len()
-            )));
-        }
-        let input_ids = self.plan.inputs.clone();
-        for (k, (&vid, host)) in input_ids.iter().zip(inputs).enumerate() {
-            self.set_input(k, vid, host)
-                .map_err(|msg| RuntimeError::BadInput {
-                    method: method.clone(),
-                    index: k,
-                    msg,
-                })?;
-        }
-
+        self.check_inputs(inputs)?;
         if self.whole.is_some() {
             return self.execute_whole(inputs, cands);
         }
@@ -598,15 +635,31 @@ impl Method {
             .map_err(|m| RuntimeError::Other(format!("method `{method}` output: {m}")))
     }
 
-    /// One call of the whole-method graph; inputs were checked and stored by `set_input`.
-    fn execute_whole(
-        &mut self,
-        inputs: &[HostTensor],
-        cands: Option<(usize, usize)>,
-    ) -> Result<(Vec<Output>, Option<Candidates>)> {
+    /// Checks the call's inputs against the method's declaration and stores them.
+    fn check_inputs(&mut self, inputs: &[HostTensor]) -> Result<()> {
         let method = self.plan.name.clone();
-        let vals: Vec<crate::ir::InputValue> = self
-            .plan
+        if inputs.len() != self.plan.inputs.len() {
+            return Err(RuntimeError::Other(format!(
+                "method `{method}` takes {} inputs, got {}",
+                self.plan.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let input_ids = self.plan.inputs.clone();
+        for (k, (&vid, host)) in input_ids.iter().zip(inputs).enumerate() {
+            self.set_input(k, vid, host)
+                .map_err(|msg| RuntimeError::BadInput {
+                    method: method.clone(),
+                    index: k,
+                    msg,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The whole-method graph's inputs for a call whose inputs `check_inputs` stored.
+    fn whole_inputs<'a>(&self, inputs: &'a [HostTensor]) -> Vec<crate::ir::InputValue<'a>> {
+        self.plan
             .inputs
             .iter()
             .zip(inputs)
@@ -617,7 +670,17 @@ impl Method {
                     data: &host.data,
                 },
             })
-            .collect();
+            .collect()
+    }
+
+    /// One call of the whole-method graph; inputs were checked and stored by `set_input`.
+    fn execute_whole(
+        &mut self,
+        inputs: &[HostTensor],
+        cands: Option<(usize, usize)>,
+    ) -> Result<(Vec<Output>, Option<Candidates>)> {
+        let method = self.plan.name.clone();
+        let vals = self.whole_inputs(inputs);
         let exec = self
             .whole
             .as_mut()
