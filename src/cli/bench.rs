@@ -42,6 +42,11 @@ pub struct Args {
     /// f32 caches and reports the logits' error against them.
     #[arg(long, default_value = "f32")]
     kv: String,
+    /// Program: host | gpu, where big embedding tables live. On the host (the default) the
+    /// host gathers their rows before each call; on the GPU (+their size in GPU memory) greedy
+    /// decode steps can also run one ahead, fed the last step's pick on the device.
+    #[arg(long, default_value = "host")]
+    tables: String,
     /// Program: method to run (takes tokens [1, T] and positions).
     #[arg(long, default_value = "forward")]
     method: String,
@@ -171,7 +176,17 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     use std::time::Instant;
     let device: Device = a.device.parse().map_err(anyhow::Error::msg)?;
     let kv: delegate::KvCache = a.kv.parse().map_err(anyhow::Error::msg)?;
-    let open = || pteria::gpu::Context::with_options(delegate::gpu_options(kv));
+    let tables_on_gpu = match a.tables.as_str() {
+        "host" => false,
+        "gpu" => true,
+        t => bail!("unknown --tables `{t}` (expected host or gpu)"),
+    };
+    let open = || {
+        pteria::gpu::Context::with_options(pteria::gpu::ContextOptions {
+            host_gather_min_bytes: tables_on_gpu.then_some(u64::MAX),
+            ..delegate::gpu_options(kv)
+        })
+    };
     let gpu_ctx = match device {
         Device::Cpu => None,
         Device::Gpu => Some(open()?),
@@ -519,6 +534,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         ),
     ] {
         let Some(p) = p else { continue };
+        if let Some(a) = p.ahead_ms {
+            println!(
+                "decode with {what} picks fed back one step ahead on the GPU: {a:.3} ms/token"
+            );
+        }
         match p.candidates_ms {
             Some(c) => println!(
                 "decode with {what} picks fed back: {:.3} ms/token reading the whole row, {c:.3} \
@@ -684,6 +704,9 @@ struct Picked {
     candidates_ms: Option<f64>,
     /// Steps whose candidates did not decide the pick, so that the row was read too.
     fallbacks: usize,
+    /// Greedy steps one ahead, each submitted with the last one's pick on the device
+    /// (`Method::start_candidates`), where the method can feed its token input.
+    ahead_ms: Option<f64>,
 }
 
 struct Steps<'a> {
@@ -754,6 +777,29 @@ fn picked_decode(
     } else {
         None
     };
+    // Greedy steps as the runner's `decode_ahead` makes them: step i + 1 submitted, fed step
+    // i's pick on the device, before step i is read.
+    let greedy = sampler.candidates_wanted() == Some(1);
+    let ahead_ms = if greedy && method.supports_feed(0) {
+        let n = s.steps + 2;
+        method.start_candidates(&inputs(7, s.start), 0, 1, Some(0), false)?;
+        let mut t0 = std::time::Instant::now();
+        for i in 0..n {
+            if i == 2 {
+                t0 = std::time::Instant::now();
+            }
+            if i + 1 < n {
+                let io = inputs(0, s.start + (i + 1) % s.steps);
+                method.start_candidates(&io, 0, 1, Some(0), true)?;
+            }
+            let (_, c) = method.finish_candidates()?;
+            c.first
+                .ok_or_else(|| anyhow::anyhow!("a decode step left no greedy pick"))?;
+        }
+        Some(t0.elapsed().as_secs_f64() * 1e3 / s.steps as f64)
+    } else {
+        None
+    };
     // The bench's last decode step again (its position too: attention's work grows with it).
     method.execute(&inputs(7, s.start + s.steps - 1))?;
     Ok(Picked {
@@ -761,6 +807,7 @@ fn picked_decode(
         row_ms,
         candidates_ms,
         fallbacks,
+        ahead_ms,
     })
 }
 
