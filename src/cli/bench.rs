@@ -754,7 +754,12 @@ fn picked_decode(
             tok = match sampler.candidates_wanted().filter(|_| cands) {
                 Some(k) => {
                     let (_, c) = method.execute_candidates(&io, 0, k)?;
-                    match sampler.sample_candidates(&c)? {
+                    // As the runner picks: a greedy pick is also the device's own.
+                    let pick = match sampler.sample_candidates(&c)? {
+                        None if k == 1 => c.first,
+                        t => t,
+                    };
+                    match pick {
                         Some(t) => t,
                         None => {
                             fallbacks += (i >= 2) as usize;
