@@ -301,3 +301,46 @@ fn generate_defaults_to_the_bundled_demo_model() {
     assert!(ok, "{err}");
     assert!(out.contains("Paris"), "{out}");
 }
+
+/// `--tables gpu` keeps big embedding tables in GPU memory: the same greedy reply as on the
+/// host; with the CPU executor, or a placement that does not exist, a clear error.
+#[test]
+fn generate_places_tables_as_asked() {
+    let dir = byte_model_dir("gemma4_tiny_vulkan_stock_8da4w_emb4.pte");
+    let model = dir.path().to_string_lossy().into_owned();
+    let run = |device: &str, tables: &str| {
+        pteria(&[
+            "generate",
+            "--model",
+            &model,
+            "--prompt",
+            "hello",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "6",
+            "--device",
+            device,
+            "--tables",
+            tables,
+        ])
+    };
+    let (ok, _, err) = run("cpu", "gpu");
+    assert!(!ok);
+    assert!(
+        err.contains("--tables gpu needs the GPU executor (--device gpu), not --device cpu"),
+        "{err}"
+    );
+    let (ok, _, err) = run("cpu", "disk");
+    assert!(!ok);
+    assert!(err.contains("unknown table placement `disk`"), "{err}");
+    if common::gpu_context().is_none() {
+        return;
+    }
+    let (ok, host, err) = run("gpu", "host");
+    assert!(ok, "{err}");
+    let (ok, gpu, err) = run("gpu", "gpu");
+    assert!(ok, "{err}");
+    assert_eq!(host, gpu);
+    assert!(!host.trim().is_empty());
+}

@@ -176,17 +176,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     use std::time::Instant;
     let device: Device = a.device.parse().map_err(anyhow::Error::msg)?;
     let kv: delegate::KvCache = a.kv.parse().map_err(anyhow::Error::msg)?;
-    let tables_on_gpu = match a.tables.as_str() {
-        "host" => false,
-        "gpu" => true,
-        t => bail!("unknown --tables `{t}` (expected host or gpu)"),
-    };
-    let open = || {
-        pteria::gpu::Context::with_options(pteria::gpu::ContextOptions {
-            host_gather_min_bytes: tables_on_gpu.then_some(u64::MAX),
-            ..delegate::gpu_options(kv)
-        })
-    };
+    let tables: delegate::Tables = a.tables.parse().map_err(anyhow::Error::msg)?;
+    let open = || pteria::gpu::Context::with_options(delegate::gpu_options_placed(kv, tables));
     let gpu_ctx = match device {
         Device::Cpu => None,
         Device::Gpu => Some(open()?),
@@ -194,6 +185,9 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     };
     if gpu_ctx.is_none() && kv == delegate::KvCache::F16 {
         bail!("--kv f16 needs the GPU executor (--device gpu)");
+    }
+    if gpu_ctx.is_none() && tables == delegate::Tables::Gpu {
+        bail!("--tables gpu needs the GPU executor (--device gpu)");
     }
     let gpu_ctx = gpu_ctx.map(Arc::new);
     // The yardsticks, before the model's gigabytes are allocated.

@@ -10,7 +10,7 @@ use pteria::llm::{
     CancelToken, Completion, Engine, Event, GenerateOptions, LoadOptions, Message, ModelFiles,
     ModelInfo, RunnerConfig, SamplingParams,
 };
-use pteria::runtime::delegate::{Device, KvCache};
+use pteria::runtime::delegate::{Device, KvCache, Tables};
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -30,6 +30,10 @@ pub struct ModelArgs {
     /// f32 | f16: how the GPU executor holds KV caches (f16: half the bytes, see README).
     #[arg(long, default_value = "f32")]
     pub kv: String,
+    /// host | gpu: where the GPU executor keeps big embedding tables. gpu takes their size in
+    /// GPU memory (1.6 GiB for Gemma 4 E2B) and lets greedy decoding run a step ahead.
+    #[arg(long, default_value = "host")]
+    pub tables: String,
     /// Use at most this many tokens of context (the program's max_context_len still applies).
     #[arg(long)]
     pub context: Option<usize>,
@@ -124,7 +128,8 @@ pub fn open(args: &ModelArgs) -> Result<(Engine, ModelInfo)> {
     let files = resolve_model(args.model.as_deref())?;
     let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
     let kv: KvCache = args.kv.parse().map_err(anyhow::Error::msg)?;
-    let (mut options, note) = LoadOptions::on_device_with(device, kv)?;
+    let tables: Tables = args.tables.parse().map_err(anyhow::Error::msg)?;
+    let (mut options, note) = LoadOptions::on_device_placed(device, kv, tables)?;
     if let Some(n) = note {
         eprintln!("{n}");
     }

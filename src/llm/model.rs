@@ -7,7 +7,7 @@ use super::sampler::{Sampler, SamplingParams};
 use super::template::{ChatTemplate, Message, RenderOptions, Role};
 use super::tokenizer::Tokenizer;
 use super::{CancelToken, LlmError, ModelMetadata, Result};
-use crate::runtime::delegate::{executor_tallied, Device, KvCache, KvTally};
+use crate::runtime::delegate::{executor_placed, Device, KvCache, KvTally, Tables};
 use crate::runtime::BackendRegistry;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -157,7 +157,18 @@ impl LoadOptions {
 
     /// `on_device` with the GPU executor's KV caches held as `kv`.
     pub fn on_device_with(device: Device, kv: KvCache) -> Result<(LoadOptions, Option<String>)> {
-        let (make, note, kv_tally) = executor_tallied(device, kv).map_err(LlmError::Device)?;
+        LoadOptions::on_device_placed(device, kv, Tables::Host)
+    }
+
+    /// `on_device_with`, with big embedding tables where `tables` says (on the GPU, greedy
+    /// decode steps run one ahead).
+    pub fn on_device_placed(
+        device: Device,
+        kv: KvCache,
+        tables: Tables,
+    ) -> Result<(LoadOptions, Option<String>)> {
+        let (make, note, kv_tally) =
+            executor_placed(device, kv, tables).map_err(LlmError::Device)?;
         let options = LoadOptions {
             backends: crate::frontend::backends(make),
             kv_tally,

@@ -423,10 +423,40 @@ impl std::str::FromStr for KvCache {
     }
 }
 
+/// Where the GPU executor keeps big embedding tables (`--tables`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tables {
+    /// In host memory, their rows gathered on the host before each call (`gpu::host_gather`).
+    #[default]
+    Host,
+    /// In GPU memory, as every other weight: more of it, but calls need no token on the host
+    /// first, so greedy decode steps can run one ahead (`llm::Runner`).
+    Gpu,
+}
+
+impl std::str::FromStr for Tables {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "host" => Ok(Tables::Host),
+            "gpu" => Ok(Tables::Gpu),
+            t => Err(format!(
+                "unknown table placement `{t}` (expected host or gpu)"
+            )),
+        }
+    }
+}
+
 /// The GPU context options that hold KV caches as `kv` says.
 pub fn gpu_options(kv: KvCache) -> crate::gpu::ContextOptions {
+    gpu_options_placed(kv, Tables::Host)
+}
+
+/// `gpu_options`, with big embedding tables where `tables` says.
+pub fn gpu_options_placed(kv: KvCache, tables: Tables) -> crate::gpu::ContextOptions {
     crate::gpu::ContextOptions {
         f16_kv_cache: kv == KvCache::F16,
+        host_gather_min_bytes: (tables == Tables::Gpu).then_some(u64::MAX),
         ..Default::default()
     }
 }
@@ -451,19 +481,34 @@ pub fn executor_tallied(
     device: Device,
     kv: KvCache,
 ) -> Result<(ExecutorFactory, Option<String>, KvTally), String> {
+    executor_placed(device, kv, Tables::Host)
+}
+
+/// `executor_tallied`, with big embedding tables where `tables` says. Like f16 caches, tables
+/// on the GPU are a GPU executor option: an error where the CPU executor would run.
+pub fn executor_placed(
+    device: Device,
+    kv: KvCache,
+    tables: Tables,
+) -> Result<(ExecutorFactory, Option<String>, KvTally), String> {
     let tally = KvTally::default();
-    let open = || crate::gpu::Context::with_options(gpu_options(kv));
+    let open = || crate::gpu::Context::with_options(gpu_options_placed(kv, tables));
     let gpu = |ctx| gpu_executor_tallied(Arc::new(ctx), tally.clone());
-    let cpu = |why: String| {
-        if kv == KvCache::F16 {
-            Err(format!("--kv f16 needs the GPU executor, but {why}"))
-        } else {
-            Ok((cpu_executor(), Some(format!("running on the CPU: {why}"))))
-        }
+    let gpu_only = match (kv, tables) {
+        (KvCache::F16, _) => Some("--kv f16"),
+        (_, Tables::Gpu) => Some("--tables gpu"),
+        _ => None,
+    };
+    let cpu = |why: String| match gpu_only {
+        Some(what) => Err(format!("{what} needs the GPU executor, but {why}")),
+        None => Ok((cpu_executor(), Some(format!("running on the CPU: {why}")))),
     };
     let (make, note) = match device {
-        Device::Cpu if kv == KvCache::F16 => {
-            return Err("--kv f16 needs the GPU executor (--device gpu), not --device cpu".into())
+        Device::Cpu if gpu_only.is_some() => {
+            return Err(format!(
+                "{} needs the GPU executor (--device gpu), not --device cpu",
+                gpu_only.unwrap_or_default()
+            ))
         }
         Device::Cpu => (cpu_executor(), None),
         Device::Gpu => (gpu(open().map_err(|e| format!("--device gpu: {e}"))?), None),
