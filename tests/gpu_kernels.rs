@@ -13,6 +13,7 @@ use pteria::ir::{
     TensorId, UnaryOp, Weight,
 };
 use pteria::pte::{Blob, Bytes};
+use pteria::runtime::candidates::{DevicePick, Draw};
 use pteria::runtime::HostTensor;
 use std::sync::{Arc, OnceLock};
 
@@ -4197,15 +4198,15 @@ fn fed_calls_take_the_last_calls_pick() {
     }
     let (five, junk) = (token(5), token(1234));
     // Not fed: the host's token. Then fed: the placeholder is not read.
-    gpu.start_candidates(&call(&five), 0, 1, Some(0), false)
+    gpu.start_candidates(&call(&five), 0, 1, Some(feed(false)))
         .unwrap();
     let mut want = next(5);
     for step in 0..6 {
-        gpu.start_candidates(&call(&junk), 0, 1, Some(0), true)
+        gpu.start_candidates(&call(&junk), 0, 1, Some(feed(true)))
             .unwrap();
         assert_eq!(gpu.in_flight(), 2);
         let e = gpu
-            .start_candidates(&call(&junk), 0, 1, Some(0), true)
+            .start_candidates(&call(&junk), 0, 1, Some(feed(true)))
             .unwrap_err()
             .to_string();
         assert!(e.contains("in flight"), "{e}");
@@ -4235,29 +4236,49 @@ fn fed_calls_take_the_last_calls_pick() {
         .unwrap()
         .remove(0);
     assert_eq!(row, expect);
-    // Sampled picks (k > 1) are not fed, and a fed call must follow a feeding one.
+    // A pick from top-2 needs a draw, a draw sane settings, and a fed call must follow a
+    // feeding one.
     let e = gpu
-        .start_candidates(&call(&five), 0, 2, Some(0), false)
+        .start_candidates(&call(&five), 0, 2, Some(feed(false)))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("greedy"), "{e}");
-    gpu.start_candidates(&call(&five), 0, 1, None, false)
+    assert!(e.contains("needs a draw"), "{e}");
+    let bad = Draw {
+        temperature: 0.0,
+        top_p: 1.0,
+        min_p: 0.0,
+        u: 0.5,
+    };
+    let e = gpu
+        .start_candidates(
+            &call(&five),
+            0,
+            2,
+            Some(DevicePick {
+                draw: Some(bad),
+                ..feed(false)
+            }),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("out of range"), "{e}");
+    gpu.start_candidates(&call(&five), 0, 1, None)
         .unwrap();
     gpu.finish_candidates().unwrap();
     let e = gpu
-        .start_candidates(&call(&junk), 0, 1, Some(0), true)
+        .start_candidates(&call(&junk), 0, 1, Some(feed(true)))
         .unwrap_err()
         .to_string();
     assert!(e.contains("must follow"), "{e}");
     // Another executor's call between the feeding call and the fed one is refused too.
-    gpu.start_candidates(&call(&five), 0, 1, Some(0), false)
+    gpu.start_candidates(&call(&five), 0, 1, Some(feed(false)))
         .unwrap();
     gpu.finish_candidates().unwrap();
     let (g2, _) = successor_graph(8);
     let mut other = GpuExecutor::new(ctx.clone(), g2).unwrap();
     other.run(&call(&token(1))).unwrap();
     let e = gpu
-        .start_candidates(&call(&junk), 0, 1, Some(0), true)
+        .start_candidates(&call(&junk), 0, 1, Some(feed(true)))
         .unwrap_err()
         .to_string();
     assert!(e.contains("must follow"), "{e}");
@@ -4274,10 +4295,114 @@ fn fed_calls_take_the_last_calls_pick() {
             }],
             0,
             1,
-            Some(0),
-            false,
+            Some(feed(false)),
         )
         .unwrap_err()
         .to_string();
     assert!(e.contains("not an integer"), "{e}");
+}
+
+fn feed(fed: bool) -> DevicePick {
+    DevicePick {
+        feed: 0,
+        fed,
+        draw: None,
+    }
+}
+
+/// A sampled pick on the device (`draw` in kernels/candidates.wgsl, f32) is the host sampler's
+/// (f64) with the same uniform number, over rows model-like, tied, with +inf and signed zeros,
+/// at several settings. (`fed_calls_take_the_last_calls_pick` and the runner's tests feed picks.)
+#[test]
+fn device_draws_pick_what_the_sampler_picks() {
+    use pteria::llm::sampler::{Sampler, SamplingParams};
+    use pteria::runtime::candidates::candidates_of;
+    let Some(ctx) = open(ContextOptions::default()) else {
+        return;
+    };
+    // Rows of 70000 logits (69 blocks, so top-64's threshold is a block maximum), one a token.
+    let (rows, vocab) = (16, 70000);
+    let mut table = Vec::with_capacity(rows * vocab);
+    for t in 0..rows {
+        let row = pteria::gpu::bench::model_like_logits(vocab, t as u64 + 1);
+        table.extend(row.iter().map(|&x| match t % 7 {
+            // Ties: logits in steps of 1.
+            1 => x.round(),
+            // Several +inf.
+            2 if x > 9.0 => f32::INFINITY,
+            // Signed zeros on top.
+            3 if x > 9.0 => {
+                if x > 10.0 {
+                    0.0
+                } else {
+                    -0.0
+                }
+            }
+            3 => x - 20.0,
+            _ => x,
+        }));
+    }
+    let bytes: Vec<u8> = table.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut g = Graph::default();
+    let ids = g.add_tensor("ids", DType::I64, vec![1, 1], Role::Input(0));
+    g.inputs.push(Io::Tensor(ids));
+    let w = g.add_tensor(
+        "w",
+        DType::F32,
+        vec![rows, vocab],
+        Role::Constant(Blob::whole(Arc::new(Bytes::Owned(bytes)))),
+    );
+    let y = g.add_tensor("y", DType::F32, vec![1, 1, vocab], Role::Activation);
+    g.op(OpKind::Embedding { weight: Weight::F32 }, vec![w, ids], vec![y]);
+    g.outputs.push(y);
+    let mut gpu = GpuExecutor::new(ctx.clone(), g).unwrap();
+    let settings = [
+        (1.0, 64, 0.95, 0.0),
+        (0.7, 3, 1.0, 0.0),
+        (1.3, 40, 0.5, 0.1),
+        (1.0, 1, 1.0, 0.0),
+        (2.0, 300, 0.99, 0.05),
+    ];
+    let mut checked = 0;
+    for (s, &(temperature, top_k, top_p, min_p)) in settings.iter().enumerate() {
+        let mut sampler = Sampler::new(SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed: Some(s as u64 + 3),
+            ..SamplingParams::default()
+        })
+        .unwrap();
+        let mut tok = 5u32;
+        for step in 0..60 {
+            let bytes = (tok as i64).to_le_bytes();
+            let input = [InputValue::Tensor {
+                shape: vec![1, 1],
+                data: &bytes,
+            }];
+            let draw = sampler.draw_ahead(0).unwrap();
+            let pick = DevicePick {
+                draw: Some(draw),
+                ..feed(false)
+            };
+            gpu.start_candidates(&input, 0, top_k, Some(pick)).unwrap();
+            let (_, c) = gpu.finish_candidates().unwrap();
+            let what = format!("settings {s} step {step} token {tok}");
+            let row = &table[tok as usize * vocab..][..vocab];
+            assert_eq!(c.found, candidates_of(row, top_k).found, "{what}");
+            assert_eq!(c.first, None, "{what}");
+            let host = sampler.sample_candidates(&c).unwrap();
+            if c.complete() {
+                assert_eq!(c.drawn, host, "{what}: u {}", draw.u);
+                assert!(host.is_some(), "{what}");
+                checked += 1;
+            } else {
+                assert_eq!((c.drawn, host), (None, None), "{what}");
+            }
+            // The next row, from the pick where there is one.
+            tok = (host.unwrap_or(tok) * 31 + 7) % rows as u32;
+        }
+    }
+    assert!(checked > 200, "{checked} draws checked");
 }

@@ -18,7 +18,7 @@ use super::ops::{self, Env, Res, Step};
 use super::wait::{await_map, WaitClock};
 use super::GpuError;
 use crate::ir::{Graph, InputValue, Int, Io, IrError, Node, OpKind, Plan, PlanCache, Role};
-use crate::runtime::candidates::{self, Candidates};
+use crate::runtime::candidates::{self, Candidates, DevicePick};
 use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
 use crate::runtime::{DType, HostTensor};
 use std::borrow::Cow;
@@ -580,6 +580,7 @@ impl GpuExecutor {
             output,
             k: k.clamp(1, u32::MAX as usize),
             feed: None,
+            draw: None,
         };
         let (outs, c) = self.run_with(inputs, Some(want))?;
         let c = c.ok_or_else(|| GpuError::Device("candidates missing after a call".into()))?;
@@ -589,33 +590,52 @@ impl GpuExecutor {
     /// Submits a call as `run_candidates` makes it and returns without waiting for it;
     /// `finish_candidates` hands back its outputs, oldest call first. Two calls may be in
     /// flight at once, so a decode step can be submitted before the last one's token is known:
-    /// with `feed`, the call also copies its greedy pick (k = 1: `Candidates::first`) into that
-    /// input's buffer, and a next call made with `fed` reads its token from there, its own value
-    /// for that input unused. The host checks each pick when it finishes the call that made it.
+    /// with `pick`, the call also picks a token on the device (greedy for k = 1:
+    /// `Candidates::first`; or a draw: `Candidates::drawn`) and copies it into input
+    /// `pick.feed`'s buffer, and a next call made with `pick.fed` reads its token from there,
+    /// its own value for that input unused. The host checks each pick when it finishes the call
+    /// that made it.
     pub fn start_candidates(
         &mut self,
         inputs: &[InputValue],
         output: usize,
         k: usize,
-        feed: Option<usize>,
-        fed: bool,
+        pick: Option<DevicePick>,
     ) -> Result<(), GpuError> {
         self.candidates_check(output)?;
-        if let Some(input) = feed {
-            self.feed_check(input)?;
-            if k != 1 {
+        let k = k.clamp(1, u32::MAX as usize);
+        if let Some(p) = pick {
+            self.feed_check(p.feed)?;
+            if k != 1 && p.draw.is_none() {
                 return Err(GpuError::Device(format!(
-                    "input {input} can be fed a greedy pick (k = 1) only, not top-{k}'s"
+                    "input {}: a pick from top-{k}'s candidates needs a draw (greedy is k = 1)",
+                    p.feed
                 )));
+            }
+            if let Some(d) = p.draw {
+                let ok = d.temperature > 0.0
+                    && d.temperature.is_finite()
+                    && (0.0..=1.0).contains(&d.min_p)
+                    && d.top_p > 0.0
+                    && d.top_p <= 1.0
+                    && (0.0..1.0).contains(&d.u);
+                if !ok {
+                    return Err(GpuError::Device(format!("a draw's settings out of range: {d:?}")));
+                }
             }
         }
         let want = CandidateRequest {
             output,
-            k: k.clamp(1, u32::MAX as usize),
-            feed,
+            k,
+            feed: pick.map(|p| p.feed),
+            draw: pick
+                .and_then(|p| p.draw)
+                .map(|d| [d.temperature, d.top_p, d.min_p].map(f32::to_bits)),
         };
+        let fed = pick.is_some_and(|p| p.fed);
+        let u = pick.and_then(|p| p.draw).map(|d| d.u);
         match &mut self.host {
-            None => self.start_call(inputs, Some(want), fed),
+            None => self.start_call(inputs, Some(want), fed, u),
             Some(host) => {
                 let rows = host.run(inputs).map_err(GpuError::Device)?;
                 let mut all = inputs.to_vec();
@@ -623,7 +643,7 @@ impl GpuExecutor {
                     shape: shape.clone(),
                     data,
                 }));
-                self.start_call(&all, Some(want), fed)
+                self.start_call(&all, Some(want), fed, u)
             }
         }
     }
@@ -782,16 +802,18 @@ impl GpuExecutor {
                 "a call waits while earlier ones are still in flight: finish them first".into(),
             ));
         }
-        self.start_call(inputs, want, false)?;
+        self.start_call(inputs, want, false, None)?;
         self.finish_call()
     }
 
-    /// Plans a call, writes its inputs (all but the fed one, when `fed`) and submits it.
+    /// Plans a call, writes its inputs (all but the fed one, when `fed`, and the draw's uniform
+    /// number `u`) and submits it.
     fn start_call(
         &mut self,
         inputs: &[InputValue],
         want: Option<CandidateRequest>,
         fed: bool,
+        u: Option<f64>,
     ) -> Result<(), GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
@@ -888,6 +910,15 @@ impl GpuExecutor {
         }
         if !syms.is_empty() {
             queue.write_buffer(&self.buffers[self.syms], 0, bytemuck::cast_slice(&syms));
+        }
+        if let Some(u) = u {
+            // Rounded down into f32's [0, 1): rounding to nearest could make it 1.
+            let mut v = u as f32;
+            if f64::from(v) > u {
+                v = f32::from_bits(v.to_bits() - 1);
+            }
+            let at = (3 + 2 * candidates::CAPACITY as u64) * 4;
+            queue.write_buffer(&self.buffers[self.cands], at, &v.to_bits().to_le_bytes());
         }
 
         // Its own readback buffer: the lowest that no call in flight fills.
@@ -1000,7 +1031,7 @@ impl GpuExecutor {
             }
             let cands = rec
                 .cands
-                .map(|(c, at)| read_candidates(&bytes[at as usize..], c.k));
+                .map(|(c, at)| read_candidates(&bytes[at as usize..], c.k, c.draw.is_some()));
             (outs, cands)
         };
         let mut clock = rec.wait;
@@ -1272,18 +1303,23 @@ impl GpuExecutor {
                     candidates::MAX_BLOCKS * candidates::BLOCK
                 )));
             }
+            let [temperature, top_p, min_p] = c.draw.unwrap_or_default();
             let params = vec![
                 (numel - n) as u32,
                 n as u32,
                 c.k as u32,
                 candidates::CAPACITY as u32,
                 blocks as u32,
+                temperature,
+                top_p,
+                min_p,
             ];
-            // A greedy pick (k = 1) is also found over the whole row, in one workgroup.
-            let entries: &[&'static str] = if c.k == 1 {
-                &["block_max", "gather", "pick"]
-            } else {
-                &["block_max", "gather"]
+            // A greedy pick (k = 1) is also found over the whole row, in one workgroup; a
+            // sampled one from the candidates.
+            let entries: &[&'static str] = match (c.draw, c.k) {
+                (Some(_), _) => &["block_max", "gather", "draw"],
+                (None, 1) => &["block_max", "gather", "pick"],
+                (None, _) => &["block_max", "gather"],
             };
             for &entry in entries {
                 let step = Step {
@@ -1295,7 +1331,15 @@ impl GpuExecutor {
                     inputs: vec![Res::Tensor(t)],
                     writes: Vec::new(),
                     reads_after: Vec::new(),
-                    groups: [if entry == "pick" { 1 } else { blocks as u32 }, 1, 1],
+                    groups: [
+                        if matches!(entry, "pick" | "draw") {
+                            1
+                        } else {
+                            blocks as u32
+                        },
+                        1,
+                        1,
+                    ],
                 };
                 steps.push((usize::MAX, step));
             }
@@ -1574,16 +1618,19 @@ impl Stamps {
 struct CandidateRequest {
     output: usize,
     k: usize,
-    /// The graph input that the call's pick (k = 1) is copied into, for a next call fed it.
+    /// The graph input that the call's pick is copied into, for a next call fed it.
     feed: Option<usize>,
+    /// A sampled pick's temperature, top-p and min-p (f32 bits); `None`: greedy where k = 1.
+    draw: Option<[u32; 3]>,
 }
 
 /// Words of the candidates buffer (kernels/candidates.wgsl's `c`): the count, the pairs, the
-/// pick, the pick a fed call reads, the blocks' maxima.
-const CANDS_WORDS: u64 = (3 + 2 * candidates::CAPACITY + candidates::MAX_BLOCKS) as u64;
+/// pick, the pick a fed call reads, the draw's uniform number, the blocks' maxima.
+const CANDS_WORDS: u64 = (4 + 2 * candidates::CAPACITY + candidates::MAX_BLOCKS) as u64;
 
-/// The candidates a call left: its count, then (id, logit bits) pairs, then the pick for k = 1.
-fn read_candidates(bytes: &[u8], k: usize) -> Candidates {
+/// The candidates a call left: its count, then (id, logit bits) pairs, then the pick: greedy
+/// for k = 1, else the draw's where the call drew.
+fn read_candidates(bytes: &[u8], k: usize, drew: bool) -> Candidates {
     let word = |i: usize| {
         u32::from_le_bytes([
             bytes[4 * i],
@@ -1596,12 +1643,13 @@ fn read_candidates(bytes: &[u8], k: usize) -> Candidates {
     let pairs = (0..found.min(candidates::CAPACITY))
         .map(|i| (word(1 + 2 * i), f32::from_bits(word(2 + 2 * i))))
         .collect();
-    let first = Some(word(1 + 2 * candidates::CAPACITY)).filter(|&w| k == 1 && w != u32::MAX);
+    let pick = Some(word(1 + 2 * candidates::CAPACITY)).filter(|&w| w != u32::MAX);
     Candidates {
         pairs,
         found,
         k,
-        first,
+        first: pick.filter(|_| k == 1 && !drew),
+        drawn: pick.filter(|_| drew),
     }
 }
 

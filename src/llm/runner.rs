@@ -118,6 +118,8 @@ pub struct Runner {
     serial_decode: bool,
     /// Decode steps submitted with the device's own pick, before the host knew it.
     steps_ahead: usize,
+    /// Steps submitted ahead and dropped because the host's draw differed from the device's.
+    misses_ahead: usize,
     /// A call ran after the one whose logits `logits` holds (a step submitted ahead that
     /// decode then dropped), so that call's row is gone from the device: `logits` runs it again.
     row_gone: bool,
@@ -197,6 +199,7 @@ impl Runner {
             candidate_picks: 0,
             serial_decode: config.serial_decode,
             steps_ahead: 0,
+            misses_ahead: 0,
             row_gone: false,
         })
     }
@@ -295,10 +298,18 @@ impl Runner {
         self.candidate_picks
     }
 
-    /// Greedy decode steps that ran one ahead: submitted with the device's pick from the step
-    /// before, while the host was still reading that step (`RunnerConfig::serial_decode`).
+    /// Decode steps that ran one ahead and were kept: submitted with the device's pick from
+    /// the step before, while the host was still reading that step
+    /// (`RunnerConfig::serial_decode`).
     pub fn steps_ahead(&self) -> usize {
         self.steps_ahead
+    }
+
+    /// Steps run ahead and dropped: the device's draw picked another token than the host's
+    /// (f32 against f64 arithmetic, where the uniform number falls on a boundary), or the
+    /// candidates could not decide the host's.
+    pub fn misses_ahead(&self) -> usize {
+        self.misses_ahead
     }
 
     /// How many times the method has been reloaded to clear its cache.
@@ -455,24 +466,29 @@ impl Runner {
         })
     }
 
-    /// Whether greedy decode steps can run one ahead on the device: each step copies its pick
-    /// into the next step's token on the GPU (`Method::start_candidates`), so the next is
+    /// Whether decode steps can run one ahead on the device: each step picks a token on the GPU
+    /// (greedy, or a draw from its top-k candidates with the host's next uniform number) and
+    /// copies it into the next step's token (`Method::start_candidates`), so the next is
     /// submitted before the host has read this one, and the GPU never waits for the host.
     fn runs_ahead(&self, sampler: &Sampler) -> bool {
+        let device_picks = sampler.is_greedy() || sampler.draw_ahead(0).is_some();
         !self.serial_decode
             && !self.full_logits
             && self.candidates
             && self.misses < MAX_MISSES
-            && sampler.candidates_wanted() == Some(1)
+            && device_picks
             && self.method.as_ref().is_some_and(|m| m.supports_feed(0))
     }
 
-    /// `decode` for greedy picks, one step ahead. The step for token t runs while the host
-    /// reads the one before; the device's pick from it (`Candidates::first`, the row's first
-    /// largest logit, which is `argmax`'s pick) is the next step's token, submitted with it.
-    /// The tokens are those of the one-at-a-time loop. A step submitted ahead that the decode
-    /// then does not need (a stop token, cancellation) is finished and dropped: its keys and
-    /// values sit past the cached tokens, where no call reads them.
+    /// `decode`, one step ahead. The step for token t runs while the host reads the one before;
+    /// the device's pick from it is the next step's token, submitted with it. Greedy, that pick
+    /// is `Candidates::first`, the row's first largest logit: `argmax`'s pick. Sampled, it is
+    /// `Candidates::drawn`, the device's draw in f32 with the uniform number the host's RNG
+    /// gives that pick; the host makes its own pick from the candidates (f64, exact) and drops
+    /// the step run ahead where the two differ. So the tokens, and the RNG's draws, are those of
+    /// the one-at-a-time loop. A step submitted ahead that the decode then does not need (a
+    /// stop token, cancellation, another pick) is finished and dropped: its keys and values sit
+    /// past the cached tokens, where no call reads them before a later call overwrites them.
     fn decode_ahead(
         &mut self,
         sampler: &mut Sampler,
@@ -499,18 +515,26 @@ impl Runner {
                     StopReason::ContextFull
                 };
             }
-            let first = match &self.logits {
-                Some(Logits::Candidates(c)) => c.first,
-                _ => None,
+            let (host, device) = match &self.logits {
+                Some(Logits::Candidates(c)) if sampler.is_greedy() => (c.first, c.first),
+                Some(Logits::Candidates(c)) => (sampler.sample_candidates(c)?, c.drawn),
+                _ => (None, None),
             };
-            let tok = match first {
+            let tok = match host {
                 Some(t) => {
                     self.candidate_picks += 1;
+                    if ahead && device != Some(t) {
+                        self.drop_ahead(&mut ahead)?;
+                        self.misses_ahead += 1;
+                    }
                     t
                 }
                 None => {
-                    // No pick on the device (a row of NaN, or logits read whole): the host's,
-                    // from the row, which says why there is none.
+                    // Not decided by the candidates (overflowed, a row of NaN, or logits read
+                    // whole): the host's pick from the row, which says why where there is none.
+                    if ahead {
+                        self.misses_ahead += 1;
+                    }
                     self.drop_ahead(&mut ahead)?;
                     self.pick(sampler)?
                 }
@@ -535,13 +559,13 @@ impl Runner {
                 // It runs `tok` already.
                 self.steps_ahead += 1;
             } else {
-                self.start_step(Some(tok), at)?;
+                self.start_step(sampler, Some(tok), at)?;
             }
             self.cached.push(tok);
             // The step after it, fed its pick, unless the limit leaves no room for its token.
             ahead = tokens.len() + 1 < limit;
             if ahead {
-                self.start_step(None, at + 1)?;
+                self.start_step(sampler, None, at + 1)?;
             }
             let logits = self.finish_step()?;
             self.logits = Some(logits);
@@ -555,13 +579,21 @@ impl Runner {
         })
     }
 
-    /// Submits a greedy decode step for `tok` at position `at` (`None`: the last step's pick,
-    /// on the device) that copies its own pick into the next step's token.
-    fn start_step(&mut self, tok: Option<u32>, at: usize) -> Result<()> {
+    /// Submits a decode step for `tok` at position `at` (`None`: the last step's pick, on the
+    /// device) that picks the next token on the device as `sampler` would and copies it into
+    /// the next step's token. Its draw is the pick after `tok`'s: the RNG's next uniform number,
+    /// or the one after it for a step fed a pick the host has not drawn yet.
+    fn start_step(&mut self, sampler: &Sampler, tok: Option<u32>, at: usize) -> Result<()> {
         let (ids, pos) = self.step_inputs(&[tok.unwrap_or(0)], at);
+        let pick = crate::runtime::candidates::DevicePick {
+            feed: 0,
+            fed: tok.is_none(),
+            draw: sampler.draw_ahead(tok.is_none() as usize),
+        };
+        let k = sampler.candidates_wanted().unwrap_or(1);
         let method = self.method.as_mut().ok_or(LlmError::NoPrompt)?;
         let result = method
-            .start_candidates(&[ids, pos], 0, 1, Some(0), tok.is_none())
+            .start_candidates(&[ids, pos], 0, k, Some(pick))
             .map_err(|source| LlmError::Runtime {
                 context: format!("starting `forward` on 1 token at position {at}"),
                 source,
@@ -586,7 +618,7 @@ impl Runner {
                 source,
             })
             .and_then(|(_, c)| {
-                let ids = c.pairs.iter().map(|p| p.0).chain(c.first);
+                let ids = c.pairs.iter().map(|p| p.0).chain(c.first).chain(c.drawn);
                 match ids.into_iter().find(|&id| id as usize >= vocab) {
                     Some(id) => Err(LlmError::Unsupported(format!(
                         "a decode step's candidate token {id} is outside the {vocab}-token \

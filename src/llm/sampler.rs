@@ -4,6 +4,7 @@
 //! reproduces it exactly.
 
 use super::{LlmError, Result};
+use crate::runtime::candidates::Draw;
 use crate::runtime::Candidates;
 use std::cmp::Ordering;
 
@@ -229,6 +230,32 @@ impl Sampler {
             return Some(1);
         }
         (p.top_k > 0).then_some(p.top_k)
+    }
+
+    /// Whether every pick is the first largest logit (temperature 0, no penalty), which a device
+    /// makes exactly (`Candidates::first`).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0 && self.params.repetition_penalty == 1.0
+    }
+
+    /// The draw a device makes for the pick `ahead` picks from now, as this sampler would
+    /// from its top-k candidates (each sampled pick takes one uniform number from the RNG, in
+    /// order); `None` where the pick is greedy or needs the row (a penalty, no top-k).
+    pub fn draw_ahead(&self, ahead: usize) -> Option<Draw> {
+        let p = &self.params;
+        if p.temperature == 0.0 || p.repetition_penalty != 1.0 || p.top_k == 0 {
+            return None;
+        }
+        let mut rng = self.rng.clone();
+        for _ in 0..ahead {
+            rng.next_f64();
+        }
+        Some(Draw {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            u: rng.next_f64(),
+        })
     }
 
     /// Picks the next token from a row's candidates: the token `sample` picks from the whole

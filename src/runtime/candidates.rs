@@ -33,6 +33,33 @@ pub struct Candidates {
     /// [`first_max`] finds it over the whole row, so that it decides a greedy pick even where
     /// the pairs overflow; `None` where the row has nothing but NaN, or it was not asked for.
     pub first: Option<u32>,
+    /// For a call asked to draw (`DevicePick::draw`): the token the device's draw picked, in f32
+    /// arithmetic, for the host to check against its own; `None` where the candidates cannot
+    /// decide it (overflowed, or none).
+    pub drawn: Option<u32>,
+}
+
+/// How a decode step that is submitted before the host has read the one before picks its
+/// token on the device (`Method::start_candidates`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DevicePick {
+    /// The graph input the call's pick is copied into: the next step's token.
+    pub feed: usize,
+    /// This call's own value for `feed` is unused: the last call's pick is already there.
+    pub fed: bool,
+    /// A sampled pick (top-k of the candidates, temperature, top-p, min-p, then one uniform
+    /// draw), or `None` for greedy (k = 1: `Candidates::first`).
+    pub draw: Option<Draw>,
+}
+
+/// A sampled pick's settings (as `llm::sampler::SamplingParams` has them) and its uniform
+/// number in [0, 1), which the host takes from its RNG ahead of time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub u: f64,
 }
 
 impl Candidates {
@@ -77,6 +104,7 @@ pub fn candidates_of(row: &[f32], k: usize) -> Candidates {
         found,
         k,
         first,
+        drawn: None,
     }
 }
 

@@ -3,6 +3,7 @@
 //! memory and the graph's inputs and outputs.
 
 use super::{Backend, Candidates, DelegateExecutor, HostTensor, Memory, Value};
+use super::candidates::DevicePick;
 use crate::ir::{self, Io};
 use crate::pte::{BackendDelegate, NamedData};
 use crate::runtime::tensor::{from_f64, from_i64, to_f64, to_i64};
@@ -53,15 +54,14 @@ pub trait IrExecutor: Send {
     }
 
     /// Submits a call as `run_candidates` makes it without waiting for it (see
-    /// `GpuExecutor::start_candidates`: `feed` and `fed` chain greedy decode steps on the
-    /// device); `None` where this executor cannot.
+    /// `GpuExecutor::start_candidates`: `pick` chains decode steps on the device); `None` where
+    /// this executor cannot.
     fn start_candidates(
         &mut self,
         _inputs: &[ir::InputValue],
         _output: usize,
         _k: usize,
-        _feed: Option<usize>,
-        _fed: bool,
+        _pick: Option<DevicePick>,
     ) -> Option<Result<(), String>> {
         None
     }
@@ -310,11 +310,10 @@ impl IrExecutor for crate::gpu::GpuExecutor {
         inputs: &[ir::InputValue],
         output: usize,
         k: usize,
-        feed: Option<usize>,
-        fed: bool,
+        pick: Option<DevicePick>,
     ) -> Option<Result<(), String>> {
         Some(
-            crate::gpu::GpuExecutor::start_candidates(self, inputs, output, k, feed, fed)
+            crate::gpu::GpuExecutor::start_candidates(self, inputs, output, k, pick)
                 .map_err(|e| e.to_string()),
         )
     }
@@ -595,8 +594,7 @@ impl IrExecutor for SharedGpu {
         inputs: &[ir::InputValue],
         output: usize,
         k: usize,
-        feed: Option<usize>,
-        fed: bool,
+        pick: Option<DevicePick>,
     ) -> Option<Result<(), String>> {
         let mut p = match self.0.lock() {
             Ok(p) => p,
@@ -605,7 +603,7 @@ impl IrExecutor for SharedGpu {
         p.last = owned_inputs(inputs);
         Some(
             p.exec
-                .start_candidates(inputs, output, k, feed, fed)
+                .start_candidates(inputs, output, k, pick)
                 .map_err(|e| e.to_string()),
         )
     }

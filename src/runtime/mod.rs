@@ -496,17 +496,16 @@ impl Method {
     }
 
     /// Submits a call as `execute_candidates` makes it, without waiting; `finish_candidates`
-    /// hands back its outputs. With `feed` (k = 1) the call copies its greedy pick into input
-    /// `feed` on the device, and a next call made with `fed` reads its token from there (its
-    /// value for that input then only gives the shape): a decode step submitted before the
-    /// last one's token is known (`GpuExecutor::start_candidates`).
+    /// hands back its outputs. With `pick` the call picks a token on the device (greedy, or a
+    /// draw) and copies it into input `pick.feed`, and a next call made with `pick.fed` reads
+    /// its token from there (its value for that input then only gives the shape): a decode step
+    /// submitted before the last one's token is known (`GpuExecutor::start_candidates`).
     pub fn start_candidates(
         &mut self,
         inputs: &[HostTensor],
         output: usize,
         k: usize,
-        feed: Option<usize>,
-        fed: bool,
+        pick: Option<candidates::DevicePick>,
     ) -> Result<()> {
         let method = self.plan.name.clone();
         if !self.supports_candidates(output) {
@@ -520,7 +519,7 @@ impl Method {
             .whole
             .as_mut()
             .ok_or_else(|| RuntimeError::Other("no whole-method graph".into()))?;
-        exec.start_candidates(&vals, output, k, feed, fed)
+        exec.start_candidates(&vals, output, k, pick)
             .unwrap_or_else(|| Err("this executor does not start calls".into()))
             .map_err(|m| RuntimeError::Other(format!("method `{method}`: {m}")))
     }
