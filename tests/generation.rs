@@ -1336,18 +1336,33 @@ fn gpu_decode_picks_from_candidates_what_whole_rows_pick() {
     }
 }
 
-/// Greedy decode on the GPU runs one step ahead (each step fed the last one's pick on the
-/// device): the same tokens as one step at a time, at every limit, stop token and cancellation,
-/// the same last row after it, and the same tokens when a later prompt extends the cache past
-/// the step that was run ahead and dropped.
+/// Decode on the GPU runs one step ahead (each step fed the last one's pick on the device),
+/// greedy and sampled: the same tokens as one step at a time, at every limit, stop token and
+/// cancellation, the same last row after it, and the same tokens (and draws) when a later prompt
+/// extends the cache past the step that was run ahead and dropped.
 #[test]
-fn gpu_greedy_decode_one_step_ahead_matches_one_at_a_time() {
+fn gpu_decode_one_step_ahead_matches_one_at_a_time() {
     use pteria::runtime::delegate::Device;
     if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
         return;
     }
     let (options, _) = LoadOptions::on_device(Device::Gpu).unwrap();
     let never = CancelToken::new();
+    let sampled = |temperature, top_k, top_p, min_p, seed| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let settings = [
+        SamplingParams::greedy(),
+        sampled(1.0, 64, 0.95, 0.0, 5),
+        sampled(0.7, 3, 1.0, 0.0, 9),
+        sampled(1.3, 40, 0.5, 0.1, 11),
+    ];
+    let mut drawn_ahead = 0;
     for file in [
         "gemma4_tiny_vulkan_stock_8da4w_emb4.pte",
         "gemma4_tiny_vulkan_fp32.pte",
@@ -1359,91 +1374,95 @@ fn gpu_greedy_decode_one_step_ahead_matches_one_at_a_time() {
             };
             Runner::open(&fixtures().join(file), &[], &options.backends, &config).unwrap()
         };
-        let greedy = || Sampler::new(SamplingParams::greedy()).unwrap();
-        // The serial run's tokens say which stop token ends a run part-way.
-        let mut serial = open(true);
-        let (_, all) = serial
-            .generate(
-                &PROMPT,
-                &mut greedy(),
-                &no_stops(Some(12)),
-                &never,
-                &mut |_| Ok(()),
-            )
-            .unwrap();
-        assert_eq!(serial.steps_ahead(), 0);
-        let stop_at = all.tokens[6];
-        let cases: Vec<(String, DecodeOptions, Option<usize>)> = vec![
-            ("12 tokens".into(), no_stops(Some(12)), None),
-            ("1 token".into(), no_stops(Some(1)), None),
-            ("2 tokens".into(), no_stops(Some(2)), None),
-            ("3 tokens".into(), no_stops(Some(3)), None),
-            (
-                format!("stop at {stop_at}"),
-                DecodeOptions {
-                    max_new_tokens: Some(12),
-                    stop_ids: vec![stop_at],
-                },
-                None,
-            ),
-            ("cancelled after 4".into(), no_stops(Some(12)), Some(4)),
-        ];
-        for (what, opts, cancel_after) in &cases {
-            let mut runs = Vec::new();
-            for serial_decode in [true, false] {
-                let mut r = open(serial_decode);
-                let cancel = CancelToken::new();
-                let mut seen = 0;
-                let (_, d) = r
-                    .generate(&PROMPT, &mut greedy(), opts, &cancel, &mut |_| {
-                        seen += 1;
-                        if Some(seen) == *cancel_after {
-                            cancel.cancel();
+        for params in &settings {
+            let sampler = || Sampler::new(params.clone()).unwrap();
+            // The serial run's tokens say which stop token ends a run part-way.
+            let mut serial = open(true);
+            let (_, all) = serial
+                .generate(
+                    &PROMPT,
+                    &mut sampler(),
+                    &no_stops(Some(12)),
+                    &never,
+                    &mut |_| Ok(()),
+                )
+                .unwrap();
+            assert_eq!(serial.steps_ahead(), 0);
+            let stop_at = all.tokens[6];
+            let cases: Vec<(String, DecodeOptions, Option<usize>)> = vec![
+                ("12 tokens".into(), no_stops(Some(12)), None),
+                ("1 token".into(), no_stops(Some(1)), None),
+                ("2 tokens".into(), no_stops(Some(2)), None),
+                ("3 tokens".into(), no_stops(Some(3)), None),
+                (
+                    format!("stop at {stop_at}"),
+                    DecodeOptions {
+                        max_new_tokens: Some(12),
+                        stop_ids: vec![stop_at],
+                    },
+                    None,
+                ),
+                ("cancelled after 4".into(), no_stops(Some(12)), Some(4)),
+            ];
+            for (what, opts, cancel_after) in &cases {
+                let what = format!("{file} {what} {params:?}");
+                let mut runs = Vec::new();
+                for serial_decode in [true, false] {
+                    let mut r = open(serial_decode);
+                    let mut s = sampler();
+                    let cancel = CancelToken::new();
+                    let mut seen = 0;
+                    let (_, d) = r
+                        .generate(&PROMPT, &mut s, opts, &cancel, &mut |_| {
+                            seen += 1;
+                            if Some(seen) == *cancel_after {
+                                cancel.cancel();
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                    let (ahead, misses) = (r.steps_ahead(), r.misses_ahead());
+                    let row = r.logits().unwrap().to_vec();
+                    // A later prompt that extends what is cached, and more tokens after it,
+                    // drawn on by the same sampler.
+                    let mut prompt = r.cached_tokens().to_vec();
+                    prompt.extend([9, 4]);
+                    let (p, d2) = r
+                        .generate(&prompt, &mut s, &no_stops(Some(5)), &never, &mut |_| Ok(()))
+                        .unwrap();
+                    assert!(!p.reset, "{what}: the cache was reused");
+                    runs.push((
+                        d.tokens,
+                        d.stop,
+                        row,
+                        d2.tokens,
+                        r.logits().unwrap().to_vec(),
+                    ));
+                    if serial_decode {
+                        assert_eq!((ahead, misses), (0, 0), "{what}");
+                    } else {
+                        // Every step after the first two ran ahead: the first from the
+                        // prompt's row, the second submitted with it. A sampled one is kept
+                        // where the device drew the host's token.
+                        let steps = runs.last().unwrap().0.len();
+                        let ran = match *cancel_after {
+                            None if what.contains("stop at") => steps.saturating_sub(1),
+                            _ => steps.saturating_sub(2),
+                        };
+                        assert_eq!(ahead + misses, ran, "{what}: steps ahead");
+                        assert!(misses <= 1, "{what}: {misses} steps ahead dropped");
+                        if params.temperature > 0.0 {
+                            drawn_ahead += ahead;
                         }
-                        Ok(())
-                    })
-                    .unwrap();
-                let ahead = r.steps_ahead();
-                let row = r.logits().unwrap().to_vec();
-                // A later prompt that extends what is cached, and more tokens after it.
-                let mut prompt = r.cached_tokens().to_vec();
-                prompt.extend([9, 4]);
-                let (p, d2) = r
-                    .generate(
-                        &prompt,
-                        &mut greedy(),
-                        &no_stops(Some(5)),
-                        &never,
-                        &mut |_| Ok(()),
-                    )
-                    .unwrap();
-                assert!(!p.reset, "{file} {what}: the cache was reused");
-                runs.push((
-                    d.tokens,
-                    d.stop,
-                    row,
-                    d2.tokens,
-                    r.logits().unwrap().to_vec(),
-                ));
-                if serial_decode {
-                    assert_eq!(ahead, 0);
-                } else {
-                    // Every step after the first two kept ran ahead: the first from the
-                    // prompt's row, the second submitted with it.
-                    let steps = runs.last().unwrap().0.len();
-                    let kept = match *cancel_after {
-                        Some(_) => steps.saturating_sub(2),
-                        None if what.starts_with("stop") => steps.saturating_sub(1),
-                        None => steps.saturating_sub(2),
-                    };
-                    assert_eq!(ahead, kept, "{file} {what}: steps ahead");
+                    }
                 }
+                assert_eq!(runs[0].0, runs[1].0, "{what}: tokens");
+                assert_eq!(runs[0].1, runs[1].1, "{what}: stop");
+                assert_eq!(runs[0].2, runs[1].2, "{what}: the last row");
+                assert_eq!(runs[0].3, runs[1].3, "{what}: decoding on");
+                assert_eq!(runs[0].4, runs[1].4, "{what}: the row after");
             }
-            assert_eq!(runs[0].0, runs[1].0, "{file} {what}: tokens");
-            assert_eq!(runs[0].1, runs[1].1, "{file} {what}: stop");
-            assert_eq!(runs[0].2, runs[1].2, "{file} {what}: the last row");
-            assert_eq!(runs[0].3, runs[1].3, "{file} {what}: decoding on");
-            assert_eq!(runs[0].4, runs[1].4, "{file} {what}: the row after");
         }
     }
+    assert!(drawn_ahead > 100, "{drawn_ahead} sampled steps kept ahead");
 }

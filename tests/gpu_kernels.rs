@@ -4262,8 +4262,7 @@ fn fed_calls_take_the_last_calls_pick() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("out of range"), "{e}");
-    gpu.start_candidates(&call(&five), 0, 1, None)
-        .unwrap();
+    gpu.start_candidates(&call(&five), 0, 1, None).unwrap();
     gpu.finish_candidates().unwrap();
     let e = gpu
         .start_candidates(&call(&junk), 0, 1, Some(feed(true)))
@@ -4353,7 +4352,13 @@ fn device_draws_pick_what_the_sampler_picks() {
         Role::Constant(Blob::whole(Arc::new(Bytes::Owned(bytes)))),
     );
     let y = g.add_tensor("y", DType::F32, vec![1, 1, vocab], Role::Activation);
-    g.op(OpKind::Embedding { weight: Weight::F32 }, vec![w, ids], vec![y]);
+    g.op(
+        OpKind::Embedding {
+            weight: Weight::F32,
+        },
+        vec![w, ids],
+        vec![y],
+    );
     g.outputs.push(y);
     let mut gpu = GpuExecutor::new(ctx.clone(), g).unwrap();
     let settings = [

@@ -620,7 +620,9 @@ impl GpuExecutor {
                     && d.top_p <= 1.0
                     && (0.0..1.0).contains(&d.u);
                 if !ok {
-                    return Err(GpuError::Device(format!("a draw's settings out of range: {d:?}")));
+                    return Err(GpuError::Device(format!(
+                        "a draw's settings out of range: {d:?}"
+                    )));
                 }
             }
         }

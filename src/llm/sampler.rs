@@ -688,6 +688,43 @@ mod tests {
     }
 
     #[test]
+    fn draw_ahead_peeks_the_uniform_numbers_picks_will_take() {
+        let p = SamplingParams {
+            seed: Some(17),
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(p.clone()).unwrap();
+        let ahead: Vec<f64> = (0..3).map(|n| s.draw_ahead(n).unwrap().u).collect();
+        // Each pick from a two-token distribution takes the next number: the draw says which.
+        let mut taken = Vec::new();
+        for _ in 0..3 {
+            let u = s.rng.clone().next_f64();
+            let tok = s.draw(&[(4, 0.5), (9, 0.5)]);
+            assert_eq!(tok, if u < 0.5 { 4 } else { 9 });
+            taken.push(u);
+        }
+        assert_eq!(ahead, taken);
+        let d = Sampler::new(p).unwrap().draw_ahead(0).unwrap();
+        assert_eq!((d.temperature, d.top_p, d.min_p), (1.0, 0.95, 0.0));
+        // Greedy, a penalty, or no top-k: the device does not draw.
+        for p in [
+            SamplingParams::greedy(),
+            SamplingParams {
+                repetition_penalty: 1.1,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                top_k: 0,
+                ..SamplingParams::default()
+            },
+        ] {
+            assert!(Sampler::new(p).unwrap().draw_ahead(0).is_none());
+        }
+        assert!(Sampler::new(SamplingParams::greedy()).unwrap().is_greedy());
+        assert!(!Sampler::new(SamplingParams::default()).unwrap().is_greedy());
+    }
+
+    #[test]
     fn argmax_is_the_first_max_the_gpu_reports() {
         // The GPU's greedy pick (`Candidates::first`) follows `candidates::first_max`; a greedy
         // decode trusts it where the candidates overflow, so the two must agree everywhere.

@@ -2,8 +2,8 @@
 //! executor (CPU reference or GPU) runs it, and this adapter moves values between the method's
 //! memory and the graph's inputs and outputs.
 
-use super::{Backend, Candidates, DelegateExecutor, HostTensor, Memory, Value};
 use super::candidates::DevicePick;
+use super::{Backend, Candidates, DelegateExecutor, HostTensor, Memory, Value};
 use crate::ir::{self, Io};
 use crate::pte::{BackendDelegate, NamedData};
 use crate::runtime::tensor::{from_f64, from_i64, to_f64, to_i64};
