@@ -611,6 +611,12 @@ struct PickBench {
     default_candidates_us: f64,
     /// Candidates the last call with Gemma's defaults (top-k 64) found.
     default_found: usize,
+    /// Calls one ahead, each fed the last one's pick on the device (greedy, then the defaults'
+    /// draw), the host checking each pick from the candidates.
+    greedy_ahead_us: f64,
+    default_ahead_us: f64,
+    /// Of the defaults' picks one ahead, those where the device's draw was not the host's.
+    default_ahead_missed: usize,
 }
 
 fn pick_bench(ctx: &Arc<pteria::gpu::Context>) -> Result<PickBench> {
@@ -654,20 +660,77 @@ fn pick_bench(ctx: &Arc<pteria::gpu::Context>) -> Result<PickBench> {
         }
         Ok((t0.elapsed().as_secs_f64() * 1e6 / calls as f64, found))
     };
+    // The same row made by a call whose token input is fed the last call's pick: two calls
+    // in flight, as `Runner::decode_ahead` runs them.
+    let mut fed = pteria::gpu::GpuExecutor::new(
+        ctx.clone(),
+        pteria::gpu::bench::token_row_graph(&model_like_logits(vocab, 11)),
+    )?;
+    let mut ahead = |params: SamplingParams| -> Result<(f64, usize)> {
+        use pteria::runtime::candidates::DevicePick;
+        let s = Sampler::new(SamplingParams {
+            seed: Some(1),
+            ..params
+        })?;
+        let mut s = s;
+        let greedy = s.is_greedy();
+        let k = if greedy {
+            1
+        } else {
+            s.candidates_wanted().unwrap_or(1)
+        };
+        let token = 7i64.to_le_bytes();
+        let input = [InputValue::Tensor {
+            shape: vec![1, 1],
+            data: &token,
+        }];
+        let pick = |s: &Sampler, fed: bool| DevicePick {
+            feed: 0,
+            fed,
+            draw: s.draw_ahead(fed as usize),
+        };
+        let mut missed = 0;
+        let n = calls + 10;
+        fed.start_candidates(&input, 0, k, Some(pick(&s, false)))?;
+        let mut t0 = std::time::Instant::now();
+        for i in 0..n {
+            if i == 10 {
+                t0 = std::time::Instant::now();
+            }
+            if i + 1 < n {
+                fed.start_candidates(&input, 0, k, Some(pick(&s, true)))?;
+            }
+            let (_, c) = fed.finish_candidates()?;
+            let (host, device) = if greedy {
+                (c.first, c.first)
+            } else {
+                (s.sample_candidates(&c)?, c.drawn)
+            };
+            if host.is_none() {
+                bail!("{} candidates for k {k} did not decide the pick", c.found);
+            }
+            missed += (host != device) as usize;
+        }
+        Ok((t0.elapsed().as_secs_f64() * 1e6 / calls as f64, missed))
+    };
     // Two interleaved rounds; the faster of each.
-    let mut best = [f64::MAX; 4];
+    let mut best = [f64::MAX; 6];
     let mut default_found = 0;
+    let mut default_ahead_missed = 0;
     for _ in 0..2 {
         let runs = [
             time(SamplingParams::greedy(), false)?,
             time(SamplingParams::greedy(), true)?,
             time(SamplingParams::default(), false)?,
             time(SamplingParams::default(), true)?,
+            ahead(SamplingParams::greedy())?,
+            ahead(SamplingParams::default())?,
         ];
         for (b, r) in best.iter_mut().zip(&runs) {
             *b = b.min(r.0);
         }
         default_found = runs[3].1;
+        default_ahead_missed += runs[5].1;
     }
     Ok(PickBench {
         vocab,
@@ -677,6 +740,9 @@ fn pick_bench(ctx: &Arc<pteria::gpu::Context>) -> Result<PickBench> {
         default_row_us: best[2],
         default_candidates_us: best[3],
         default_found,
+        greedy_ahead_us: best[4],
+        default_ahead_us: best[5],
+        default_ahead_missed,
     })
 }
 
@@ -948,6 +1014,15 @@ fn kernels(a: &Args) -> Result<()> {
             picks.default_row_us,
             picks.default_candidates_us,
             picks.default_found
+        );
+        println!(
+            "  the same one step ahead (each call fed the last one's pick on the GPU, the host \
+             checking it): greedy {:.1} us, temperature 1 / top-k 64 / top-p 0.95 {:.1} us ({} \
+             of {} device draws not the host's)",
+            picks.greedy_ahead_us,
+            picks.default_ahead_us,
+            picks.default_ahead_missed,
+            2 * (picks.calls + 10)
         );
         println!("prefill attention (8 heads on 1 kv head, causal from 0, [B, S, H, D]):");
         for r in &report.attention {

@@ -701,6 +701,40 @@ pub fn row_graph(values: &[f32], rows: usize) -> Graph {
     g
 }
 
+/// A graph whose output is one row of `values` (a constant) plus 0 · its one input, a token id
+/// ([1, 1], i64): a call makes the row anew whatever the token, and the token can be fed a
+/// pick on the device (`GpuExecutor::start_candidates`), for timing decode steps one ahead.
+pub fn token_row_graph(values: &[f32]) -> Graph {
+    let n = values.len();
+    let mut g = Graph::default();
+    let ids = g.add_tensor("ids", DType::I64, vec![1, 1], Role::Input(0));
+    g.inputs.push(Io::Tensor(ids));
+    let f = g.add_tensor("f", DType::F32, vec![1, 1], Role::Activation);
+    g.op(OpKind::Cast, vec![ids], vec![f]);
+    let zero = g.add_tensor(
+        "zero",
+        DType::F32,
+        vec![1],
+        Role::Constant(shared(0f32.to_le_bytes().to_vec())),
+    );
+    let z = g.add_tensor("z", DType::F32, vec![1, 1], Role::Activation);
+    g.op(
+        OpKind::Binary(crate::ir::BinaryOp::Mul),
+        vec![f, zero],
+        vec![z],
+    );
+    let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let l = g.add_tensor("l", DType::F32, vec![1, n], Role::Constant(shared(bytes)));
+    let y = g.add_tensor("y", DType::F32, vec![1, n], Role::Activation);
+    g.op(
+        OpKind::Binary(crate::ir::BinaryOp::Add),
+        vec![l, z],
+        vec![y],
+    );
+    g.outputs.push(y);
+    g
+}
+
 /// `n` logits shaped as a language model's: about normal (a sum of four uniforms), spread 3.
 pub fn model_like_logits(n: usize, seed: u64) -> Vec<f32> {
     let parts: Vec<Vec<u8>> = (0..4).map(|i| floats(n, seed + i, -1.0, 2.0)).collect();
