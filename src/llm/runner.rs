@@ -128,6 +128,13 @@ pub struct Runner {
 /// Candidate misses in a row after which decode steps read their whole row.
 const MAX_MISSES: usize = 3;
 
+/// What a decode has produced so far (`Runner::decode_ahead` hands it on).
+struct Progress<'a> {
+    tokens: &'a mut Vec<u32>,
+    first_token_at: &'a mut Option<Instant>,
+    last_token_at: &'a mut Option<Instant>,
+}
+
 impl std::fmt::Debug for Runner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runner")
@@ -419,12 +426,28 @@ impl Runner {
         }
         let budget = self.budget();
         let limit = opts.max_new_tokens.map_or(budget, |m| m.min(budget));
-        if self.runs_ahead(sampler) {
-            return self.decode_ahead(sampler, opts, cancel, on_token, limit, start);
-        }
         let mut tokens = Vec::new();
         let mut first_token_at = None;
         let mut last_token_at = None;
+        if self.runs_ahead(sampler) {
+            let mut so_far = Progress {
+                tokens: &mut tokens,
+                first_token_at: &mut first_token_at,
+                last_token_at: &mut last_token_at,
+            };
+            if let Some(stop) =
+                self.decode_ahead(sampler, opts, cancel, on_token, limit, &mut so_far)?
+            {
+                return Ok(Decoded {
+                    tokens,
+                    stop,
+                    first_token_at,
+                    last_token_at,
+                    time: start.elapsed(),
+                });
+            }
+            // The candidates stopped deciding picks: one step at a time from here.
+        }
         let stop = loop {
             if cancel.is_cancelled() {
                 break StopReason::Cancelled;
@@ -489,6 +512,8 @@ impl Runner {
     /// the one-at-a-time loop. A step submitted ahead that the decode then does not need (a
     /// stop token, cancellation, another pick) is finished and dropped: its keys and values sit
     /// past the cached tokens, where no call reads them before a later call overwrites them.
+    /// `None` once `MAX_MISSES` picks in a row were not decided by the candidates (logits tied
+    /// by the thousand): nothing is in flight then, and `decode` goes on one step at a time.
     fn decode_ahead(
         &mut self,
         sampler: &mut Sampler,
@@ -496,14 +521,20 @@ impl Runner {
         cancel: &CancelToken,
         on_token: &mut dyn FnMut(u32) -> Result<()>,
         limit: usize,
-        start: Instant,
-    ) -> Result<Decoded> {
-        let mut tokens = Vec::new();
-        let mut first_token_at = None;
-        let mut last_token_at = None;
+        so_far: &mut Progress,
+    ) -> Result<Option<StopReason>> {
+        let Progress {
+            tokens,
+            first_token_at,
+            last_token_at,
+        } = so_far;
         // A step is in flight whose token is the device's pick from the current logits.
         let mut ahead = false;
         let stop = loop {
+            if self.misses >= MAX_MISSES {
+                self.drop_ahead(&mut ahead)?;
+                return Ok(None);
+            }
             if cancel.is_cancelled() || tokens.len() >= limit {
                 self.drop_ahead(&mut ahead)?;
                 if cancel.is_cancelled() {
@@ -523,6 +554,7 @@ impl Runner {
             let tok = match host {
                 Some(t) => {
                     self.candidate_picks += 1;
+                    self.misses = 0;
                     if ahead && device != Some(t) {
                         self.drop_ahead(&mut ahead)?;
                         self.misses_ahead += 1;
@@ -541,7 +573,7 @@ impl Runner {
             };
             let now = Instant::now();
             first_token_at.get_or_insert(now);
-            last_token_at = Some(now);
+            **last_token_at = Some(now);
             if opts.stop_ids.contains(&tok) {
                 self.drop_ahead(&mut ahead)?;
                 break StopReason::EndOfTurn(tok);
@@ -570,13 +602,7 @@ impl Runner {
             let logits = self.finish_step()?;
             self.logits = Some(logits);
         };
-        Ok(Decoded {
-            tokens,
-            stop,
-            first_token_at,
-            last_token_at,
-            time: start.elapsed(),
-        })
+        Ok(Some(stop))
     }
 
     /// Submits a decode step for `tok` at position `at` (`None`: the last step's pick, on the
