@@ -4156,6 +4156,12 @@ fn successor_graph(vocab: usize) -> (Graph, impl Fn(u32) -> u32) {
         }
         table[t * vocab + next(t as u32) as usize] = 9.0;
     }
+    (token_rows(&table, vocab), next)
+}
+
+/// A graph whose output is the row of `table` (rows of `vocab` logits) its one input, a token
+/// id ([1, 1], i64), selects: an embedding.
+fn token_rows(table: &[f32], vocab: usize) -> Graph {
     let bytes: Vec<u8> = table.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut g = Graph::default();
     let ids = g.add_tensor("ids", DType::I64, vec![1, 1], Role::Input(0));
@@ -4163,7 +4169,7 @@ fn successor_graph(vocab: usize) -> (Graph, impl Fn(u32) -> u32) {
     let w = g.add_tensor(
         "w",
         DType::F32,
-        vec![vocab, vocab],
+        vec![table.len() / vocab, vocab],
         Role::Constant(Blob::whole(Arc::new(Bytes::Owned(bytes)))),
     );
     let y = g.add_tensor("y", DType::F32, vec![1, 1, vocab], Role::Activation);
@@ -4175,7 +4181,7 @@ fn successor_graph(vocab: usize) -> (Graph, impl Fn(u32) -> u32) {
         vec![y],
     );
     g.outputs.push(y);
-    (g, next)
+    g
 }
 
 /// Greedy decode steps one ahead: a call copies its pick into the next call's token on the
@@ -4341,25 +4347,7 @@ fn device_draws_pick_what_the_sampler_picks() {
             _ => x,
         }));
     }
-    let bytes: Vec<u8> = table.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let mut g = Graph::default();
-    let ids = g.add_tensor("ids", DType::I64, vec![1, 1], Role::Input(0));
-    g.inputs.push(Io::Tensor(ids));
-    let w = g.add_tensor(
-        "w",
-        DType::F32,
-        vec![rows, vocab],
-        Role::Constant(Blob::whole(Arc::new(Bytes::Owned(bytes)))),
-    );
-    let y = g.add_tensor("y", DType::F32, vec![1, 1, vocab], Role::Activation);
-    g.op(
-        OpKind::Embedding {
-            weight: Weight::F32,
-        },
-        vec![w, ids],
-        vec![y],
-    );
-    g.outputs.push(y);
+    let g = token_rows(&table, vocab);
     let mut gpu = GpuExecutor::new(ctx.clone(), g).unwrap();
     let settings = [
         (1.0, 64, 0.95, 0.0),

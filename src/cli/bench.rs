@@ -43,8 +43,8 @@ pub struct Args {
     #[arg(long, default_value = "f32")]
     kv: String,
     /// Program: host | gpu, where big embedding tables live. On the host (the default) the
-    /// host gathers their rows before each call; on the GPU (+their size in GPU memory) greedy
-    /// decode steps can also run one ahead, fed the last step's pick on the device.
+    /// host gathers their rows before each call; on the GPU (+their size in GPU memory) decode
+    /// steps can also run one ahead, fed the last step's pick on the device.
     #[arg(long, default_value = "host")]
     tables: String,
     /// Program: method to run (takes tokens [1, T] and positions).

@@ -31,7 +31,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "f32")]
     pub kv: String,
     /// host | gpu: where the GPU executor keeps big embedding tables. gpu takes their size in
-    /// GPU memory (1.6 GiB for Gemma 4 E2B) and lets greedy decoding run a step ahead.
+    /// GPU memory (1.6 GiB for Gemma 4 E2B) and lets decoding run a step ahead.
     #[arg(long, default_value = "host")]
     pub tables: String,
     /// Use at most this many tokens of context (the program's max_context_len still applies).

@@ -636,18 +636,7 @@ impl GpuExecutor {
         };
         let fed = pick.is_some_and(|p| p.fed);
         let u = pick.and_then(|p| p.draw).map(|d| d.u);
-        match &mut self.host {
-            None => self.start_call(inputs, Some(want), fed, u),
-            Some(host) => {
-                let rows = host.run(inputs).map_err(GpuError::Device)?;
-                let mut all = inputs.to_vec();
-                all.extend(rows.iter().map(|(shape, data)| InputValue::Tensor {
-                    shape: shape.clone(),
-                    data,
-                }));
-                self.start_call(&all, Some(want), fed, u)
-            }
-        }
+        self.with_gathered(inputs, |ex, all| ex.start_call(all, Some(want), fed, u))
     }
 
     /// The outputs and candidates of the oldest call `start_candidates` submitted.
@@ -781,17 +770,26 @@ impl GpuExecutor {
         inputs: &[InputValue],
         want: Option<CandidateRequest>,
     ) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
+        self.with_gathered(inputs, |ex, all| ex.run_all(all, want))
+    }
+
+    /// `call` on the call's inputs, followed by the rows of the tables gathered on the host as
+    /// the inputs `host_gather::split` added.
+    fn with_gathered<R>(
+        &mut self,
+        inputs: &[InputValue],
+        call: impl FnOnce(&mut Self, &[InputValue]) -> Result<R, GpuError>,
+    ) -> Result<R, GpuError> {
         let Some(host) = &mut self.host else {
-            return self.run_all(inputs, want);
+            return call(self, inputs);
         };
-        // The rows gathered on the host go in as the inputs `host_gather::split` added.
         let rows = host.run(inputs).map_err(GpuError::Device)?;
         let mut all = inputs.to_vec();
         all.extend(rows.iter().map(|(shape, data)| InputValue::Tensor {
             shape: shape.clone(),
             data,
         }));
-        self.run_all(&all, want)
+        call(self, &all)
     }
 
     fn run_all(

@@ -160,8 +160,8 @@ impl LoadOptions {
         LoadOptions::on_device_placed(device, kv, Tables::Host)
     }
 
-    /// `on_device_with`, with big embedding tables where `tables` says (on the GPU, greedy
-    /// decode steps run one ahead).
+    /// `on_device_with`, with big embedding tables where `tables` says (on the GPU, decode steps
+    /// run one ahead).
     pub fn on_device_placed(
         device: Device,
         kv: KvCache,

@@ -234,7 +234,8 @@ impl Runner {
     }
 
     /// Logits after the last cached token (read back in full here where a decode step left
-    /// only candidates; `None` if that fails).
+    /// only candidates, or run again where a step run ahead and dropped came after it; `None`
+    /// if that fails).
     pub fn logits(&mut self) -> Option<&[f32]> {
         if self.stale {
             return None;
@@ -624,6 +625,12 @@ impl Runner {
                 context: format!("starting `forward` on 1 token at position {at}"),
                 source,
             });
+        self.settle(result)
+    }
+
+    /// Marks the method used, and after a failed call the cache unknown: the call may have
+    /// written part of it, so nothing cached can be trusted.
+    fn settle<T>(&mut self, result: Result<T>) -> Result<T> {
         self.used = true;
         if result.is_err() {
             self.stale = true;
@@ -654,12 +661,7 @@ impl Runner {
                 }
             });
         self.row_gone = false;
-        if result.is_err() {
-            self.stale = true;
-            self.cached.clear();
-            self.logits = None;
-        }
-        result
+        self.settle(result)
     }
 
     /// Finishes and drops the step submitted ahead, if one is: the current logits' call is no
@@ -700,15 +702,8 @@ impl Runner {
     /// or their candidates for `k` where asked and the method can reduce them.
     fn forward(&mut self, tokens: &[u32], start: usize, k: Option<usize>) -> Result<Logits> {
         let result = self.forward_inner(tokens, start, k);
-        self.used = true;
         self.row_gone = false;
-        if result.is_err() {
-            // The call may have written part of the cache: nothing cached can be trusted.
-            self.stale = true;
-            self.cached.clear();
-            self.logits = None;
-        }
-        result
+        self.settle(result)
     }
 
     /// `forward`'s inputs for `tokens` at positions `start..`.

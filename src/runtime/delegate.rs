@@ -429,7 +429,7 @@ pub enum Tables {
     #[default]
     Host,
     /// In GPU memory, as every other weight: more of it, but calls need no token on the host
-    /// first, so greedy decode steps can run one ahead (`llm::Runner`).
+    /// first, so decode steps can run one ahead (`llm::Runner`).
     Gpu,
 }
 

@@ -534,12 +534,7 @@ impl Method {
         let (outs, c) = exec
             .finish_candidates()
             .map_err(|m| RuntimeError::Other(format!("method `{method}`: {m}")))?;
-        let outs = outs
-            .into_iter()
-            .zip(&self.plan.outputs)
-            .map(|(h, &vid)| Output::Tensor(self.whole_output(h, vid)))
-            .collect();
-        Ok((outs, c))
+        Ok((self.whole_outputs(outs), c))
     }
 
     /// Output `output` of the last call of a whole-method graph, read again in full (what
@@ -695,12 +690,15 @@ impl Method {
                 (outs, Some(c))
             }
         };
-        let outs = outs
-            .into_iter()
+        Ok((self.whole_outputs(outs), c))
+    }
+
+    /// A whole-method graph's outputs as the method declares them (`whole_output`).
+    fn whole_outputs(&self, outs: Vec<HostTensor>) -> Vec<Output> {
+        outs.into_iter()
             .zip(&self.plan.outputs)
             .map(|(h, &vid)| Output::Tensor(self.whole_output(h, vid)))
-            .collect();
-        Ok((outs, c))
+            .collect()
     }
 
     /// A whole-method graph's output as the method declares it: integer widths are not
