@@ -303,7 +303,7 @@ fn generate_defaults_to_the_bundled_demo_model() {
 }
 
 /// `--tables gpu` keeps big embedding tables in GPU memory: the same greedy reply as on the
-/// host; with the CPU executor, or a placement that does not exist, a clear error.
+/// host and as `auto`; with the CPU executor, or a placement that does not exist, a clear error.
 #[test]
 fn generate_places_tables_as_asked() {
     let dir = byte_model_dir("gemma4_tiny_vulkan_stock_8da4w_emb4.pte");
@@ -334,6 +334,9 @@ fn generate_places_tables_as_asked() {
     let (ok, _, err) = run("cpu", "disk");
     assert!(!ok);
     assert!(err.contains("unknown table placement `disk`"), "{err}");
+    // auto (the default) decides on the GPU it opens, and asks nothing of the CPU.
+    let (ok, _, err) = run("cpu", "auto");
+    assert!(ok, "{err}");
     if common::gpu_context().is_none() {
         return;
     }
@@ -341,6 +344,9 @@ fn generate_places_tables_as_asked() {
     assert!(ok, "{err}");
     let (ok, gpu, err) = run("gpu", "gpu");
     assert!(ok, "{err}");
+    let (ok, auto, err) = run("gpu", "auto");
+    assert!(ok, "{err}");
     assert_eq!(host, gpu);
+    assert_eq!(host, auto);
     assert!(!host.trim().is_empty());
 }

@@ -103,6 +103,20 @@ fn gb(bytes: u64) -> String {
     format!("{:.2} GB", bytes as f64 / 1e9)
 }
 
+/// A discrete GPU's own memory from which big embedding tables (Gemma 4 E2B's: 1.6 GiB, 3.3 GiB
+/// with the rest of the model) are kept on the GPU by default: there they leave more than half
+/// of it free.
+pub const TABLES_ON_GPU_MIN_HEAP: u64 = 8 << 30;
+
+/// Whether a program's big embedding tables go in `gpu`'s memory by default rather than stay
+/// in host memory, gathered there a row a token (`runtime::delegate::Tables::Auto`). On the GPU
+/// a decode step needs no token on the host before it is submitted, so steps run one ahead;
+/// that is worth their memory on a discrete GPU with room for them, not where the GPU's memory
+/// is the system's (integrated, Apple silicon, phones), whose host copy the OS can reclaim.
+pub fn tables_on_gpu(gpu: &GpuAdapter) -> bool {
+    gpu.device_type == DeviceType::Discrete && gpu.device_local_bytes >= TABLES_ON_GPU_MIN_HEAP
+}
+
 /// The estimate for `variant` at `context_tokens`, run from `gpu` (or the CPU when `None`).
 /// `weights_bytes` overrides the catalog's approximate size once the real file size is known.
 pub fn estimate(
@@ -154,6 +168,24 @@ mod tests {
             }),
             notes: Vec::new(),
         }
+    }
+
+    #[test]
+    fn tables_go_on_discrete_gpus_with_room() {
+        let gpu = |device_type, gib: u64| GpuAdapter {
+            api: GpuApi::Vulkan,
+            name: "gpu".into(),
+            vendor_id: 0x10DE,
+            device_type,
+            driver: String::new(),
+            driver_info: String::new(),
+            device_local_bytes: gib << 30,
+        };
+        assert!(tables_on_gpu(&gpu(DeviceType::Discrete, 8)));
+        assert!(tables_on_gpu(&gpu(DeviceType::Discrete, 80)));
+        assert!(!tables_on_gpu(&gpu(DeviceType::Discrete, 6)));
+        assert!(!tables_on_gpu(&gpu(DeviceType::Integrated, 16)));
+        assert!(!tables_on_gpu(&gpu(DeviceType::Cpu, 64)));
     }
 
     fn gemma_vulkan() -> (Model, Variant) {

@@ -7,7 +7,7 @@ mod fit;
 mod select;
 
 pub use device::{probe, DeviceFacts, DeviceType, GpuAdapter, GpuApi, Memory, Os};
-pub use fit::{estimate, FitEstimate, Light, MemoryPool};
+pub use fit::{estimate, tables_on_gpu, FitEstimate, Light, MemoryPool, TABLES_ON_GPU_MIN_HEAP};
 pub use select::{choose, Choice, Reason};
 
 use std::path::{Component, Path, PathBuf};

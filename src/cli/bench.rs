@@ -42,10 +42,11 @@ pub struct Args {
     /// f32 caches and reports the logits' error against them.
     #[arg(long, default_value = "f32")]
     kv: String,
-    /// Program: host | gpu, where big embedding tables live. On the host (the default) the
-    /// host gathers their rows before each call; on the GPU (+their size in GPU memory) decode
-    /// steps can also run one ahead, fed the last step's pick on the device.
-    #[arg(long, default_value = "host")]
+    /// Program: auto | host | gpu, where big embedding tables live. On the host the host
+    /// gathers their rows before each call; on the GPU (+their size in GPU memory) decode steps
+    /// can also run one ahead, fed the last step's pick on the device; auto puts them on a
+    /// discrete GPU with at least 8 GiB of its own memory.
+    #[arg(long, default_value = "auto")]
     tables: String,
     /// Program: method to run (takes tokens [1, T] and positions).
     #[arg(long, default_value = "forward")]
@@ -177,7 +178,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     let device: Device = a.device.parse().map_err(anyhow::Error::msg)?;
     let kv: delegate::KvCache = a.kv.parse().map_err(anyhow::Error::msg)?;
     let tables: delegate::Tables = a.tables.parse().map_err(anyhow::Error::msg)?;
-    let open = || pteria::gpu::Context::with_options(delegate::gpu_options_placed(kv, tables));
+    let open = || delegate::open_gpu(kv, tables);
     let gpu_ctx = match device {
         Device::Cpu => None,
         Device::Gpu => Some(open()?),

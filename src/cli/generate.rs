@@ -30,9 +30,10 @@ pub struct ModelArgs {
     /// f32 | f16: how the GPU executor holds KV caches (f16: half the bytes, see README).
     #[arg(long, default_value = "f32")]
     pub kv: String,
-    /// host | gpu: where the GPU executor keeps big embedding tables. gpu takes their size in
-    /// GPU memory (1.6 GiB for Gemma 4 E2B) and lets decoding run a step ahead.
-    #[arg(long, default_value = "host")]
+    /// auto | host | gpu: where the GPU executor keeps big embedding tables. gpu takes their
+    /// size in GPU memory (1.6 GiB for Gemma 4 E2B) and lets decoding run a step ahead; auto
+    /// does that on a discrete GPU with at least 8 GiB of its own memory.
+    #[arg(long, default_value = "auto")]
     pub tables: String,
     /// Use at most this many tokens of context (the program's max_context_len still applies).
     #[arg(long)]

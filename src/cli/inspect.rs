@@ -132,7 +132,8 @@ pub fn describe(p: &Program) -> Result<String> {
                         writeln!(
                             s,
                             "    on a GPU: {} embedding table(s), {}, stay in host memory and are \
-                             gathered there (the GPU gets their rows)",
+                             gathered there (the GPU gets their rows), unless --tables puts them \
+                             on the GPU (auto does on a discrete GPU with 8 GiB or more)",
                             tables.len(),
                             fmt_bytes(tables.iter().sum())
                         )?;

@@ -477,6 +477,11 @@ impl Context {
         self.host_gather_min_bytes
     }
 
+    /// Keeps every gather table in GPU memory from now on (for executors made after it).
+    pub fn keep_tables_on_gpu(&mut self) {
+        self.host_gather_min_bytes = u64::MAX;
+    }
+
     /// Whether executors hold KV caches as f16 (`ContextOptions::f16_kv_cache`).
     pub fn f16_kv_cache(&self) -> bool {
         self.f16_kv_cache

@@ -157,7 +157,7 @@ impl LoadOptions {
 
     /// `on_device` with the GPU executor's KV caches held as `kv`.
     pub fn on_device_with(device: Device, kv: KvCache) -> Result<(LoadOptions, Option<String>)> {
-        LoadOptions::on_device_placed(device, kv, Tables::Host)
+        LoadOptions::on_device_placed(device, kv, Tables::Auto)
     }
 
     /// `on_device_with`, with big embedding tables where `tables` says (on the GPU, decode steps

@@ -425,8 +425,11 @@ impl std::str::FromStr for KvCache {
 /// Where the GPU executor keeps big embedding tables (`--tables`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Tables {
-    /// In host memory, their rows gathered on the host before each call (`gpu::host_gather`).
+    /// On the GPU where it is a discrete one with room for them (`catalog::tables_on_gpu`),
+    /// else on the host.
     #[default]
+    Auto,
+    /// In host memory, their rows gathered on the host before each call (`gpu::host_gather`).
     Host,
     /// In GPU memory, as every other weight: more of it, but calls need no token on the host
     /// first, so decode steps can run one ahead (`llm::Runner`).
@@ -437,10 +440,11 @@ impl std::str::FromStr for Tables {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(Tables::Auto),
             "host" => Ok(Tables::Host),
             "gpu" => Ok(Tables::Gpu),
             t => Err(format!(
-                "unknown table placement `{t}` (expected host or gpu)"
+                "unknown table placement `{t}` (expected auto, host or gpu)"
             )),
         }
     }
@@ -451,7 +455,28 @@ pub fn gpu_options(kv: KvCache) -> crate::gpu::ContextOptions {
     gpu_options_placed(kv, Tables::Host)
 }
 
-/// `gpu_options`, with big embedding tables where `tables` says.
+/// Opens the GPU with KV caches and big embedding tables as `kv` and `tables` say (`Auto`
+/// decided on the adapter it opened).
+pub fn open_gpu(kv: KvCache, tables: Tables) -> Result<crate::gpu::Context, crate::gpu::GpuError> {
+    let mut ctx = crate::gpu::Context::with_options(gpu_options_placed(kv, tables))?;
+    if tables == Tables::Auto && auto_tables_on_gpu(ctx.adapter()) {
+        ctx.keep_tables_on_gpu();
+    }
+    Ok(ctx)
+}
+
+/// `Tables::Auto`'s choice for an opened adapter: its facts (kind, own memory) as the catalog's
+/// probe reads them, matched by name.
+fn auto_tables_on_gpu(adapter: &crate::gpu::AdapterSummary) -> bool {
+    adapter.device_type == "discrete"
+        && crate::catalog::probe()
+            .gpus
+            .iter()
+            .any(|g| g.name == adapter.name && crate::catalog::tables_on_gpu(g))
+}
+
+/// `gpu_options`, with big embedding tables where `tables` says (`Auto` as on the host: `open_gpu`
+/// decides it once the adapter is open).
 pub fn gpu_options_placed(kv: KvCache, tables: Tables) -> crate::gpu::ContextOptions {
     crate::gpu::ContextOptions {
         f16_kv_cache: kv == KvCache::F16,
@@ -480,7 +505,7 @@ pub fn executor_tallied(
     device: Device,
     kv: KvCache,
 ) -> Result<(ExecutorFactory, Option<String>, KvTally), String> {
-    executor_placed(device, kv, Tables::Host)
+    executor_placed(device, kv, Tables::Auto)
 }
 
 /// `executor_tallied`, with big embedding tables where `tables` says. Like f16 caches, tables
@@ -491,7 +516,7 @@ pub fn executor_placed(
     tables: Tables,
 ) -> Result<(ExecutorFactory, Option<String>, KvTally), String> {
     let tally = KvTally::default();
-    let open = || crate::gpu::Context::with_options(gpu_options_placed(kv, tables));
+    let open = || open_gpu(kv, tables);
     let gpu = |ctx| gpu_executor_tallied(Arc::new(ctx), tally.clone());
     let gpu_only = match (kv, tables) {
         (KvCache::F16, _) => Some("--kv f16"),
