@@ -17,8 +17,9 @@
 // call), then one maximum a block (its bits).
 
 struct Params {
-    // The row's first element in x, its length, k, CAP, and its blocks; `draw`'s temperature,
-    // top-p and min-p.
+    // The row's first element in x, its length, k, CAP (the most pairs stored), and its
+    // blocks; `draw`'s temperature, top-p and min-p; the pairs `c` has room for (where the
+    // words after them start).
     row: u32,
     n: u32,
     k: u32,
@@ -27,6 +28,7 @@ struct Params {
     temperature: f32,
     top_p: f32,
     min_p: f32,
+    slots: u32,
 }
 
 const BLOCK: u32 = 1024u;
@@ -66,7 +68,7 @@ fn block_max(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         workgroupBarrier();
     }
     if li == 0u {
-        atomicStore(&c[4u + 2u * p.cap + b], bitcast<u32>(red[0]));
+        atomicStore(&c[4u + 2u * p.slots + b], bitcast<u32>(red[0]));
         // The count starts again each call; `gather` is the next dispatch.
         if b == 0u {
             atomicStore(&c[0], 0u);
@@ -78,7 +80,7 @@ fn block_max(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 fn gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let b = wg.x;
     let NEG_INF = bitcast<f32>(0xff800000u);
-    let base = 4u + 2u * p.cap;
+    let base = 4u + 2u * p.slots;
     for (var i = li; i < p.blocks; i += WG) {
         maxima[i] = bitcast<f32>(atomicLoad(&c[base + i]));
     }
@@ -129,7 +131,7 @@ var<workgroup> hit_now: u32;
 // (src/runtime/candidates.rs `first_max`, the sampler's argmax).
 @compute @workgroup_size(256)
 fn pick(@builtin(local_invocation_index) li: u32) {
-    let base = 4u + 2u * p.cap;
+    let base = 4u + 2u * p.slots;
     var m = bitcast<f32>(0xff800000u);
     for (var i = li; i < p.blocks; i += WG) {
         let v = bitcast<f32>(atomicLoad(&c[base + i]));
@@ -180,8 +182,8 @@ fn pick(@builtin(local_invocation_index) li: u32) {
     }
     if li == 0u {
         let h = atomicLoad(&hit);
-        atomicStore(&c[1u + 2u * p.cap], h);
-        atomicStore(&c[2u + 2u * p.cap], select(h, 0u, h == NONE));
+        atomicStore(&c[1u + 2u * p.slots], h);
+        atomicStore(&c[2u + 2u * p.slots], select(h, 0u, h == NONE));
     }
 }
 
@@ -203,7 +205,7 @@ fn draw(@builtin(local_invocation_index) li: u32) {
         count_now = atomicLoad(&c[0]);
     }
     let found = workgroupUniformLoad(&count_now);
-    let at = 1u + 2u * p.cap;
+    let at = 1u + 2u * p.slots;
     if found == 0u || found > p.cap {
         // Overflowed or empty: the host reads the row.
         if li == 0u {

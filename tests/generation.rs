@@ -1466,3 +1466,61 @@ fn gpu_decode_one_step_ahead_matches_one_at_a_time() {
     }
     assert!(drawn_ahead > 100, "{drawn_ahead} sampled steps kept ahead");
 }
+
+/// Where the candidates never decide a pick (here at most 8 stored of the 256 a top-64 draw
+/// over one block gathers), decode one step ahead drops 3 steps and hands over to one step at a
+/// time, which, as it does alone, stops asking for candidates after 3 misses: the same tokens
+/// and last row as reading every row.
+#[test]
+fn undecided_candidates_hand_decode_over_to_one_step_at_a_time() {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        return;
+    }
+    let ctx = pteria::gpu::Context::with_options(pteria::gpu::ContextOptions {
+        candidate_capacity: Some(8),
+        ..Default::default()
+    })
+    .unwrap();
+    let backends = pteria::frontend::backends(pteria::runtime::delegate::gpu_executor(
+        std::sync::Arc::new(ctx),
+    ));
+    let never = CancelToken::new();
+    let params = SamplingParams {
+        seed: Some(5),
+        ..SamplingParams::default()
+    };
+    for file in [
+        "gemma4_tiny_vulkan_stock_8da4w_emb4.pte",
+        "gemma4_tiny_vulkan_fp32.pte",
+    ] {
+        let mut runs = Vec::new();
+        // Rows always; one step ahead; one step at a time, which reads rows after 3 misses.
+        for (full_logits, serial_decode) in [(true, false), (false, false), (false, true)] {
+            let config = RunnerConfig {
+                full_logits,
+                serial_decode,
+                ..RunnerConfig::default()
+            };
+            let mut r = Runner::open(&fixtures().join(file), &[], &backends, &config).unwrap();
+            let mut s = Sampler::new(params.clone()).unwrap();
+            let (_, d) = r
+                .generate(
+                    &PROMPT,
+                    &mut s,
+                    &no_stops(Some(10)),
+                    &never,
+                    &mut |_| Ok(()),
+                )
+                .unwrap();
+            assert_eq!(d.tokens.len(), 10, "{file}");
+            let counts = (r.candidate_picks(), r.steps_ahead(), r.misses_ahead());
+            // One step ahead after the prompt's row, dropped 3 times, then rows.
+            let ahead = !full_logits && !serial_decode;
+            let want = if ahead { (0, 0, 3) } else { (0, 0, 0) };
+            assert_eq!(counts, want, "{file}");
+            runs.push((d.tokens, r.logits().unwrap().to_vec()));
+        }
+        assert_eq!(runs[0], runs[1], "{file}: one step ahead");
+        assert_eq!(runs[0], runs[2], "{file}: one step at a time");
+    }
+}

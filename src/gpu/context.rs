@@ -161,6 +161,9 @@ pub struct ContextOptions {
     /// Gather tables at least this large (embeddings read by token ids the host knows) stay in
     /// host memory and are gathered there (`host_gather`); `None`: 64 MiB. Tests lower it.
     pub host_gather_min_bytes: Option<u64>,
+    /// Store at most this many sampling candidates a call (at most `candidates::CAPACITY`, which
+    /// `None` means): tests lower it so that a small vocabulary's candidates overflow.
+    pub candidate_capacity: Option<usize>,
     /// Wait for each call's outputs blocked in the driver, never polling the end of the wait
     /// (which wakes sooner but spends a core on it; `PTERIA_POLL_OUTPUTS=0` does the same).
     pub block_on_outputs: bool,
@@ -226,6 +229,7 @@ pub struct Context {
     max_binding: u64,
     f16_kv_cache: bool,
     host_gather_min_bytes: u64,
+    candidate_capacity: usize,
     poll_outputs: bool,
     /// The planner's fusions, decided once from the options and the device's limits.
     fusions: super::memory::Fusions,
@@ -376,6 +380,11 @@ impl Context {
             host_gather_min_bytes: opts
                 .host_gather_min_bytes
                 .unwrap_or(super::host_gather::DEFAULT_MIN_BYTES),
+            candidate_capacity: opts
+                .candidate_capacity
+                .map_or(crate::runtime::candidates::CAPACITY, |c| {
+                    c.clamp(1, crate::runtime::candidates::CAPACITY)
+                }),
             poll_outputs: !opts.block_on_outputs
                 && std::env::var("PTERIA_POLL_OUTPUTS").map_or(true, |v| v != "0"),
             fusions,
@@ -475,6 +484,11 @@ impl Context {
     /// The smallest gather table kept in host memory (`ContextOptions::host_gather_min_bytes`).
     pub fn host_gather_min_bytes(&self) -> u64 {
         self.host_gather_min_bytes
+    }
+
+    /// The most sampling candidates a call stores (`ContextOptions::candidate_capacity`).
+    pub fn candidate_capacity(&self) -> usize {
+        self.candidate_capacity
     }
 
     /// Keeps every gather table in GPU memory from now on (for executors made after it).

@@ -1029,9 +1029,10 @@ impl GpuExecutor {
                     data: from_repr(self.mem.repr[t], def.dtype, &bytes[*off as usize..], numel),
                 });
             }
-            let cands = rec
-                .cands
-                .map(|(c, at)| read_candidates(&bytes[at as usize..], c.k, c.draw.is_some()));
+            let cands = rec.cands.map(|(c, at)| {
+                let cap = self.ctx.candidate_capacity();
+                read_candidates(&bytes[at as usize..], c.k, c.draw.is_some(), cap)
+            });
             (outs, cands)
         };
         let mut clock = rec.wait;
@@ -1308,11 +1309,12 @@ impl GpuExecutor {
                 (numel - n) as u32,
                 n as u32,
                 c.k as u32,
-                candidates::CAPACITY as u32,
+                self.ctx.candidate_capacity() as u32,
                 blocks as u32,
                 temperature,
                 top_p,
                 min_p,
+                candidates::CAPACITY as u32,
             ];
             // A greedy pick (k = 1) is also found over the whole row, in one workgroup; a
             // sampled one from the candidates.
@@ -1630,7 +1632,7 @@ const CANDS_WORDS: u64 = (4 + 2 * candidates::CAPACITY + candidates::MAX_BLOCKS)
 
 /// The candidates a call left: its count, then (id, logit bits) pairs, then the pick: greedy
 /// for k = 1, else the draw's where the call drew.
-fn read_candidates(bytes: &[u8], k: usize, drew: bool) -> Candidates {
+fn read_candidates(bytes: &[u8], k: usize, drew: bool, cap: usize) -> Candidates {
     let word = |i: usize| {
         u32::from_le_bytes([
             bytes[4 * i],
@@ -1640,7 +1642,7 @@ fn read_candidates(bytes: &[u8], k: usize, drew: bool) -> Candidates {
         ])
     };
     let found = word(0) as usize;
-    let pairs = (0..found.min(candidates::CAPACITY))
+    let pairs = (0..found.min(cap))
         .map(|i| (word(1 + 2 * i), f32::from_bits(word(2 + 2 * i))))
         .collect();
     let pick = Some(word(1 + 2 * candidates::CAPACITY)).filter(|&w| w != u32::MAX);
