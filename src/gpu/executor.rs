@@ -917,7 +917,7 @@ impl GpuExecutor {
             if f64::from(v) > u {
                 v = f32::from_bits(v.to_bits() - 1);
             }
-            let at = (3 + 2 * candidates::CAPACITY as u64) * 4;
+            let at = U_WORD as u64 * 4;
             queue.write_buffer(&self.buffers[self.cands], at, &v.to_bits().to_le_bytes());
         }
 
@@ -928,10 +928,18 @@ impl GpuExecutor {
                 .any(|f| f.rec == idx && f.slot == slot)
         };
         let slot = (0..MAX_IN_FLIGHT).find(|&s| !busy(s)).unwrap_or(0);
+        // The next call's readback, for the commands encoded ahead below: a call that feeds the
+        // next is followed by that one while it runs, into the other readback.
+        let next = if feed.is_some() {
+            (slot + 1) % MAX_IN_FLIGHT
+        } else {
+            slot
+        };
         {
             let rec = &mut self.recordings[idx].1;
             rec.last_used = self.clock;
-            if slot >= rec.readbacks.len() && rec.readback_size > 0 {
+            // Made on first use, so a recording only ever read one call at a time has one.
+            while rec.readback_size > 0 && rec.readbacks.len() <= slot.max(next) {
                 rec.readbacks
                     .push(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                         label: Some("readback"),
@@ -968,14 +976,8 @@ impl GpuExecutor {
         }
         let t_ahead = std::time::Instant::now();
         // The next call's commands, encoded while the GPU runs this call's: a decode step
-        // replays the same recording, so it then only writes its inputs and submits. A call
-        // that feeds the next is followed by that one while it runs, into the other readback.
-        let next = if feed.is_some() {
-            (slot + 1) % MAX_IN_FLIGHT
-        } else {
-            slot
-        };
-        if self.encode_ahead && (next < rec.readbacks.len() || rec.readback_size == 0) {
+        // replays the same recording, so it then only writes its inputs and submits.
+        if self.encode_ahead {
             self.ready = Some(Ready {
                 rec: idx,
                 slot: next,
@@ -1245,7 +1247,7 @@ impl GpuExecutor {
             if let Some(b) = rec.feed {
                 enc.copy_buffer_to_buffer(
                     &self.buffers[self.cands],
-                    (candidates::CAPACITY as u64 * 2 + 2) * 4,
+                    FEED_WORD as u64 * 4,
                     &self.buffers[b],
                     0,
                     4,
@@ -1386,33 +1388,17 @@ impl GpuExecutor {
         }
         let cands = want.map(|c| {
             // The count, the pairs, the pick.
-            let bytes = (2 + 2 * candidates::CAPACITY as u64) * 4;
+            let bytes = FEED_WORD as u64 * 4;
             copies.push((self.cands, bytes, size));
             size += bytes;
             (c, size - bytes)
         });
-        // A call that feeds the next has that one in flight beside it.
-        let count = match (size > 0, feed.is_some()) {
-            (false, _) => 0,
-            (true, false) => 1,
-            (true, true) => MAX_IN_FLIGHT,
-        };
-        let readbacks = (0..count)
-            .map(|_| {
-                self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("readback"),
-                    size,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })
-            .collect();
         Ok(Recording {
             dispatches,
             copies,
             outputs,
             cands,
-            readbacks,
+            readbacks: Vec::new(),
             readback_size: size,
             feed,
             last_used: 0,
@@ -1628,7 +1614,12 @@ struct CandidateRequest {
 
 /// Words of the candidates buffer (kernels/candidates.wgsl's `c`): the count, the pairs, the
 /// pick, the pick a fed call reads, the draw's uniform number, the blocks' maxima.
-const CANDS_WORDS: u64 = (4 + 2 * candidates::CAPACITY + candidates::MAX_BLOCKS) as u64;
+const CANDS_WORDS: u64 = (U_WORD + 1 + candidates::MAX_BLOCKS) as u64;
+/// Where the pick lies in it (kernels/candidates.wgsl writes it at `1 + 2 * p.slots`), the pick
+/// a fed call's token is copied from, and the draw's uniform number.
+const PICK_WORD: usize = 1 + 2 * candidates::CAPACITY;
+const FEED_WORD: usize = PICK_WORD + 1;
+const U_WORD: usize = PICK_WORD + 2;
 
 /// The candidates a call left: its count, then (id, logit bits) pairs, then the pick: greedy
 /// for k = 1, else the draw's where the call drew.
@@ -1645,7 +1636,7 @@ fn read_candidates(bytes: &[u8], k: usize, drew: bool, cap: usize) -> Candidates
     let pairs = (0..found.min(cap))
         .map(|i| (word(1 + 2 * i), f32::from_bits(word(2 + 2 * i))))
         .collect();
-    let pick = Some(word(1 + 2 * candidates::CAPACITY)).filter(|&w| w != u32::MAX);
+    let pick = Some(word(PICK_WORD)).filter(|&w| w != u32::MAX);
     Candidates {
         pairs,
         found,

@@ -650,16 +650,7 @@ impl Runner {
                 context: "finishing a `forward` decode step".into(),
                 source,
             })
-            .and_then(|(_, c)| {
-                let ids = c.pairs.iter().map(|p| p.0).chain(c.first).chain(c.drawn);
-                match ids.into_iter().find(|&id| id as usize >= vocab) {
-                    Some(id) => Err(LlmError::Unsupported(format!(
-                        "a decode step's candidate token {id} is outside the {vocab}-token \
-                         vocabulary"
-                    ))),
-                    None => Ok(Logits::Candidates(c)),
-                }
-            });
+            .and_then(|(_, c)| Logits::candidates(c, vocab, "a decode step"));
         self.row_gone = false;
         self.settle(result)
     }
@@ -736,13 +727,7 @@ impl Runner {
         let vocab = self.meta.vocab_size;
         if let Some(k) = k.filter(|_| self.candidates) {
             let (_, c) = method.execute_candidates(&[tok, pos], 0, k).map_err(err)?;
-            if let Some(&(id, _)) = c.pairs.iter().find(|p| p.0 as usize >= vocab) {
-                return Err(LlmError::Unsupported(format!(
-                    "{}: candidate token {id} is outside the {vocab}-token vocabulary",
-                    context()
-                )));
-            }
-            return Ok(Logits::Candidates(c));
+            return Logits::candidates(c, vocab, &context());
         }
         let outputs = method.execute(&[tok, pos]).map_err(err)?;
         match outputs.into_iter().next() {
@@ -781,6 +766,18 @@ enum Logits {
 }
 
 impl Logits {
+    /// A call's candidates, with every token they name (pairs and the device's picks) checked
+    /// against the vocabulary: `what` says which call, for the error.
+    fn candidates(c: Candidates, vocab: usize, what: &str) -> Result<Logits> {
+        let ids = c.pairs.iter().map(|p| p.0).chain(c.first).chain(c.drawn);
+        match ids.into_iter().find(|&id| id as usize >= vocab) {
+            Some(id) => Err(LlmError::Unsupported(format!(
+                "{what}: candidate token {id} is outside the {vocab}-token vocabulary"
+            ))),
+            None => Ok(Logits::Candidates(c)),
+        }
+    }
+
     fn last_row(output: HostTensor, vocab: usize) -> Logits {
         let in_place = output.dtype == crate::runtime::DType::F32
             && bytemuck::try_cast_slice::<u8, f32>(&output.data).is_ok();
