@@ -34,6 +34,15 @@ fn kernel_bench_reports_every_shape_and_format() {
     let v = json(&out);
     assert!(v["stream_gb_per_s"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["dependent_dispatch_us"].as_f64().unwrap() > 0.0, "{v}");
+    // On Vulkan the driver's own chains ran too; the probe fails unless the chain with barriers
+    // left its input negated 255 times.
+    if v["adapter"].as_str().unwrap().contains("(vulkan,") {
+        let raw = &v["raw_vulkan"];
+        assert!(v["raw_vulkan_error"].is_null(), "{v}");
+        for t in ["dependent_us", "dependent_uniform_us", "back_to_back_us"] {
+            assert!(raw[t].as_f64().unwrap() > 0.0, "{raw}");
+        }
+    }
     // One workgroup always passes its barriers; larger grids report a time or their failures.
     let grids = v["grid_barrier"].as_array().unwrap();
     assert_eq!(grids[0]["workgroups"].as_u64(), Some(1), "{v}");

@@ -992,6 +992,16 @@ fn kernels(a: &Args) -> Result<()> {
             "a dispatch that waits for the one before: {:.2} us; one that waits for nothing: {:.2} us",
             report.dependent_dispatch_us, report.independent_dispatch_us
         );
+        match (&report.raw_vulkan, &report.raw_vulkan_error) {
+            (Some(r), _) => println!(
+                "the same through the Vulkan driver alone (no wgpu): {:.2} us after a barrier, \
+                 {:.2} us with the guard of its first load from a uniform; {:.2} us back to back \
+                 without barriers",
+                r.dependent_us, r.dependent_uniform_us, r.back_to_back_us
+            ),
+            (None, Some(e)) => println!("the Vulkan driver alone: not measured ({e})"),
+            (None, None) => {}
+        }
         for g in &report.grid_barrier {
             match g.us {
                 Some(us) => println!(

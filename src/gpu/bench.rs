@@ -4,6 +4,7 @@
 //! Each case chains enough distinct weights that they cannot stay in the GPU's caches, and is
 //! timed over replays with GPU timestamps where the adapter has them.
 
+use super::raw_vulkan::{raw_dispatch, RawDispatch};
 use super::{Context, GpuError, GpuExecutor};
 use crate::ir::{ActQuant, AttnLayout, DType, Graph, InputValue, Int, Io, OpKind, Role, Weight};
 use crate::pte::{Blob, Bytes};
@@ -141,6 +142,10 @@ pub struct KernelReport {
     /// GPU time of a dispatch with no data dependency on the one before (`independent_dispatch`),
     /// in µs.
     pub independent_dispatch_us: f64,
+    /// The same chains recorded through the Vulkan driver with no wgpu in between
+    /// (`raw_vulkan`); `None` off Vulkan or where the probe could not run (`raw_vulkan_error`).
+    pub raw_vulkan: Option<RawDispatch>,
+    pub raw_vulkan_error: Option<String>,
     pub matvec: Vec<MatVecResult>,
     pub attention: Vec<AttnResult>,
     /// A barrier across one dispatch's workgroups (`grid_barrier`), by grid size.
@@ -410,6 +415,20 @@ pub fn kernel_bench(
     let stream = stream_bandwidth(ctx, copy_bytes, opts.seconds)?;
     let dependent = dependent_dispatch(ctx, opts.seconds)?;
     let independent = independent_dispatch(ctx, opts.seconds)?;
+    let (raw_vulkan, raw_vulkan_error) = if ctx.adapter().backend == "vulkan" {
+        match raw_dispatch(&ctx.adapter().name, opts.seconds) {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(e)),
+        }
+    } else {
+        (
+            None,
+            Some(format!(
+                "the adapter is not Vulkan ({})",
+                ctx.adapter().backend
+            )),
+        )
+    };
     let mut attention = Vec::new();
     for &(s, d, window) in &ATTN_CASES {
         attention.push(attention_case(ctx, s, d, window, opts.seconds)?);
@@ -452,6 +471,8 @@ pub fn kernel_bench(
         stream_bytes: copy_bytes,
         dependent_dispatch_us: dependent * 1e6,
         independent_dispatch_us: independent * 1e6,
+        raw_vulkan,
+        raw_vulkan_error,
         matvec: rows,
         attention,
         grid_barrier: grid,
