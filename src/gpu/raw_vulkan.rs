@@ -399,9 +399,11 @@ impl Probe {
             .map_err(err("resetting the command buffer"))?;
         d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
             .map_err(err("recording"))?;
-        // Every slot zero, the first 1.0 (0x3f800000), the uniform's n the slot's length.
-        d.cmd_fill_buffer(cmd, self.slots, 0, vk::WHOLE_SIZE, 0);
+        // The first slot 1.0 (0x3f800000), every other zero, the uniform's n the slot's length.
+        // The fills must not overlap: transfers are not ordered among themselves without a
+        // barrier (overlapping ones left some of the first slot zero on an H200).
         d.cmd_fill_buffer(cmd, self.slots, 0, SLOT, 0x3f80_0000);
+        d.cmd_fill_buffer(cmd, self.slots, SLOT, vk::WHOLE_SIZE, 0);
         d.cmd_update_buffer(cmd, self.uniform, 0, &(N as u32).to_le_bytes());
         let barrier = |src, dst, src_access, dst_access| {
             let m = [vk::MemoryBarrier::default()
