@@ -14,7 +14,7 @@ use common::fixtures;
 use hub::{Fault, Hub};
 use pteria::chat::{
     Author, ChatCore, ChatError, ChatEvent, CoreConfig, DeviceChoice, DownloadEvent, LoadEvent,
-    Settings, VariantState,
+    Settings, TablesChoice, VariantState,
 };
 use std::path::Path;
 use std::sync::mpsc;
@@ -337,6 +337,7 @@ fn settings_are_validated_and_persisted() {
         max_tokens: Some(99),
         thinking: true,
         device: DeviceChoice::Gpu,
+        tables: TablesChoice::Gpu,
         model: Some("ignored:here".into()),
     };
     let saved = core.update_settings(wanted.clone()).unwrap();
@@ -347,6 +348,12 @@ fn settings_are_validated_and_persisted() {
     };
     let e = core.update_settings(bad).unwrap_err().to_string();
     assert!(e.contains("top_p"), "{e}");
+    let bad = Settings {
+        device: DeviceChoice::Cpu,
+        ..wanted.clone()
+    };
+    let e = core.update_settings(bad).unwrap_err().to_string();
+    assert!(e.contains("tables"), "{e}");
     let reopened = ChatCore::open(s.config()).unwrap();
     assert_eq!(
         reopened.settings(),

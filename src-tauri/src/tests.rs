@@ -184,6 +184,20 @@ fn app_info_settings_and_conversations_round_trip_through_the_ipc() {
         .call("update_settings", json!({ "settings": bad }))
         .unwrap_err();
     assert!(e.contains("top_p"), "{e}");
+    // The web UI's embedding tables select: "auto" by default; GPU memory on the CPU refused.
+    assert_eq!(s["tables"], "auto");
+    let mut bad = s.clone();
+    bad["tables"] = json!("gpu");
+    let e = f
+        .call("update_settings", json!({ "settings": bad }))
+        .unwrap_err();
+    assert!(e.contains("tables"), "{e}");
+    let mut host = s.clone();
+    host["tables"] = json!("host");
+    assert_eq!(
+        f.ok("update_settings", json!({ "settings": host }))["tables"],
+        "host"
+    );
 
     let c = f.ok("create_conversation", json!({ "title": null }));
     let id = c["id"].as_str().unwrap();

@@ -13,7 +13,7 @@ pub mod settings;
 pub mod store;
 
 pub use models::{FitView, ModelView, VariantState, VariantView};
-pub use settings::{DeviceChoice, Settings};
+pub use settings::{DeviceChoice, Settings, TablesChoice};
 pub use store::{Author, Conversation, ConversationSummary, MessageStats, StoredMessage};
 
 use crate::catalog::{Catalog, CatalogError, DeviceFacts};
@@ -543,7 +543,7 @@ impl ChatCore {
             )?;
             let name = cfg.catalog.resolve(&spec)?.0.name.clone();
             st.loading = Some(spec.clone());
-            (spec, files, st.settings.device, name)
+            (spec, files, (st.settings.device, st.settings.tables), name)
         };
         let engine = self.engine.clone();
         let shared = self.shared.clone();
@@ -553,7 +553,8 @@ impl ChatCore {
             .spawn(move || {
                 on_event(LoadEvent::Loading { spec: spec.clone() });
                 let t0 = std::time::Instant::now();
-                let result = load(&engine, &shared, files, device);
+                let (device, tables) = device;
+                let result = load(&engine, &shared, files, device, tables);
                 let mut st = shared.lock();
                 st.loading = None;
                 match result {
@@ -826,9 +827,14 @@ fn load(
     shared: &Shared,
     files: ModelFiles,
     device: DeviceChoice,
+    tables: TablesChoice,
 ) -> Result<(crate::llm::ModelInfo, Option<String>)> {
-    let (executor, note) =
-        crate::runtime::delegate::executor_for(device.device()).map_err(ChatError::Device)?;
+    let (executor, note, _) = crate::runtime::delegate::executor_placed(
+        device.device(),
+        crate::runtime::delegate::KvCache::F32,
+        tables.tables(),
+    )
+    .map_err(ChatError::Device)?;
     let options = LoadOptions {
         backends: crate::frontend::backends(executor),
         runner: shared.config.runner.clone(),

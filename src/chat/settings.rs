@@ -1,10 +1,11 @@
 //! The user's chat settings, persisted as `<data dir>/settings.json`: sampling, reply length,
-//! system prompt, Gemma 4 thinking, the device models load on, and the last model loaded.
+//! system prompt, Gemma 4 thinking, the device models load on and where their big embedding
+//! tables live, and the last model loaded.
 
 use super::store::write_atomic;
 use super::{ChatError, Result};
 use crate::llm::{GenerateOptions, SamplingParams};
-use crate::runtime::delegate::Device;
+use crate::runtime::delegate::{Device, Tables};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -29,6 +30,30 @@ impl DeviceChoice {
     }
 }
 
+/// Where a model's big embedding tables live, as the settings store it (`Tables`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TablesChoice {
+    /// GPU memory on a discrete GPU with room for them, else host memory.
+    #[default]
+    Auto,
+    /// Host memory, gathered a row a token: the OS can reclaim their file pages, and GPU memory
+    /// stays free for other work.
+    Host,
+    /// GPU memory (decode steps then run one ahead); needs the GPU device.
+    Gpu,
+}
+
+impl TablesChoice {
+    pub fn tables(self) -> Tables {
+        match self {
+            TablesChoice::Auto => Tables::Auto,
+            TablesChoice::Host => Tables::Host,
+            TablesChoice::Gpu => Tables::Gpu,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Settings {
@@ -46,6 +71,7 @@ pub struct Settings {
     /// Gemma 4 thinking mode.
     pub thinking: bool,
     pub device: DeviceChoice,
+    pub tables: TablesChoice,
     /// `model:variant` loaded last, to load again on start.
     pub model: Option<String>,
 }
@@ -63,6 +89,7 @@ impl Default for Settings {
             max_tokens: Some(1024),
             thinking: false,
             device: DeviceChoice::Auto,
+            tables: TablesChoice::Auto,
             model: None,
         }
     }
@@ -93,6 +120,11 @@ impl Settings {
         if self.max_tokens == Some(0) {
             return Err(ChatError::Settings(
                 "max tokens must be at least 1 (or unset for no limit)".into(),
+            ));
+        }
+        if (self.device, self.tables) == (DeviceChoice::Cpu, TablesChoice::Gpu) {
+            return Err(ChatError::Settings(
+                "embedding tables in GPU memory need the GPU: the device is the CPU".into(),
             ));
         }
         Ok(())
@@ -143,6 +175,7 @@ mod tests {
             top_k: 5,
             thinking: true,
             device: DeviceChoice::Cpu,
+            tables: TablesChoice::Host,
             model: Some("m:v".into()),
             ..Settings::default()
         };
@@ -182,6 +215,27 @@ mod tests {
         };
         assert!(bad.validate().is_err());
         assert!(Settings::default().validate().is_ok());
+        // Tables in GPU memory on the CPU device: refused, as `--tables gpu --device cpu` is.
+        let bad = Settings {
+            device: DeviceChoice::Cpu,
+            tables: TablesChoice::Gpu,
+            ..Settings::default()
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("tables") && e.contains("CPU"), "{e}");
+        for (device, tables) in [
+            (DeviceChoice::Cpu, TablesChoice::Host),
+            (DeviceChoice::Cpu, TablesChoice::Auto),
+            (DeviceChoice::Gpu, TablesChoice::Gpu),
+            (DeviceChoice::Auto, TablesChoice::Gpu),
+        ] {
+            let ok = Settings {
+                device,
+                tables,
+                ..Settings::default()
+            };
+            assert!(ok.validate().is_ok(), "{device:?} {tables:?}");
+        }
     }
 
     #[test]

@@ -230,6 +230,7 @@ test("settings are saved, survive a reload, and bad values are explained", async
   await page.fill("[name=max_tokens]", "");
   await page.check("[name=thinking]");
   await page.selectOption("[name=device]", "cpu");
+  await page.selectOption("[name=tables]", "host");
   await page.click("#settings-form button[type=submit]");
   await page.waitForFunction(() => document.getElementById("settings-saved").textContent === "Saved");
   const saved = (await calls(page, "update_settings"))[0].args.settings;
@@ -238,6 +239,7 @@ test("settings are saved, survive a reload, and bad values are explained", async
   assert.equal(saved.max_tokens, null);
   assert.equal(saved.thinking, true);
   assert.equal(saved.device, "cpu");
+  assert.equal(saved.tables, "host");
 
   await page.reload();
   await page.waitForSelector("body[data-ready=true]");
@@ -248,6 +250,16 @@ test("settings are saved, survive a reload, and bad values are explained", async
   assert.equal(await page.inputValue("[name=max_tokens]"), "");
   assert.equal(await page.isChecked("[name=thinking]"), true);
   assert.equal(await page.inputValue("[name=device]"), "cpu");
+  assert.equal(await page.inputValue("[name=tables]"), "host");
+
+  // Tables in GPU memory on the CPU: the core's refusal is shown.
+  await page.selectOption("[name=tables]", "gpu");
+  await page.click("#settings-form button[type=submit]");
+  await page.waitForSelector("#settings-error:not([hidden])");
+  assert.match(await page.textContent("#settings-error"), /tables in GPU memory need the GPU/);
+  await page.selectOption("[name=tables]", "host");
+  await page.click("#settings-form button[type=submit]");
+  await page.waitForSelector("#settings-error", { state: "hidden" });
 
   await page.fill("[name=top_p]", "1.5");
   await page.click("#settings-form button[type=submit]");

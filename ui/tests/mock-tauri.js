@@ -15,6 +15,7 @@
       max_tokens: 1024,
       thinking: false,
       device: "auto",
+      tables: "auto",
       model: null,
     },
     conversations: {},
@@ -173,6 +174,7 @@
     update_settings: ({ settings }) => {
       if (!(settings.top_p > 0 && settings.top_p <= 1)) throw `settings: sampling: top_p must be in (0, 1], got ${settings.top_p}`;
       if (!(settings.temperature >= 0)) throw `settings: sampling: temperature must be a finite number >= 0, got ${settings.temperature}`;
+      if (settings.device === "cpu" && settings.tables === "gpu") throw "settings: embedding tables in GPU memory need the GPU: the device is the CPU";
       db.settings = { ...settings, model: db.settings.model };
       save();
       return db.settings;

@@ -404,6 +404,7 @@ fn show_settings(ui: &AppWindow, s: &Settings) {
     );
     ui.set_thinking(s.thinking);
     ui.set_device(view::device_index(s.device));
+    ui.set_tables(view::tables_index(s.tables));
 }
 
 fn read_settings(ui: &AppWindow, current: &Settings) -> Settings {
@@ -416,6 +417,7 @@ fn read_settings(ui: &AppWindow, current: &Settings) -> Settings {
         max_tokens: usize::try_from(ui.get_max_tokens()).ok().filter(|&n| n > 0),
         thinking: ui.get_thinking(),
         device: view::device_choice(ui.get_device()),
+        tables: view::tables_choice(ui.get_tables()),
         ..current.clone()
     }
 }

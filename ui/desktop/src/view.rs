@@ -4,7 +4,8 @@
 use crate::{ConversationRow, MdBlock, MessageRow, VariantRow};
 use pteria::chat::markdown::{self, Block, Span};
 use pteria::chat::{
-    Author, ConversationSummary, DeviceChoice, MessageStats, ModelView, StoredMessage, VariantState,
+    Author, ConversationSummary, DeviceChoice, MessageStats, ModelView, StoredMessage,
+    TablesChoice, VariantState,
 };
 use slint::{ModelRc, StyledText, VecModel};
 
@@ -309,6 +310,23 @@ pub fn device_choice(index: i32) -> DeviceChoice {
         1 => DeviceChoice::Gpu,
         2 => DeviceChoice::Cpu,
         _ => DeviceChoice::Auto,
+    }
+}
+
+/// The settings page's embedding tables combo box index.
+pub fn tables_index(t: TablesChoice) -> i32 {
+    match t {
+        TablesChoice::Auto => 0,
+        TablesChoice::Host => 1,
+        TablesChoice::Gpu => 2,
+    }
+}
+
+pub fn tables_choice(index: i32) -> TablesChoice {
+    match index {
+        1 => TablesChoice::Host,
+        2 => TablesChoice::Gpu,
+        _ => TablesChoice::Auto,
     }
 }
 

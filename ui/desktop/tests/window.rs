@@ -257,6 +257,7 @@ fn settings_saved_in_the_window_persist_and_bad_values_are_refused() {
     ui.set_top_k(7);
     ui.set_max_tokens(0);
     ui.set_device(2);
+    ui.set_tables(1);
     click(&ui, "Gemma 4 thinking");
     assert!(ui.get_thinking());
     click(&ui, "Save settings");
@@ -265,6 +266,24 @@ fn settings_saved_in_the_window_persist_and_bad_values_are_refused() {
     assert_eq!(saved.system_prompt, "Answer in French.");
     assert_eq!((saved.top_k, saved.max_tokens), (7, None));
     assert!(saved.thinking);
+    assert_eq!(
+        (saved.device, saved.tables),
+        (
+            pteria::chat::DeviceChoice::Cpu,
+            pteria::chat::TablesChoice::Host
+        )
+    );
+
+    // Tables in GPU memory on the CPU device are refused.
+    ui.set_tables(2);
+    click(&ui, "Save settings");
+    assert!(
+        ui.get_settings_status().contains("tables"),
+        "{}",
+        ui.get_settings_status()
+    );
+    assert_eq!(core.settings().tables, pteria::chat::TablesChoice::Host);
+    ui.set_tables(1);
 
     ui.set_temperature(-1.0);
     click(&ui, "Save settings");
@@ -283,7 +302,7 @@ fn settings_saved_in_the_window_persist_and_bad_values_are_refused() {
     assert_eq!(ui.get_system_prompt(), "Answer in French.");
     assert_eq!((ui.get_top_k(), ui.get_max_tokens()), (7, 0));
     assert!(ui.get_thinking());
-    assert_eq!(ui.get_device(), 2);
+    assert_eq!((ui.get_device(), ui.get_tables()), (2, 1));
 }
 
 #[test]

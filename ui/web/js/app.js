@@ -342,6 +342,7 @@ function fillSettings(s) {
   f.min_p.value = s.min_p;
   f.max_tokens.value = s.max_tokens ?? "";
   f.device.value = s.device;
+  f.tables.value = s.tables;
   f.thinking.checked = s.thinking;
 }
 
@@ -358,6 +359,7 @@ async function saveSettings(event) {
     min_p: num(f.min_p.value),
     max_tokens: f.max_tokens.value === "" ? null : Math.round(num(f.max_tokens.value)),
     device: f.device.value,
+    tables: f.tables.value,
     thinking: f.thinking.checked,
   };
   const error = $("settings-error");
