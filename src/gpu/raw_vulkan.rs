@@ -325,7 +325,7 @@ impl Probe {
                     .contains(flags)
         }) else {
             device.destroy_buffer(buffer, None);
-            return Err(format!("no memory type with {flags:?}"));
+            return Err(format!("no memory type with flags {:#x}", flags.as_raw()));
         };
         let memory = match device.allocate_memory(
             &vk::MemoryAllocateInfo::default()
