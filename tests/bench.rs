@@ -144,6 +144,10 @@ fn check_program_report(v: &Value, gpu: bool) {
         );
         let f = v["decode_vs_dispatch_floor"].as_f64().unwrap();
         assert!(d > 0.0 && (f - us / (n * d)).abs() <= 1e-9 * f, "{v}");
+        // The longest chain of dependent dispatches: some of them (every layer waits for the
+        // last), and fewer than all (a layer's k and v run beside its q).
+        let chain = v["dispatch_chain_per_token"].as_f64().unwrap();
+        assert!(chain > 10.0 && chain < n, "{v}");
         let ops = v["decode_ops"].as_array().unwrap();
         if let Some(total) = v["decode_gpu_us"].as_f64() {
             assert!(ops

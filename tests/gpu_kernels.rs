@@ -357,6 +357,30 @@ fn unary_ops_match_cpu() {
     }
 }
 
+/// `ExecutorStats::last_chain`: the longest chain of dispatches each waiting for an earlier
+/// one's data, beside the call's dispatches (what removing wgpu's barrier before every dispatch
+/// could at most leave).
+#[test]
+fn the_longest_chain_of_dependent_dispatches_is_counted() {
+    let Some(ctx) = ctx() else { return };
+    let mut t = T::default();
+    let sh = [2, 300];
+    let x = t.input_f(&sh, &Rng::new(9).floats(600, 2.0));
+    let neg = |t: &mut T, v| t.op(OpKind::Unary(UnaryOp::Neg), vec![v], DType::F32, &sh);
+    // x → a → b → c → (c + d): four rounds; d and e only wait for x.
+    let a = neg(&mut t, x);
+    let b = neg(&mut t, a);
+    let c = neg(&mut t, b);
+    let d = neg(&mut t, x);
+    let e = neg(&mut t, x);
+    let sum = t.op(OpKind::Binary(BinaryOp::Add), vec![c, d], DType::F32, &sh);
+    t.out(sum);
+    t.out(e);
+    let gpu = check_on(ctx, "chain", &t, 0.0, 0.0);
+    let stats = gpu.stats();
+    assert_eq!((stats.last_dispatches, stats.last_chain), (6, 4));
+}
+
 #[test]
 fn binary_ops_broadcast_and_match_cpu() {
     use BinaryOp::*;

@@ -156,6 +156,9 @@ struct ProgramReport {
     picked_default: Option<Picked>,
     /// Dispatches per decode step.
     dispatches_per_token: Option<usize>,
+    /// The longest chain among them of dispatches that wait for an earlier one's data
+    /// (`ExecutorStats::last_chain`): the fewest barriers a step could run with.
+    dispatch_chain_per_token: Option<usize>,
     /// GPU time of a decode step's dispatches replayed back to back in one pass (no host work).
     decode_replay_gpu_us: Option<f64>,
     /// Linear weight bytes a decode step reads (the floor on its time).
@@ -330,6 +333,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     let mut kv_mem = pteria::gpu::MemoryReport::default();
     let mut decode_gpu = None;
     let (mut replay_us, mut weight_bytes, mut dispatches) = (None, None, None);
+    let mut chain = None;
     if let Some(h) = &handles {
         let list = h
             .lock()
@@ -349,6 +353,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             }
             *weight_bytes.get_or_insert(0) += e.linear_weight_bytes();
             *dispatches.get_or_insert(0) += e.stats().last_dispatches;
+            *chain.get_or_insert(0) += e.stats().last_chain;
             if let Some(t) = e.time_last(10).map_err(anyhow::Error::msg)? {
                 *replay_us.get_or_insert(0.0) += t.seconds * 1e6;
             }
@@ -429,6 +434,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         sample_greedy_us: sampling.map(|s| s.0),
         sample_default_us: sampling.map(|s| s.1),
         dispatches_per_token: dispatches,
+        dispatch_chain_per_token: chain,
         decode_replay_gpu_us: replay_us,
         decode_weight_bytes: weight_bytes,
         stream_gb_per_s: stream.map(|b| b / 1e9),
@@ -505,7 +511,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         println!("f16 KV cache vs f32: logits rel-L2 {w:.2e} worst call, {l:.2e} last call");
     }
     if let (Some(s), Some(d)) = (report.submits_per_token, report.dispatches_per_token) {
-        println!("decode step: {s:.1} submits, {d} dispatches");
+        print!("decode step: {s:.1} submits, {d} dispatches");
+        match report.dispatch_chain_per_token {
+            Some(c) => println!(", {c} of them on its longest chain of dependent ones"),
+            None => println!(),
+        }
     }
     if let (Some(p), Some(e), Some(x), Some(w), Some(o), Some(r)) = (
         report.decode_prepare_ms,

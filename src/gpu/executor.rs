@@ -70,6 +70,8 @@ const MAX_IN_FLIGHT: usize = 2;
 
 struct Recording {
     dispatches: Vec<Dispatch>,
+    /// Its longest chain of dependent dispatches (`longest_chain`).
+    chain: usize,
     /// (source buffer, bytes, offset in `readback`).
     copies: Vec<(usize, u64, u64)>,
     /// Per graph output: offset in `readback` and shape.
@@ -97,6 +99,10 @@ pub struct ExecutorStats {
     pub replays: usize,
     /// Dispatches in the last call.
     pub last_dispatches: usize,
+    /// The longest chain among them of dispatches each of which must wait for the one before
+    /// through the data it reads or writes: the fewest barriers the call could run with, were
+    /// every dispatch free of the barriers wgpu places before each one.
+    pub last_chain: usize,
     /// Queue submits made by calls (one per call encoded ahead, else a few: see `FIRST_PIECE`).
     pub submits: usize,
     /// Bytes of input tensors the last call wrote to the GPU (host symbols not counted): States
@@ -950,6 +956,7 @@ impl GpuExecutor {
             }
         }
         self.stats.last_dispatches = self.recordings[idx].1.dispatches.len();
+        self.stats.last_chain = self.recordings[idx].1.chain;
         let rec = &self.recordings[idx].1;
         match self.ready.take().filter(|r| r.rec == idx && r.slot == slot) {
             Some(r) => {
@@ -1364,6 +1371,7 @@ impl GpuExecutor {
                 self.mem.place[self.mem.root[*t]].first().copied()
             }
         };
+        let chain = self.longest_chain(&steps);
         let mut dispatches = Vec::with_capacity(steps.len());
         for (n, s) in &steps {
             dispatches.push(self.dispatch(*n, s)?);
@@ -1395,6 +1403,7 @@ impl GpuExecutor {
         });
         Ok(Recording {
             dispatches,
+            chain,
             copies,
             outputs,
             cands,
@@ -1404,6 +1413,70 @@ impl GpuExecutor {
             last_used: 0,
             wait: WaitClock::default(),
         })
+    }
+
+    /// The longest chain in `steps` of dispatches each of which must wait for an earlier one:
+    /// it reads storage one wrote, or writes storage one read or wrote. Storage is a tensor's
+    /// (through its alias root and any view), a node's scratch, or the candidates; the ranges
+    /// buffer is left out (its producers and readers also share the tensor it describes), and
+    /// so is the reuse of one buffer by tensors whose lives do not overlap, which another plan
+    /// could avoid. So the count is the fewest barrier-separated rounds the call's dispatches
+    /// could run in, in any order.
+    fn longest_chain(&self, steps: &[(usize, Step)]) -> usize {
+        #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+        enum Key {
+            Tensor(usize),
+            Scratch(usize, usize),
+            Candidates,
+        }
+        let key = |node: usize, r: &Res| match *r {
+            Res::Tensor(t) | Res::Chunk(t, _) => {
+                let root = self.mem.root[t];
+                Some(Key::Tensor(
+                    self.view_of.get(root).map_or(root, |&v| self.mem.root[v]),
+                ))
+            }
+            Res::Scratch(k) => Some(Key::Scratch(node, k)),
+            Res::ScratchOf(m, k) => Some(Key::Scratch(m, k)),
+            Res::Candidates => Some(Key::Candidates),
+            Res::Dummy | Res::Ranges => None,
+        };
+        // Per storage: the round of its last write, and the latest round that read it.
+        let mut written: HashMap<Key, usize> = HashMap::new();
+        let mut read: HashMap<Key, usize> = HashMap::new();
+        let mut longest = 0;
+        for (node, s) in steps {
+            let reads: Vec<Key> = s
+                .inputs
+                .iter()
+                .chain(&s.reads_after)
+                .filter_map(|r| key(*node, r))
+                .collect();
+            let writes: Vec<Key> = std::iter::once(&s.out)
+                .chain(&s.writes)
+                .filter_map(|r| key(*node, r))
+                .collect();
+            let after = |k: &Key, m: &HashMap<Key, usize>| m.get(k).copied().unwrap_or(0);
+            let round = 1 + reads
+                .iter()
+                .map(|k| after(k, &written))
+                .chain(
+                    writes
+                        .iter()
+                        .map(|k| after(k, &written).max(after(k, &read))),
+                )
+                .max()
+                .unwrap_or(0);
+            for k in reads {
+                let r = read.entry(k).or_insert(0);
+                *r = (*r).max(round);
+            }
+            for k in writes {
+                written.insert(k, round);
+            }
+            longest = longest.max(round);
+        }
+        longest
     }
 
     /// The buffer a dispatch binds for `r`, and the byte offset it binds from (a select view's).
