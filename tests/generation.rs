@@ -683,16 +683,26 @@ fn no_stops(max: Option<usize>) -> DecodeOptions {
     }
 }
 
-/// A greedy run of `prompt` with no stop ids and no cancellation.
-fn greedy_generate(r: &mut Runner, prompt: &[u32], max: Option<usize>) -> (Prefill, Decoded) {
+/// A run of `prompt` drawn by `sampler`, with no stop ids and no cancellation.
+fn generate_with(
+    r: &mut Runner,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max: Option<usize>,
+) -> (Prefill, Decoded) {
     r.generate(
         prompt,
-        &mut greedy(),
+        sampler,
         &no_stops(max),
         &CancelToken::new(),
         &mut |_| Ok(()),
     )
     .unwrap()
+}
+
+/// A greedy run of `prompt` with no stop ids and no cancellation.
+fn greedy_generate(r: &mut Runner, prompt: &[u32], max: Option<usize>) -> (Prefill, Decoded) {
+    generate_with(r, &mut greedy(), prompt, max)
 }
 
 #[test]
@@ -1302,15 +1312,7 @@ fn gpu_decode_picks_from_candidates_what_whole_rows_pick() {
                 let mut r =
                     Runner::open(&fixtures().join(file), &[], &options.backends, &config).unwrap();
                 let mut s = Sampler::new(params.clone()).unwrap();
-                let (_, d) = r
-                    .generate(
-                        &PROMPT,
-                        &mut s,
-                        &no_stops(Some(12)),
-                        &never,
-                        &mut |_| Ok(()),
-                    )
-                    .unwrap();
+                let (_, d) = generate_with(&mut r, &mut s, &PROMPT, Some(12));
                 // The first token comes from the prompt's row; every later one from its step.
                 let picks = if full_logits { 0 } else { d.tokens.len() - 1 };
                 assert_eq!(r.candidate_picks(), picks, "{file} {params:?}");
@@ -1347,7 +1349,6 @@ fn gpu_decode_one_step_ahead_matches_one_at_a_time() {
         return;
     }
     let (options, _) = LoadOptions::on_device(Device::Gpu).unwrap();
-    let never = CancelToken::new();
     let sampled = |temperature, top_k, top_p, min_p, seed| SamplingParams {
         temperature,
         top_k,
@@ -1363,9 +1364,12 @@ fn gpu_decode_one_step_ahead_matches_one_at_a_time() {
         sampled(1.3, 40, 0.5, 0.1, 11),
     ];
     let mut drawn_ahead = 0;
+    // The MLX fixture's shapes follow the position: each step is recorded anew, after the
+    // step in flight finishes (it failed to start before that).
     for file in [
         "gemma4_tiny_vulkan_stock_8da4w_emb4.pte",
         "gemma4_tiny_vulkan_fp32.pte",
+        "gemma4_tiny_mlx_int4.pte",
     ] {
         let open = |serial_decode| {
             let config = RunnerConfig {
@@ -1378,15 +1382,7 @@ fn gpu_decode_one_step_ahead_matches_one_at_a_time() {
             let sampler = || Sampler::new(params.clone()).unwrap();
             // The serial run's tokens say which stop token ends a run part-way.
             let mut serial = open(true);
-            let (_, all) = serial
-                .generate(
-                    &PROMPT,
-                    &mut sampler(),
-                    &no_stops(Some(12)),
-                    &never,
-                    &mut |_| Ok(()),
-                )
-                .unwrap();
+            let (_, all) = generate_with(&mut serial, &mut sampler(), &PROMPT, Some(12));
             assert_eq!(serial.steps_ahead(), 0);
             let stop_at = all.tokens[6];
             let cases: Vec<(String, DecodeOptions, Option<usize>)> = vec![
@@ -1427,9 +1423,7 @@ fn gpu_decode_one_step_ahead_matches_one_at_a_time() {
                     // drawn on by the same sampler.
                     let mut prompt = r.cached_tokens().to_vec();
                     prompt.extend([9, 4]);
-                    let (p, d2) = r
-                        .generate(&prompt, &mut s, &no_stops(Some(5)), &never, &mut |_| Ok(()))
-                        .unwrap();
+                    let (p, d2) = generate_with(&mut r, &mut s, &prompt, Some(5));
                     assert!(!p.reset, "{what}: the cache was reused");
                     runs.push((
                         d.tokens,
@@ -1484,7 +1478,6 @@ fn undecided_candidates_hand_decode_over_to_one_step_at_a_time() {
     let backends = pteria::frontend::backends(pteria::runtime::delegate::gpu_executor(
         std::sync::Arc::new(ctx),
     ));
-    let never = CancelToken::new();
     let params = SamplingParams {
         seed: Some(5),
         ..SamplingParams::default()
@@ -1503,15 +1496,7 @@ fn undecided_candidates_hand_decode_over_to_one_step_at_a_time() {
             };
             let mut r = Runner::open(&fixtures().join(file), &[], &backends, &config).unwrap();
             let mut s = Sampler::new(params.clone()).unwrap();
-            let (_, d) = r
-                .generate(
-                    &PROMPT,
-                    &mut s,
-                    &no_stops(Some(10)),
-                    &never,
-                    &mut |_| Ok(()),
-                )
-                .unwrap();
+            let (_, d) = generate_with(&mut r, &mut s, &PROMPT, Some(10));
             assert_eq!(d.tokens.len(), 10, "{file}");
             let counts = (r.candidate_picks(), r.steps_ahead(), r.misses_ahead());
             // One step ahead after the prompt's row, dropped 3 times, then rows.

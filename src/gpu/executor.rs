@@ -223,6 +223,9 @@ pub struct GpuExecutor {
     ready: Option<Ready>,
     /// Calls submitted and not yet finished, oldest first.
     in_flight: std::collections::VecDeque<Started>,
+    /// Outputs of calls in flight that a call of new shapes finished before it was recorded
+    /// (recording may move recordings), oldest first, for `finish_call` to hand back in turn.
+    finished: std::collections::VecDeque<(Vec<HostTensor>, Option<Candidates>)>,
     /// The last call started copied its pick into this input, and no call on the context has
     /// run since: a call may be fed it.
     fed_input: Option<usize>,
@@ -413,6 +416,7 @@ impl GpuExecutor {
             plans,
             ready: None,
             in_flight: std::collections::VecDeque::new(),
+            finished: std::collections::VecDeque::new(),
             fed_input: None,
             encode_ahead: std::env::var("PTERIA_ENCODE_AHEAD").map_or(true, |v| v != "0"),
             clock: 0,
@@ -654,7 +658,7 @@ impl GpuExecutor {
 
     /// Calls submitted and not yet finished.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len() + self.finished.len()
     }
 
     /// Why input `input` cannot be fed a call's pick, if it cannot: it must be an integer
@@ -705,7 +709,7 @@ impl GpuExecutor {
     pub fn read_output(&mut self, output: usize) -> Result<HostTensor, GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
-        if !self.in_flight.is_empty() {
+        if self.in_flight() > 0 {
             return Err(GpuError::Device(format!(
                 "output {output}: calls are still in flight"
             )));
@@ -803,7 +807,7 @@ impl GpuExecutor {
         inputs: &[InputValue],
         want: Option<CandidateRequest>,
     ) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
-        if !self.in_flight.is_empty() {
+        if self.in_flight() > 0 {
             return Err(GpuError::Device(
                 "a call waits while earlier ones are still in flight: finish them first".into(),
             ));
@@ -824,7 +828,7 @@ impl GpuExecutor {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
         let t_start = std::time::Instant::now();
-        if self.in_flight.len() >= MAX_IN_FLIGHT {
+        if self.in_flight() >= MAX_IN_FLIGHT {
             return Err(GpuError::Device(format!(
                 "{MAX_IN_FLIGHT} calls already in flight: finish one first"
             )));
@@ -861,13 +865,13 @@ impl GpuExecutor {
                 i
             }
             None => {
-                if !self.in_flight.is_empty() {
-                    // Recordings move below, under the calls in flight.
-                    return Err(GpuError::Device(
-                        "a call of a new shape waits until the calls in flight finish".into(),
-                    ));
-                }
                 let plan = plan.clone();
+                // Recordings move below: the calls in flight, which read theirs when they
+                // finish, finish first (a graph whose shapes follow a position, decoded ahead).
+                while !self.in_flight.is_empty() {
+                    let done = self.finish_oldest()?;
+                    self.finished.push_back(done);
+                }
                 // Indices into `recordings` change below.
                 self.ready = None;
                 if self.param_used > PARAM_BUDGET {
@@ -1010,6 +1014,14 @@ impl GpuExecutor {
     fn finish_call(&mut self) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
+        match self.finished.pop_front() {
+            Some(done) => Ok(done),
+            None => self.finish_oldest(),
+        }
+    }
+
+    /// Waits for the oldest call in flight and reads its outputs (under the caller's turn).
+    fn finish_oldest(&mut self) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
         let started = self
             .in_flight
             .pop_front()
@@ -1430,12 +1442,7 @@ impl GpuExecutor {
             Candidates,
         }
         let key = |node: usize, r: &Res| match *r {
-            Res::Tensor(t) | Res::Chunk(t, _) => {
-                let root = self.mem.root[t];
-                Some(Key::Tensor(
-                    self.view_of.get(root).map_or(root, |&v| self.mem.root[v]),
-                ))
-            }
+            Res::Tensor(t) | Res::Chunk(t, _) => Some(Key::Tensor(self.storage_root(t))),
             Res::Scratch(k) => Some(Key::Scratch(node, k)),
             Res::ScratchOf(m, k) => Some(Key::Scratch(m, k)),
             Res::Candidates => Some(Key::Candidates),
@@ -1479,6 +1486,13 @@ impl GpuExecutor {
         longest
     }
 
+    /// The root whose storage holds `t`'s values in the call being recorded: its alias root's,
+    /// or the viewed tensor's where that root is a view (`ops::views`).
+    fn storage_root(&self, t: crate::ir::TensorId) -> crate::ir::TensorId {
+        let r = self.mem.root[t];
+        self.view_of.get(r).copied().unwrap_or(r)
+    }
+
     /// The buffer a dispatch binds for `r`, and the byte offset it binds from (a select view's).
     fn resolve(&self, node: usize, r: Res) -> Result<(usize, u64), GpuError> {
         if let Res::Tensor(t) = r {
@@ -1505,8 +1519,7 @@ impl GpuExecutor {
                 .copied()
                 .ok_or_else(|| missing(format!("node {n}'s scratch {k}"))),
             Res::Tensor(t) => {
-                let r = self.mem.root[t];
-                let place = &self.mem.place[self.view_of.get(r).copied().unwrap_or(r)];
+                let place = &self.mem.place[self.storage_root(t)];
                 match place.as_slice() {
                     [b] => Ok(*b),
                     _ => Err(missing(format!(
