@@ -30,14 +30,13 @@ pub struct RawDispatch {
 /// Times the chains on the Vulkan device named `adapter` (the name wgpu reports), each for
 /// about `seconds` of GPU time. An error says why not: no loader, no such device, no timestamps.
 pub fn raw_dispatch(adapter: &str, seconds: f64) -> Result<RawDispatch, String> {
-    let plain = spirv("plain")?;
-    let param = spirv("param")?;
+    let code = spirv()?;
     // SAFETY: `Probe::open` and the calls below follow the Vulkan valid-usage rules the comments
     // there give; every handle is made and destroyed by `Probe`.
     unsafe {
-        let mut probe = Probe::open(adapter)?;
-        let plain = probe.pipeline(&plain, c"plain")?;
-        let param = probe.pipeline(&param, c"param")?;
+        let mut probe = Probe::open(adapter, &code)?;
+        let plain = probe.pipeline(c"plain")?;
+        let param = probe.pipeline(c"param")?;
         Ok(RawDispatch {
             dependent_us: probe.time(plain, true, seconds)? * 1e6,
             dependent_uniform_us: probe.time(param, true, seconds)? * 1e6,
@@ -46,7 +45,8 @@ pub fn raw_dispatch(adapter: &str, seconds: f64) -> Result<RawDispatch, String> 
     }
 }
 
-fn spirv(entry: &str) -> Result<Vec<u32>, String> {
+/// The probe's kernels as one SPIR-V module, each entry point named as its WGSL function.
+fn spirv() -> Result<Vec<u32>, String> {
     let src = include_str!("../../kernels/dispatch_probe.wgsl");
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
     let info = naga::valid::Validator::new(
@@ -55,16 +55,8 @@ fn spirv(entry: &str) -> Result<Vec<u32>, String> {
     )
     .validate(&module)
     .map_err(|e| format!("dispatch_probe.wgsl: {e}"))?;
-    naga::back::spv::write_vec(
-        &module,
-        &info,
-        &naga::back::spv::Options::default(),
-        Some(&naga::back::spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: entry.into(),
-        }),
-    )
-    .map_err(|e| format!("dispatch_probe.wgsl to SPIR-V: {e}"))
+    naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
+        .map_err(|e| format!("dispatch_probe.wgsl to SPIR-V: {e}"))
 }
 
 fn err(what: &str) -> impl Fn(vk::Result) -> String + '_ {
@@ -85,7 +77,7 @@ struct Probe {
     pool: vk::DescriptorPool,
     sets: Vec<vk::DescriptorSet>,
     pipelines: Vec<vk::Pipeline>,
-    modules: Vec<vk::ShaderModule>,
+    module: vk::ShaderModule,
     commands: vk::CommandPool,
     cmd: vk::CommandBuffer,
     queries: vk::QueryPool,
@@ -99,7 +91,7 @@ struct Probe {
 impl Probe {
     /// # Safety
     /// Loads the system's Vulkan loader, which runs its library initialisers.
-    unsafe fn open(adapter: &str) -> Result<Probe, String> {
+    unsafe fn open(adapter: &str, code: &[u32]) -> Result<Probe, String> {
         let entry = ash::Entry::load().map_err(|e| format!("no Vulkan loader: {e}"))?;
         let app = vk::ApplicationInfo::default()
             .application_name(c"pteria")
@@ -123,7 +115,7 @@ impl Probe {
             pool: vk::DescriptorPool::null(),
             sets: Vec::new(),
             pipelines: Vec::new(),
-            modules: Vec::new(),
+            module: vk::ShaderModule::null(),
             commands: vk::CommandPool::null(),
             cmd: vk::CommandBuffer::null(),
             queries: vk::QueryPool::null(),
@@ -132,11 +124,11 @@ impl Probe {
             uniform: vk::Buffer::null(),
             readback: (vk::Buffer::null(), vk::DeviceMemory::null()),
         };
-        probe.init(adapter)?;
+        probe.init(adapter, code)?;
         Ok(probe)
     }
 
-    unsafe fn init(&mut self, adapter: &str) -> Result<(), String> {
+    unsafe fn init(&mut self, adapter: &str, code: &[u32]) -> Result<(), String> {
         let inst = &self.instance;
         let pd = inst
             .enumerate_physical_devices()
@@ -216,6 +208,9 @@ impl Probe {
                 None,
             )
             .map_err(err("pipeline layout"))?;
+        self.module = device
+            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(code), None)
+            .map_err(err("shader module"))?;
         let sizes = [
             vk::DescriptorPoolSize::default()
                 .ty(vk::DescriptorType::STORAGE_BUFFER)
@@ -346,16 +341,12 @@ impl Probe {
         Ok((buffer, memory))
     }
 
-    /// `entry`: naga names the SPIR-V entry point as the WGSL function.
-    unsafe fn pipeline(&mut self, code: &[u32], entry: &CStr) -> Result<vk::Pipeline, String> {
+    /// The pipeline of the module's entry point `entry`.
+    unsafe fn pipeline(&mut self, entry: &CStr) -> Result<vk::Pipeline, String> {
         let device = self.device().clone();
-        let module = device
-            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(code), None)
-            .map_err(err("shader module"))?;
-        self.modules.push(module);
         let stage = vk::PipelineShaderStageCreateInfo::default()
             .stage(vk::ShaderStageFlags::COMPUTE)
-            .module(module)
+            .module(self.module)
             .name(entry);
         let pipeline = device
             .create_compute_pipelines(
@@ -496,9 +487,7 @@ impl Drop for Probe {
                 for &p in &self.pipelines {
                     d.destroy_pipeline(p, None);
                 }
-                for &m in &self.modules {
-                    d.destroy_shader_module(m, None);
-                }
+                d.destroy_shader_module(self.module, None);
                 d.destroy_descriptor_pool(self.pool, None);
                 d.destroy_pipeline_layout(self.layout, None);
                 d.destroy_descriptor_set_layout(self.set_layout, None);
