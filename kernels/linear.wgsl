@@ -25,9 +25,9 @@ struct Params {
     // matvec_ranged / act_quant_ranged: the first word of the row's site in the ranges buffer.
     // `linear3` (a third linear's rows, never ranged): the row where the third's begin.
     range_at: u32,
-    // GLU: the chain's step words (chain.wgsl `apply_chain`); `matvec_normed`: the norm's chain's.
+    // GLU: the chain's step words (chain.wgsl `apply_chain`); NORM_X: the norm's chain's.
     words: array<vec4<u32>, 3>,
-    // `matvec_normed`: the norm's eps, and which input of its chain the normed row is.
+    // NORM_X: the norm's eps, and which input of its chain the normed row is.
     eps: f32,
     norm_input: u32,
 }
@@ -204,7 +204,8 @@ fn act_quant_ranged(@builtin(workgroup_id) wg: vec3<u32>,
         let w = range4[p.range_at / 4u + j * lanes + t % lanes];
         most = max(most, max(w.xy, w.zw));
     }
-    let r = site_quant(most);
+    let span = range_span(run_max(most));
+    let r = params_of(span.x, span.y);
     let u = wg.x * WG + t;
     if u < units() {
         pack_unit(0u, u, r);
@@ -212,12 +213,6 @@ fn act_quant_ranged(@builtin(workgroup_id) wg: vec3<u32>,
     if u == 0u {
         put_params(0u, r);
     }
-}
-
-// The quantization of a site whose slots' largest words this lane's run saw (`most`).
-fn site_quant(most: vec2<u32>) -> RowQuant {
-    let span = range_span(run_max(most));
-    return params_of(span.x, span.y);
 }
 
 // ---- matvec ----
@@ -363,9 +358,9 @@ override GLU_FIRST: bool = true;
 // quad a lane): the workgroup chains and quantizes the row itself (`chain_quad`), as the chain's
 // own dispatch would have (the same bits).
 override CHAIN_X: bool = false;
-// The workgroup quantized the row into workgroup memory itself (`linear_norm`'s `matvec_normed`,
-// `matvec_range_x`): the teams take its int8 words from there (`chain_words`).
-override WORDS_X: bool = false;
+// x is the row of an rms_norm that only this linear quantizes (`linear_norm`'s `matvec_normed`):
+// the teams take the row's int8 words from workgroup memory (`chain_words`).
+override NORM_X: bool = false;
 
 var<workgroup> red4: array<vec4<f32>, WG>;
 
@@ -667,13 +662,13 @@ fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32
         if CHAIN_X {
             xa = chained[0];
             xb = chained[1];
-        } else if !WORDS_X {
+        } else if !NORM_X {
             let pr = p.m * p.k / 4u + 2u * m;
             zp_x = bitcast<f32>(xu4[(pr + 1u) / 4u][(pr + 1u) % 4u]);
             s_x = bitcast<f32>(xu4[pr / 4u][pr % 4u]);
         }
         for (var i = lane; i < quads; i += TEAM) {
-            if WORDS_X {
+            if NORM_X {
                 let u = i * 4u * xw;
                 xa = vec4<u32>(chain_words[u], chain_words[u + 1u], chain_words[u + 2u],
                                chain_words[u + 3u]);
@@ -731,59 +726,6 @@ fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32
         }
     }
     return team_sum(acc, t, lane);
-}
-
-// x is one f32 row whose producer left its range (src/gpu/ops.rs `range_loaded`): every
-// workgroup reads the site's slots as `act_quant_ranged` does, quantizes the row into workgroup
-// memory a unit an invocation, and its teams take their quads from there (WORDS_X, CHAIN_K4 =
-// K / 4). The quantization is not dispatched, and the mat-vec waits for one dispatch fewer. The
-// ranges buffer is bound as y2 (the linear has no second output; `put` names y2, so no other
-// view of binding 8 may be), its words read as floats and taken back as bits.
-
-// Packing units an invocation of `matvec_range_x` holds (src/gpu/ops.rs `RANGE_LOAD_UNITS`).
-const RANGE_X_UNITS = 4u;
-
-@compute @workgroup_size(WG)
-fn matvec_range_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) t: u32) {
-    let wgi = quad_grid(wg, nwg).x;
-    // The row's units are loaded before the slots' reduction, so that both loads are in
-    // flight together.
-    let per = select(1u, 2u, KIND == 1u);
-    var xs: array<vec4<f32>, 8>;
-    for (var i = 0u; i < RANGE_X_UNITS; i++) {
-        let u = t + i * WG;
-        if u < units() {
-            xs[per * i] = bitcast<vec4<f32>>(xu4[per * u]);
-            if KIND == 1u {
-                xs[per * i + 1u] = bitcast<vec4<f32>>(xu4[per * u + 1u]);
-            }
-        }
-    }
-    let lanes = max(SG_LANES, 1u);
-    var most = vec2<u32>(0u);
-    for (var j = 0u; j < RANGE_SLOTS / 2u / lanes; j++) {
-        let a = p.range_at + 4u * (j * lanes + t % lanes);
-        let w = bitcast<vec4<u32>>(vec4<f32>(y2[a], y2[a + 1u], y2[a + 2u], y2[a + 3u]));
-        most = max(most, max(w.xy, w.zw));
-    }
-    let r = site_quant(most);
-    zp_x = r.zp;
-    s_x = r.s;
-    for (var i = 0u; i < RANGE_X_UNITS; i++) {
-        let u = t + i * WG;
-        if u < units() {
-            if KIND == 1u {
-                let q = pack8_nibble_order(xs[per * i], xs[per * i + 1u], r);
-                chain_words[2u * u] = q.x;
-                chain_words[2u * u + 1u] = q.y;
-            } else {
-                chain_words[u] = pack4(xs[i], r);
-            }
-        }
-    }
-    workgroupBarrier();
-    store_rows(wgi, 0u, t, team_sums(wgi, 0u, t, array<vec4<u32>, 2>()));
 }
 
 // #if norm

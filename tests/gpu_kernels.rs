@@ -895,27 +895,6 @@ fn fused_and_apart(apart: ContextOptions) -> Vec<(Arc<Context>, Arc<Context>, &'
     .collect()
 }
 
-/// `fused_and_apart` whose fused side is opened with `fused` (a later fusion kept apart, so that
-/// an earlier one is what the pair compares).
-fn fused_with_and_apart(
-    fused: ContextOptions,
-    apart: ContextOptions,
-) -> Vec<(Arc<Context>, Arc<Context>, &'static str)> {
-    let with = |o: &ContextOptions, no_subgroups: bool| {
-        open(ContextOptions {
-            no_subgroups,
-            ..o.clone()
-        })
-    };
-    [
-        (with(&fused, false), with(&apart, false), ""),
-        (with(&fused, true), with(&apart, true), " (no subgroups)"),
-    ]
-    .into_iter()
-    .filter_map(|(a, b, name)| Some((a?, b?, name)))
-    .collect()
-}
-
 /// Runs `t` on both devices, checks the fused run against the CPU and that both give the same
 /// bits; returns their dispatch counts (fused, apart).
 fn same_bits_fused_and_apart(
@@ -923,9 +902,8 @@ fn same_bits_fused_and_apart(
     apart: &Arc<Context>,
     what: &str,
     t: &T,
-    tol: f32,
 ) -> (usize, usize) {
-    let mut gpu = check_on(fused.clone(), what, t, tol, 0.05);
+    let mut gpu = check_on(fused.clone(), what, t, TOL, 0.05);
     let mut one = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
     let vals = values(&t.inputs);
     let got = gpu.run(&vals).unwrap();
@@ -937,20 +915,9 @@ fn same_bits_fused_and_apart(
 /// `same_bits_fused_and_apart` on every device pair, asserting that the fusion saves exactly
 /// `saved` dispatches.
 fn fusion_saves(pairs: &[(Arc<Context>, Arc<Context>, &str)], what: &str, t: &T, saved: usize) {
-    fusion_saves_within(pairs, what, t, saved, TOL);
-}
-
-/// `fusion_saves` with the CPU comparison's tolerance `tol`.
-fn fusion_saves_within(
-    pairs: &[(Arc<Context>, Arc<Context>, &str)],
-    what: &str,
-    t: &T,
-    saved: usize,
-    tol: f32,
-) {
     for (fused, apart, name) in pairs {
         let what = format!("{what}{name}");
-        let (a, b) = same_bits_fused_and_apart(fused, apart, &what, t, tol);
+        let (a, b) = same_bits_fused_and_apart(fused, apart, &what, t);
         assert_eq!(a + saved, b, "{what}: {a} dispatches against {b}");
     }
 }
@@ -1126,7 +1093,7 @@ fn paired_linears_match_separate_ones() {
         linears_of(&mut t, &mut rng, x, [m, k], &cases);
         for (merged, apart, name) in &pairs {
             let what = format!("paired linears, {m} rows{name}");
-            let (a, b) = same_bits_fused_and_apart(merged, apart, &what, &t, TOL);
+            let (a, b) = same_bits_fused_and_apart(merged, apart, &what, &t);
             // 9 linears in one triple (q4/torchao) and 3 pairs, 2 quantizations.
             assert_eq!(a, 6, "{what}");
             assert_eq!(b, 11, "{what}");
@@ -1239,7 +1206,7 @@ fn symmetric_biases_are_computed_not_stored() {
             let saved = if flaw > 0 { 0 } else { padded(saved) } + padded(held(50, k, group));
             for (derived, stored, name) in &pairs {
                 let what = format!("symmetric biases {m}x{k} g{group} {aq:?} flaw {flaw}{name}");
-                let (a, b) = same_bits_fused_and_apart(derived, stored, &what, &t, TOL);
+                let (a, b) = same_bits_fused_and_apart(derived, stored, &what, &t);
                 assert_eq!(a, b, "{what}: dispatches");
                 let bytes = |ctx: &Arc<Context>| {
                     GpuExecutor::new(ctx.clone(), t.g.clone())
@@ -1275,7 +1242,7 @@ fn symmetric_biases_are_computed_not_stored() {
             let y = t.op(kind, ins, DType::F32, &[m, 600]);
             t.out(y);
             let what = format!("symmetric biases of a split weight, {m} rows");
-            let (a, b) = same_bits_fused_and_apart(&derived, &stored, &what, &t, TOL);
+            let (a, b) = same_bits_fused_and_apart(&derived, &stored, &what, &t);
             // The quantization and one mat-vec a chunk.
             assert_eq!((a, b), (3, 3), "{what}");
         }
@@ -1304,7 +1271,7 @@ fn symmetric_biases_are_computed_not_stored() {
         assert!(!bias.is_made(), "{what}: the biases were made");
         assert_eq!(exec.memory().constants, 64 * 128 + 64 * 8 * 4, "{what}");
         drop(exec);
-        same_bits_fused_and_apart(derived, stored, &what, &t, TOL);
+        same_bits_fused_and_apart(derived, stored, &what, &t);
         assert!(bias.is_made(), "{what}: stored biases are read");
     }
 }
@@ -1480,62 +1447,6 @@ fn paired_gate_up_linears_store_their_chain() {
     }
 }
 
-/// Attention of `s` queries of `hq` heads of `d` over a 40-row cache from position 29, its
-/// heads as one row a query (Gemma's o-projection input).
-fn attention_rows(t: &mut T, rng: &mut Rng, hq: usize, d: usize, s: usize) -> TensorId {
-    let f = DType::F32;
-    let (cache, start) = (40usize, 29i64);
-    let qs = attn_shape(AttnLayout::Bshd, 1, s, hq, d);
-    let ks = attn_shape(AttnLayout::Bshd, 1, cache, 1, d);
-    let q = t.input_f(&qs, &rng.floats(s * hq * d, 1.0));
-    let kc = t.input_f(&ks, &rng.floats(cache * d, 1.0));
-    let vc = t.input_f(&ks, &rng.floats(cache * d, 1.0));
-    let start = t.sym("start", start);
-    let kind = OpKind::Sdpa {
-        layout: AttnLayout::Bshd,
-        scale: 1.0,
-        causal: true,
-        window: None,
-        softcap: None,
-        start: Int::Sym(start),
-        all_rows: false,
-    };
-    let o = t.op(kind, vec![q, kc, vc], f, &qs);
-    let shape = vec![Int::Lit(s as i64), Int::Lit((hq * d) as i64)];
-    t.op(OpKind::Reshape { shape }, vec![o], f, &[s, hq * d])
-}
-
-/// Runs `t` on `fused` after a call of a wider range (each f32 input times 4), checking that the
-/// second call's bits are a first call's (its slots start cleared). Returns how many
-/// quantizations took the producer's range in a dispatch of their own, how many took a pass
-/// over the row, and how many mat-vecs quantized from the range themselves.
-fn range_entries(fused: &Arc<Context>, t: &T) -> [usize; 3] {
-    let wide: Vec<Val> = (t.inputs.iter())
-        .map(|v| match v {
-            // (Every tensor input here is f32.)
-            Val::Tensor(shape, data) => Val::Tensor(
-                shape.clone(),
-                (data.chunks_exact(4))
-                    .flat_map(|b| (4.0 * f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes())
-                    .collect(),
-            ),
-            v => v.clone(),
-        })
-        .collect();
-    let mut gpu = GpuExecutor::new(fused.clone(), t.g.clone()).unwrap();
-    let mut first = GpuExecutor::new(fused.clone(), t.g.clone()).unwrap();
-    gpu.run(&values(&wide)).unwrap();
-    let got = gpu.run(&values(&t.inputs)).unwrap();
-    assert!(got == first.run(&values(&t.inputs)).unwrap(), "second call");
-    let e = gpu.last_entries();
-    let n = |what: &str| e.iter().filter(|x| x.as_str() == what).count();
-    [
-        n("linear:act_quant_ranged"),
-        n("linear:act_quant_packed"),
-        n("linear:matvec_range_x"),
-    ]
-}
-
 /// A linear quantizing a decode row that a gate/up mat-vec's chain or a split attention stores
 /// takes the row's range from the producer's stores (`act_quant_ranged`, no pass over the row
 /// first): the same bits as the pass, and the CPU's values, by torchao's and XNNPACK's rounding
@@ -1543,21 +1454,36 @@ fn range_entries(fused: &Arc<Context>, t: &T) -> [usize; 3] {
 /// the pass.
 #[test]
 fn producers_leave_the_range_their_linear_quantizes_by() {
-    // The quantization in a dispatch of its own (`act_quant_ranged`), not in the mat-vec's.
-    let pairs = fused_with_and_apart(
-        ContextOptions {
-            separate_range_loads: true,
-            ..Default::default()
-        },
-        ContextOptions {
-            separate_ranges: true,
-            ..Default::default()
-        },
-    );
+    let pairs = fused_and_apart(ContextOptions {
+        separate_ranges: true,
+        ..Default::default()
+    });
     let mut rng = Rng::new(31);
+    // A call after one of a wider range must start from cleared slots: its bits are those of
+    // a first call. Returns how many quantizations took the producer's range, and how many a pass.
     let ranged = |fused: &Arc<Context>, t: &T| {
-        let n = range_entries(fused, t);
-        (n[0], n[1])
+        let wide: Vec<Val> = (t.inputs.iter())
+            .map(|v| match v {
+                // (Every tensor input here is f32.)
+                Val::Tensor(shape, data) => Val::Tensor(
+                    shape.clone(),
+                    (data.chunks_exact(4))
+                        .flat_map(|b| {
+                            (4.0 * f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes()
+                        })
+                        .collect(),
+                ),
+                v => v.clone(),
+            })
+            .collect();
+        let mut gpu = GpuExecutor::new(fused.clone(), t.g.clone()).unwrap();
+        let mut first = GpuExecutor::new(fused.clone(), t.g.clone()).unwrap();
+        gpu.run(&values(&wide)).unwrap();
+        let got = gpu.run(&values(&t.inputs)).unwrap();
+        assert!(got == first.run(&values(&t.inputs)).unwrap(), "second call");
+        let e = gpu.last_entries();
+        let n = |what: &str| e.iter().filter(|x| x.as_str() == what).count();
+        (n("linear:act_quant_ranged"), n("linear:act_quant_packed"))
     };
     let q4 = Weight::Q4 { group: 128 };
     for (m, k, n) in [(1usize, 256usize, 256usize), (1, 128, 12288), (3, 256, 512)] {
@@ -1581,89 +1507,32 @@ fn producers_leave_the_range_their_linear_quantizes_by() {
     for (hq, d, s) in [(4usize, 64usize, 1usize), (8, 256, 1), (2, 64, 3)] {
         for (w, aq) in packed_formats() {
             let mut t = T::default();
-            let row = attention_rows(&mut t, &mut rng, hq, d, s);
+            let f = DType::F32;
+            let (cache, start) = (40usize, 29i64);
+            let qs = attn_shape(AttnLayout::Bshd, 1, s, hq, d);
+            let ks = attn_shape(AttnLayout::Bshd, 1, cache, 1, d);
+            let q = t.input_f(&qs, &rng.floats(s * hq * d, 1.0));
+            let kc = t.input_f(&ks, &rng.floats(cache * d, 1.0));
+            let vc = t.input_f(&ks, &rng.floats(cache * d, 1.0));
+            let start = t.sym("start", start);
+            let kind = OpKind::Sdpa {
+                layout: AttnLayout::Bshd,
+                scale: 1.0,
+                causal: true,
+                window: None,
+                softcap: None,
+                start: Int::Sym(start),
+                all_rows: false,
+            };
+            let o = t.op(kind, vec![q, kc, vc], f, &qs);
+            let shape = vec![Int::Lit(s as i64), Int::Lit((hq * d) as i64)];
+            let row = t.op(OpKind::Reshape { shape }, vec![o], f, &[s, hq * d]);
             linears_of(&mut t, &mut rng, row, [s, hq * d], &[(w, aq, 24)]);
             let what = format!("attention of {s} queries, {hq}x{d}, then {w:?}/{aq:?}");
             fusion_saves(&pairs, &what, &t, 0);
             for (fused, _, name) in &pairs {
                 let want = if s == 1 { (1, 0) } else { (0, 1) };
                 assert_eq!(ranged(fused, &t), want, "{what}{name}");
-            }
-        }
-    }
-}
-
-/// A linear quantizing a decode row of at most 4096 elements from the range its producer left
-/// does so in every workgroup of its mat-vec (`matvec_range_x`): no dispatch for the
-/// quantization, the same bits as with it and the CPU's values, for 4- and 8-bit weights, with
-/// and without subgroups, after gate/up mat-vecs and attention (Gemma's o-projection: 2048 and
-/// 4096). Longer rows (Gemma's down projections), prompt rows and XNNPACK's rounding keep the
-/// quantization's dispatch.
-#[test]
-fn linears_quantize_from_the_range_in_their_mat_vec() {
-    use pteria::ir::ActQuant;
-    let pairs = fused_and_apart(ContextOptions {
-        separate_range_loads: true,
-        ..Default::default()
-    });
-    let mut rng = Rng::new(47);
-    let q4 = Weight::Q4 { group: 128 };
-    // (rows, K, gate/up rows = the linear's K, fused)
-    for (m, k, n, fused) in [
-        (1usize, 256usize, 256usize, true),
-        (1, 128, 2048, true),
-        (1, 128, 4096, true),
-        (1, 128, 4352, false),
-        (3, 256, 512, false),
-    ] {
-        for (w, aq) in packed_formats() {
-            let fused = fused && aq == ActQuant::Torchao;
-            let mut t = T::default();
-            let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
-            let y = gate_up(
-                &mut t,
-                &mut rng,
-                x,
-                [m, k, n],
-                (q4, ActQuant::Torchao),
-                false,
-            );
-            linears_of(&mut t, &mut rng, y, [m, n], &[(w, aq, 40)]);
-            assert_eq!(pteria::ir::passes::fuse_elementwise_chains(&mut t.g), 1);
-            let what = format!("{m}x{k} gate/up of {n}, then {w:?}/{aq:?}");
-            fusion_saves(&pairs, &what, &t, fused as usize);
-            for (f, _, name) in &pairs {
-                let want = match (fused, m) {
-                    (true, _) => [0, 1, 1],
-                    (false, 1) => [1, 1, 0],
-                    _ => [0, 2, 0],
-                };
-                assert_eq!(range_entries(f, &t), want, "{what}{name}");
-            }
-        }
-    }
-    for (hq, d, s, fused) in [
-        (4usize, 64usize, 1usize, true),
-        (8, 256, 1, true),
-        (8, 512, 1, true),
-        (2, 64, 3, false),
-    ] {
-        for (w, aq) in packed_formats() {
-            let fused = fused && aq == ActQuant::Torchao;
-            let mut t = T::default();
-            let row = attention_rows(&mut t, &mut rng, hq, d, s);
-            linears_of(&mut t, &mut rng, row, [s, hq * d], &[(w, aq, 40)]);
-            let what = format!("attention of {s} queries, {hq}x{d}, then {w:?}/{aq:?}");
-            // The attention's sums differ from the CPU's in their last bits, which can move an
-            // element across a tie of its int8 rounding: one step of the row's scale.
-            fusion_saves_within(&pairs, &what, &t, fused as usize, 1e-2);
-            for (f, _, name) in &pairs {
-                let want = match (fused, s) {
-                    (true, _) => [0, 0, 1],
-                    (false, 1) => [1, 0, 0],
-                    _ => [0, 1, 0],
-                };
-                assert_eq!(range_entries(f, &t), want, "{what}{name}");
             }
         }
     }

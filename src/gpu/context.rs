@@ -143,9 +143,6 @@ pub struct ContextOptions {
     /// Run an rms_norm that quantizes for its linear in its own dispatch, never in the linear's
     /// workgroups (tests compare).
     pub separate_norm_loads: bool,
-    /// Quantize a linear's int8 activations from the range their producer left in a dispatch of
-    /// their own, never in every workgroup of the linear's mat-vec (tests compare).
-    pub separate_range_loads: bool,
     /// Run the q norm with RoPE in its own dispatch, never in the attention's that reads it
     /// (tests compare).
     pub separate_q_norms: bool,
@@ -363,7 +360,6 @@ impl Context {
             ranges: !opts.separate_ranges,
             chain_loads: !opts.separate_chain_loads,
             norm_loads: !opts.separate_norm_loads,
-            range_loads: !opts.separate_range_loads,
             q_norms: !opts.separate_q_norms,
             kv_norms: !opts.separate_kv_norms,
             kv_splits: !opts.separate_kv_splits,

@@ -115,10 +115,6 @@ pub(crate) struct MemoryPlan {
     pub range_site: Vec<Option<usize>>,
     /// Sites in the ranges buffer, cleared at the start of every call.
     pub range_sites: usize,
-    /// Per node: a linear with a producer leaving its range (`range_by`) whose quantized row no
-    /// other linear shares: where a call allows (`ops::range_loaded`), every workgroup of its
-    /// mat-vec quantizes the row from that range, and the quantization is not dispatched.
-    pub range_load: Vec<bool>,
     /// Per node: for a linear whose input an element-wise chain quantizes for it (`quant_by`)
     /// and nothing else reads, that chain: where a call allows (`ops::chain_loaded`), the
     /// linear's mat-vec computes the chain as it loads its inputs and quantizes the row itself,
@@ -174,7 +170,6 @@ pub(crate) struct Fusions {
     pub ranges: bool,
     pub chain_loads: bool,
     pub norm_loads: bool,
-    pub range_loads: bool,
     pub q_norms: bool,
     pub kv_norms: bool,
     pub kv_splits: bool,
@@ -368,7 +363,6 @@ impl MemoryPlan {
             ranges: fuse_ranges,
             chain_loads: fuse_chain_loads,
             norm_loads: fuse_norm_loads,
-            range_loads: fuse_range_loads,
             q_norms: fuse_q_norms,
             kv_norms: fuse_kv_norms,
             kv_splits: fuse_kv_splits,
@@ -1240,9 +1234,6 @@ impl MemoryPlan {
                 }
             }
         }
-        let range_load: Vec<bool> = (0..g.nodes.len())
-            .map(|l| fuse_range_loads && range_by[l].is_some() && last_sharer[l] == l)
-            .collect();
         let plan = MemoryPlan {
             max_binding,
             repr,
@@ -1268,7 +1259,6 @@ impl MemoryPlan {
             range_for,
             range_site,
             range_sites,
-            range_load,
             chain_load,
             loaded_by,
             norm_load,

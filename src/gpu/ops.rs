@@ -1880,56 +1880,6 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
     (env.numel(stored) == k).then_some((site * 2 * RANGE_SLOTS) as u32)
 }
 
-/// The longest row a linear quantizes in every workgroup of its mat-vec from the range its
-/// producer left (`range_loaded`; E2B's o-projections: 2048 and 4096). Not E2B's down
-/// projections (6144 and 12288): their mat-vecs have hundreds of workgroups, and each would
-/// quantize the whole row.
-const RANGE_LOAD_MAX_K: usize = 4096;
-
-/// Packing units (8 elements for 4-bit weights, else 4) an invocation of `matvec_range_x` holds
-/// (linear.wgsl `RANGE_X_UNITS`).
-const RANGE_LOAD_UNITS: usize = 4;
-
-/// For linear `l` whose input's producer leaves its range (`ranged`), the word of its site,
-/// where this call quantizes the row in every workgroup of `l`'s mat-vec (linear.wgsl
-/// `matvec_range_x`) and not in a dispatch of its own (`MemoryPlan::range_load`): the quad
-/// mat-vec of one chunk with no partner, torchao's rounding, a row of at most
-/// `RANGE_LOAD_MAX_K` that the workgroup holds.
-pub(crate) fn range_loaded(env: &Env, l: usize) -> Option<u32> {
-    if !env.mem.range_load.get(l).copied().unwrap_or(false) {
-        return None;
-    }
-    let at = ranged(env, l)?;
-    let LinearCall {
-        weight,
-        act_quant,
-        k,
-        n,
-        ..
-    } = linear_call(env, l, env.mem.range_by[l]?)?;
-    let lop = env.op(l)?;
-    let unit = if matches!(weight, Weight::Q4 { .. }) {
-        8
-    } else {
-        4
-    };
-    let (team, wg, _) = quad_matvec(weight, k, n, 1)?;
-    // Its workgroup arrays: the team sums' (a vec4 an invocation), the row's words as floats
-    // (`CHAIN_K4` sizes both, though only the packed ones are used) and packed.
-    let shared = 16 * wg + 20 * (k / 4);
-    let ok = act_quant == crate::ir::ActQuant::Torchao
-        && matvec_rows(weight, k, n, 1)
-        && k % unit == 0
-        && k <= RANGE_LOAD_MAX_K
-        && k / unit <= RANGE_LOAD_UNITS * wg
-        && team <= wg
-        && env.mem.partner[l].is_none()
-        && env.mem.third[l].is_none()
-        && env.chunks(lop.inputs[1], n).1 == 1
-        && shared <= env.max_workgroup_bytes as usize;
-    ok.then_some(at)
-}
-
 /// Elements in a 16-byte quad of a packed weight (the quad mat-vec's unit); None for f32.
 fn packed_quad(weight: Weight) -> Option<usize> {
     match weight {
@@ -2174,14 +2124,10 @@ fn linear(
     let loaded = chain_loaded(env, node);
     // The norm that makes x, run in the mat-vec.
     let normed = norm_loaded(env, node);
-    // The range that x's producer left, quantized from in the mat-vec.
-    let range_x = range_loaded(env, node);
     if let Some(nl) = &normed {
         xsrc = Res::Tensor(nl.op.inputs[0]);
     } else if let Some((cop, _)) = loaded {
         xsrc = Res::Tensor(cop.inputs[0]);
-    } else if range_x.is_some() {
-        xsrc = Res::Tensor(x);
     } else if act_quant != crate::ir::ActQuant::None && shared {
         xsrc = Res::Scratch(0);
     } else if act_quant != crate::ir::ActQuant::None {
@@ -2377,7 +2323,7 @@ fn linear(
                 p = q.f(nl.eps).u(nl.chain.map_or(0, |(i, _)| i));
                 consts.extend(cc);
                 consts.extend([
-                    ("WORDS_X", 1.0),
+                    ("NORM_X", 1.0),
                     ("CHAIN_K4", (k / 4) as f64),
                     ("NORM_W", b(nl.weighted)),
                     ("NORM_CHAIN", b(nl.chain.is_some())),
@@ -2385,16 +2331,6 @@ fn linear(
                     ("NORM_LANES", nl.lanes as f64),
                 ]);
                 wg = nl.wg;
-            }
-            if let Some(at) = range_x {
-                // The site is bound where a second output would be (there is none).
-                y2 = Res::Ranges;
-                p = p.u(at as usize);
-                consts.extend([
-                    ("WORDS_X", 1.0),
-                    ("CHAIN_K4", (k / 4) as f64),
-                    ("RANGE_SLOTS", RANGE_SLOTS as f64),
-                ]);
             }
             consts.extend([
                 ("TEAM", team as f64),
@@ -2411,8 +2347,6 @@ fn linear(
                 "matvec_ranged"
             } else if normed.is_some() {
                 "matvec_normed"
-            } else if range_x.is_some() {
-                "matvec_range_x"
             } else {
                 "matvec"
             };
