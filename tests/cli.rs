@@ -328,7 +328,10 @@ fn generate_places_tables_as_asked() {
     let (ok, _, err) = run("cpu", "gpu");
     assert!(!ok);
     assert!(
-        err.contains("--tables gpu needs the GPU executor (--device gpu), not --device cpu"),
+        err.contains(
+            "embedding tables in GPU memory (--tables gpu) need the GPU executor (--device gpu), \
+             not --device cpu"
+        ),
         "{err}"
     );
     let (ok, _, err) = run("cpu", "disk");

@@ -518,19 +518,20 @@ pub fn executor_placed(
     let tally = KvTally::default();
     let open = || open_gpu(kv, tables);
     let gpu = |ctx| gpu_executor_tallied(Arc::new(ctx), tally.clone());
+    // Named in words the app shows too, with the command line's flag.
     let gpu_only = match (kv, tables) {
-        (KvCache::F16, _) => Some("--kv f16"),
-        (_, Tables::Gpu) => Some("--tables gpu"),
+        (KvCache::F16, _) => Some("f16 KV caches (--kv f16)"),
+        (_, Tables::Gpu) => Some("embedding tables in GPU memory (--tables gpu)"),
         _ => None,
     };
     let cpu = |why: String| match gpu_only {
-        Some(what) => Err(format!("{what} needs the GPU executor, but {why}")),
+        Some(what) => Err(format!("{what} need the GPU executor, but {why}")),
         None => Ok((cpu_executor(), Some(format!("running on the CPU: {why}")))),
     };
     let (make, note) = match device {
         Device::Cpu if gpu_only.is_some() => {
             return Err(format!(
-                "{} needs the GPU executor (--device gpu), not --device cpu",
+                "{} need the GPU executor (--device gpu), not --device cpu",
                 gpu_only.unwrap_or_default()
             ))
         }
