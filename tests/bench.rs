@@ -176,6 +176,48 @@ fn program_bench_reports_prefill_decode_and_memory() {
     check_program_report(&json(&out), true);
 }
 
+/// With `--decode 0` the GPU time by op is the prompt's call's: its ops add up to its total, and
+/// no decode step is reported.
+#[test]
+fn program_bench_without_decode_times_the_prompts_ops() {
+    if no_gpu() {
+        return;
+    }
+    let f = fixture("gemma4_tiny_vulkan_8da4w.pte");
+    let args = [
+        "bench",
+        &f,
+        "--prompt-len",
+        "12",
+        "--decode",
+        "0",
+        "--device",
+        "gpu",
+    ];
+    let (ok, out, err) = pteria(&[&args[..], &["--json"]].concat());
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert!(v["decode_gpu_us"].is_null(), "{v}");
+    assert!(v["decode_ops"].as_array().unwrap().is_empty(), "{v}");
+    // Timestamps are optional; lavapipe and NVIDIA's driver have them.
+    if let Some(total) = v["prefill_gpu_us"].as_f64() {
+        let ops = v["prefill_ops"].as_array().unwrap();
+        let has = |p: &str| ops.iter().any(|o| o["op"].as_str().unwrap().starts_with(p));
+        assert!(has("linear") && has("sdpa"), "{v}");
+        let sum: f64 = ops.iter().map(|o| o["us"].as_f64().unwrap()).sum();
+        assert!(total > 0.0 && (sum - total).abs() <= 1e-6 * total, "{v}");
+        let (ok, out, err) = pteria(&args);
+        assert!(ok, "{err}");
+        assert!(out.contains("prompt's call GPU time by op"), "{out}");
+    }
+    // With decode steps the prompt's call is not timed by op.
+    let (ok, out, err) = pteria(&["bench", &f, "--prompt-len", "5", "--decode", "2", "--json"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert!(v["prefill_gpu_us"].is_null(), "{v}");
+    assert!(v["prefill_ops"].as_array().unwrap().is_empty(), "{v}");
+}
+
 #[test]
 fn program_bench_rejects_a_prompt_longer_than_the_method_takes() {
     let f = fixture("gemma4_tiny_vulkan_8da4w.pte");

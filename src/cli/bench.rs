@@ -32,7 +32,7 @@ pub struct Args {
     /// Program: prompt tokens in the prefill call.
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
-    /// Program: decode steps after the prompt.
+    /// Program: decode steps after the prompt. With 0 the GPU time by op is the prompt's call's.
     #[arg(long, default_value_t = 32)]
     decode: usize,
     /// Program: auto | cpu | gpu
@@ -80,7 +80,7 @@ fn peak_host_bytes() -> Option<u64> {
     status_bytes("VmHWM:")
 }
 
-#[derive(serde::Serialize)]
+#[derive(Clone, serde::Serialize)]
 struct OpShare {
     op: String,
     calls: usize,
@@ -134,6 +134,9 @@ struct ProgramReport {
     /// With `--trace`: a decode step's dispatches in recording order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     decode_trace: Vec<TracedDispatch>,
+    /// With `--decode 0`: the GPU time of the prompt's call by op, from timestamps.
+    prefill_gpu_us: Option<f64>,
+    prefill_ops: Vec<OpShare>,
     /// `whole` (one IR graph per call) or why the method runs delegate by delegate.
     execution: String,
     /// GPU submits per decode step.
@@ -348,14 +351,14 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             kv_mem.kv_cache += m.kv_cache;
             kv_mem.kv_caches += m.kv_caches;
             kv_mem.f16_kv_caches += m.f16_kv_caches;
-            if a.decode == 0 {
-                continue;
-            }
-            *weight_bytes.get_or_insert(0) += e.linear_weight_bytes();
-            *dispatches.get_or_insert(0) += e.stats().last_dispatches;
-            *chain.get_or_insert(0) += e.stats().last_chain;
-            if let Some(t) = e.time_last(10).map_err(anyhow::Error::msg)? {
-                *replay_us.get_or_insert(0.0) += t.seconds * 1e6;
+            // Without decode steps the last call is the prompt's: only its ops are timed.
+            if a.decode > 0 {
+                *weight_bytes.get_or_insert(0) += e.linear_weight_bytes();
+                *dispatches.get_or_insert(0) += e.stats().last_dispatches;
+                *chain.get_or_insert(0) += e.stats().last_chain;
+                if let Some(t) = e.time_last(10).map_err(anyhow::Error::msg)? {
+                    *replay_us.get_or_insert(0.0) += t.seconds * 1e6;
+                }
             }
             if let Some(times) = e.profile_last().map_err(anyhow::Error::msg)? {
                 any = true;
@@ -466,9 +469,15 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         peak_host_bytes: peak_host_bytes(),
         host_anon_bytes,
         host_file_bytes,
-        decode_gpu_us: decode_gpu,
-        decode_ops: ops,
-        decode_trace: trace,
+        decode_gpu_us: decode_gpu.filter(|_| a.decode > 0),
+        decode_ops: if a.decode > 0 {
+            ops.clone()
+        } else {
+            Vec::new()
+        },
+        decode_trace: if a.decode > 0 { trace } else { Vec::new() },
+        prefill_gpu_us: decode_gpu.filter(|_| a.decode == 0),
+        prefill_ops: if a.decode == 0 { ops } else { Vec::new() },
     };
     if a.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -588,13 +597,18 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             n as f64 * d
         );
     }
-    if let Some(us) = report.decode_gpu_us {
-        println!("decode step GPU time by op (timestamps, one pass per dispatch): {us:.1} us");
-        for o in report.decode_ops.iter().take(15) {
-            println!(
-                "  {:<28} {:>5} calls {:>10.1} us {:>5.1}%",
-                o.op, o.calls, o.us, o.pct
-            );
+    for (what, us, ops) in [
+        ("decode step", report.decode_gpu_us, &report.decode_ops),
+        ("prompt's call", report.prefill_gpu_us, &report.prefill_ops),
+    ] {
+        if let Some(us) = us {
+            println!("{what} GPU time by op (timestamps, one pass per dispatch): {us:.1} us");
+            for o in ops.iter().take(15) {
+                println!(
+                    "  {:<28} {:>5} calls {:>10.1} us {:>5.1}%",
+                    o.op, o.calls, o.us, o.pct
+                );
+            }
         }
     }
     if !report.decode_trace.is_empty() {
