@@ -22,6 +22,11 @@ fn open(opts: ContextOptions) -> Option<Arc<Context>> {
         eprintln!("PTERIA_NO_GPU_TESTS=1: skipping a GPU test");
         return None;
     }
+    // Prompt rows past MATVEC_ROWS take the tiled kernel, so that small tests reach both.
+    let opts = ContextOptions {
+        quad_matvec_rows: opts.quad_matvec_rows.or(Some(MATVEC_ROWS)),
+        ..opts
+    };
     match Context::with_options(opts) {
         Ok(c) => Some(Arc::new(c)),
         Err(e) => panic!(
@@ -306,9 +311,11 @@ fn check(what: &str, t: &T, tol: f32, floor: f32) {
 
 const TOL: f32 = 1e-4;
 
-/// Rows of x up to which a linear of 16-byte weight quads runs as the mat-vec, taking its
-/// activations packed; more are tiled. The cases at 129 and 130 rows sit just past it.
-const MATVEC_ROWS: usize = pteria::gpu::QUAD_MATVEC_MAX_M;
+/// Rows of x up to which a linear of 16-byte weight quads runs as the mat-vec on the tests'
+/// devices (`open`), taking its activations packed; more are tiled. `PAST` rows sit just past
+/// it.
+const MATVEC_ROWS: usize = 128;
+const PAST: usize = MATVEC_ROWS + 2;
 
 #[test]
 fn context_reports_the_adapter() {
@@ -695,11 +702,12 @@ fn linear_variants_match_cpu() {
         (Weight::Q8 { group: 16 }, 2, 48, 19, true, true),
         (Weight::Q8 { group: 128 }, 1, 1536, 70, false, true),
         (Weight::Q4 { group: 8 }, 2, 40, 19, false, true),
-        // Past the quad mat-vec's 128 rows, tiled (XNNPACK's exact int8 GEMM, then floats);
-        // up to them, the mat-vec with its rows first in the grid (torchao's rounding).
-        (Weight::Q4 { group: 128 }, 129, 256, 33, false, true),
+        // Past the quad mat-vec's rows, tiled (XNNPACK's exact int8 GEMM, then floats); up
+        // to them, the mat-vec with its rows first in the grid (torchao's rounding).
+        (Weight::Q4 { group: 128 }, PAST - 1, 256, 33, false, true),
         (Weight::Q4 { group: 128 }, 40, 256, 30, true, true),
-        (Weight::Q4 { group: 32 }, 130, 64, 40, false, false),
+        (Weight::Q4 { group: 32 }, PAST, 64, 40, false, false),
+        (Weight::Q4 { group: 128 }, MATVEC_ROWS, 256, 40, true, true),
     ];
     for (i, (w, m, k, n, bias, aq)) in cases.into_iter().enumerate() {
         let aq = match (aq, i % 2) {
@@ -953,7 +961,7 @@ fn norms_quantize_for_the_linears_they_feed() {
         (1usize, 256usize),
         (3, 1536),
         (20, 96),
-        (130, 96),
+        (PAST, 96),
         (1, 4096),
     ] {
         for (w, aq) in formats {
@@ -1017,7 +1025,7 @@ fn norms_run_the_norm_that_reads_their_rows() {
         (1usize, 256usize),
         (3, 1536),
         (20, 96),
-        (130, 96),
+        (PAST, 96),
         (1, 2048),
         (1, 2080),
     ] {
@@ -1422,7 +1430,7 @@ fn paired_gate_up_linears_store_their_chain() {
         (1usize, 256usize, 67usize),
         (3, 1536, 2560),
         (20, 256, 40),
-        (130, 256, 40),
+        (PAST, 256, 40),
     ] {
         for (w, aq) in formats {
             for gelu_second in [false, true] {
@@ -2029,6 +2037,37 @@ fn dq8_int4_decode_linear_rounds_once_per_group() {
         assert!(
             e < 1e-7,
             "dq8 int4 decode linear{name}: rel-L2 {e:.2e} from exact"
+        );
+    }
+}
+
+/// By default quantized linears of 16-byte quads run as mat-vecs up to `QUAD_MATVEC_MAX_M` rows
+/// of x (a whole E2B prompt), tiled past them, matching the CPU either way.
+#[test]
+fn prompts_run_their_linears_as_mat_vecs_up_to_the_default_rows() {
+    let max = pteria::gpu::QUAD_MATVEC_MAX_M;
+    let Some(ctx) = open(ContextOptions {
+        quad_matvec_rows: Some(max),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let mut rng = Rng::new(71);
+    for (m, entry) in [(max, "linear:matvec"), (max + 1, "linear:tiled")] {
+        let t = linear_graph(
+            &mut rng,
+            Weight::Q4 { group: 128 },
+            m,
+            256,
+            40,
+            false,
+            pteria::ir::ActQuant::Torchao,
+        );
+        let gpu = check_on(ctx.clone(), &format!("{m} rows"), &t, TOL, 0.05);
+        assert!(
+            gpu.last_entries().iter().any(|e| e == entry),
+            "{m} rows: {:?}",
+            gpu.last_entries()
         );
     }
 }

@@ -161,6 +161,10 @@ pub struct ContextOptions {
     /// Gather tables at least this large (embeddings read by token ids the host knows) stay in
     /// host memory and are gathered there (`host_gather`); `None`: 64 MiB. Tests lower it.
     pub host_gather_min_bytes: Option<u64>,
+    /// Run quantized linears of 16-byte quads as mat-vecs up to this many rows of x (at most
+    /// `QUAD_MATVEC_MAX_M`, which `None` means), tiled past them. Tests lower it, so that both
+    /// kernels run at small sizes.
+    pub quad_matvec_rows: Option<usize>,
     /// Store at most this many sampling candidates a call (at most `candidates::CAPACITY`, which
     /// `None` means): tests lower it so that a small vocabulary's candidates overflow.
     pub candidate_capacity: Option<usize>,
@@ -229,6 +233,7 @@ pub struct Context {
     max_binding: u64,
     f16_kv_cache: bool,
     host_gather_min_bytes: u64,
+    quad_matvec_rows: usize,
     candidate_capacity: usize,
     poll_outputs: bool,
     /// The planner's fusions, decided once from the options and the device's limits.
@@ -377,6 +382,11 @@ impl Context {
             features,
             max_binding,
             f16_kv_cache: opts.f16_kv_cache,
+            quad_matvec_rows: opts
+                .quad_matvec_rows
+                .map_or(super::ops::QUAD_MATVEC_MAX_M, |r| {
+                    r.min(super::ops::QUAD_MATVEC_MAX_M)
+                }),
             host_gather_min_bytes: opts
                 .host_gather_min_bytes
                 .unwrap_or(super::host_gather::DEFAULT_MIN_BYTES),
@@ -479,6 +489,11 @@ impl Context {
     /// Which of the planner's fusions are on (`ContextOptions` turns each off for tests).
     pub(crate) fn fusions(&self) -> super::memory::Fusions {
         self.fusions
+    }
+
+    /// Rows of x up to which quantized linears run as mat-vecs (`ContextOptions::quad_matvec_rows`).
+    pub(crate) fn quad_matvec_rows(&self) -> usize {
+        self.quad_matvec_rows
     }
 
     /// The smallest gather table kept in host memory (`ContextOptions::host_gather_min_bytes`).

@@ -1301,6 +1301,7 @@ impl GpuExecutor {
                 max_invocations: self.ctx.limits().max_compute_invocations_per_workgroup,
                 max_storage: self.ctx.limits().max_storage_buffers_per_shader_stage,
                 max_workgroup_bytes: self.ctx.limits().max_compute_workgroup_storage_size,
+                quad_rows: self.ctx.quad_matvec_rows(),
                 view_of: &self.view_of,
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {

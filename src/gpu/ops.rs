@@ -69,6 +69,8 @@ pub(crate) struct Env<'a> {
     pub max_storage: u32,
     /// Bytes of workgroup memory a kernel may use.
     pub max_workgroup_bytes: u32,
+    /// Rows of x up to which a quantized linear of 16-byte quads runs as the mat-vec.
+    pub quad_rows: usize,
     /// Per tensor root: the root whose storage holds its values in this call (a view op's
     /// output reads its input's, a select's from an offset; `views`), else itself.
     pub view_of: &'a [TensorId],
@@ -1767,14 +1769,16 @@ const MATVEC_MAX_M: usize = 8;
 /// rows next to each other in the grid, so that a block of weights serves them all from the
 /// cache). The tiled kernel's few workgroups (a 64-column tile each) leave a big GPU idle at
 /// short prompts: on an H200 the E2B-shaped program's prefill of 16 tokens took 51.7 ms tiled
-/// and 16.1 as mat-vecs, 64 tokens 54.3 and 31.4, 128 tokens 62.8 and 51.2, 192 tokens 72.4
-/// and 72.6, 256 tokens 82.2 and 92.7.
-pub const QUAD_MATVEC_MAX_M: usize = 128;
+/// and 16.1 as mat-vecs, 64 tokens 54.3 and 31.4, 128 tokens 62.8 and 51.2. Since the
+/// mat-vecs' sizing for many rows (`MULTI_LANES`) they win at every prompt that program takes
+/// (TTFT on an H200, tiled → mat-vec: 160 tokens 68.5 → 39.1 ms, 256 77.4 → 55.1, 512 134.1 →
+/// 100.8, 900 220.7 → 175.7, 1023 230.4 → 195.8). Longer calls, unmeasured, stay tiled.
+pub const QUAD_MATVEC_MAX_M: usize = 1024;
 
 /// Whether a linear of `m` rows of x (k → n) runs as a mat-vec rather than tiled.
-fn matvec_rows(weight: Weight, k: usize, n: usize, m: usize) -> bool {
+fn matvec_rows(env: &Env, weight: Weight, k: usize, n: usize, m: usize) -> bool {
     let quad = !matches!(weight, Weight::F32) && quad_matvec(weight, k, n, 1).is_some();
-    matvec_aligned(weight, k) && (m <= MATVEC_MAX_M || (quad && m <= QUAD_MATVEC_MAX_M))
+    matvec_aligned(weight, k) && (m <= MATVEC_MAX_M || (quad && m <= env.quad_rows))
 }
 
 /// For the lead of a paired linear whose outputs only a chain of the two reads
@@ -1793,15 +1797,22 @@ pub(crate) fn glu_fused<'a>(env: &'a Env, lead: usize) -> Option<(usize, &'a [Ch
     let k = *env.shape(op.inputs[0]).last()?;
     let m = env.numel(op.inputs[0]).checked_div(k)?;
     let rows = env.shape(op.outputs[0]).last()? + env.shape(op2.outputs[0]).last()?;
-    let fused = matvec_rows(*weight, k, rows, m) && quad_matvec(*weight, k, rows, m).is_some();
+    let fused = matvec_rows(env, *weight, k, rows, m) && quad_matvec(*weight, k, rows, m).is_some();
     fused.then_some((c, steps.as_slice(), chain.inputs[0] == op.outputs[0]))
 }
 
 /// Whether a linear with activation quantization reads its input as `act_quant_packed` int8
 /// words (the decode mat-vec and XNNPACK's exact GEMM) rather than quantize-dequantized floats.
-fn int_x(weight: Weight, act_quant: crate::ir::ActQuant, k: usize, n: usize, m: usize) -> bool {
+fn int_x(
+    env: &Env,
+    weight: Weight,
+    act_quant: crate::ir::ActQuant,
+    k: usize,
+    n: usize,
+    m: usize,
+) -> bool {
     let kind_q = !matches!(weight, Weight::F32);
-    let matvec = matvec_rows(weight, k, n, m);
+    let matvec = matvec_rows(env, weight, k, n, m);
     let xnn_exact = act_quant == crate::ir::ActQuant::Xnnpack && kind_q;
     act_quant != crate::ir::ActQuant::None
         && kind_q
@@ -1861,7 +1872,7 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
         n,
         by: pop,
     } = linear_call(env, l, pn)?;
-    if m != 1 || !int_x(weight, act_quant, k, n, 1) {
+    if m != 1 || !int_x(env, weight, act_quant, k, n, 1) {
         return None;
     }
     let stored = match pop.kind {
@@ -1916,7 +1927,7 @@ pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [C
     let shape = env.shape(by.outputs[0]);
     let storage = |t: TensorId| env.view_of[env.mem.root[t]];
     let ok = m == 1
-        && int_x(weight, act_quant, k, n, 1)
+        && int_x(env, weight, act_quant, k, n, 1)
         && k <= (team * per_quad).min(CHAIN_LOAD_MAX_K)
         && env.chunks(lop.inputs[1], n).1 == 1
         && by.inputs.iter().all(|&i| env.shape(i) == shape)
@@ -1984,7 +1995,7 @@ pub(crate) fn norm_loaded<'a>(env: &'a Env, l: usize) -> Option<NormLoad<'a>> {
     let out = by.outputs[0];
     let others = &by.inputs[1 + weighted as usize..];
     let ok = m == 1
-        && int_x(weight, act_quant, k, n, 1)
+        && int_x(env, weight, act_quant, k, n, 1)
         && k % per_quad == 0
         && k / 4 <= norm_wg
         && k <= NORM_PAIR_MAX_D
@@ -2053,7 +2064,10 @@ fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
     }
     let nibble_order = matches!(weight, Weight::Q4 { .. });
     let whole = d % if nibble_order { 8 } else { 4 } == 0;
-    (int_x(weight, act_quant, k, n, m) && d == k && env.numel(nop.outputs[0]) == m * k && whole)
+    (int_x(env, weight, act_quant, k, n, m)
+        && d == k
+        && env.numel(nop.outputs[0]) == m * k
+        && whole)
         .then_some(Prequant {
             nibble_order,
             xnn: act_quant == crate::ir::ActQuant::Xnnpack,
@@ -2103,7 +2117,7 @@ fn linear(
     }
     let mut steps = Vec::new();
     let mut xsrc = Res::Tensor(x);
-    let matvec = matvec_rows(weight, k, nn, m);
+    let matvec = matvec_rows(env, weight, k, nn, m);
     // XNNPACK's qd8 GEMMs are reproduced bit for bit (any M): a deep 8da4w model turns a
     // last-bit difference into a flipped activation rounding a few layers on.
     let xnn_exact = act_quant == crate::ir::ActQuant::Xnnpack && kind != 0;
@@ -2115,7 +2129,7 @@ fn linear(
         ));
     }
     // Dynamic int8 activations meet 4/8-bit weights in integer dot products on the decode path.
-    let int_x = int_x(weight, act_quant, k, nn, m);
+    let int_x = int_x(env, weight, act_quant, k, nn, m);
     // An earlier linear of the same input left its quantized rows in the scratch we share, or
     // the norm that produced the input quantized it into ours.
     let shared = env.mem.quant_from.get(node).copied().flatten().is_some()
