@@ -1241,6 +1241,10 @@ fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, u
         return Some(t);
     }
     let quads = k / per_quad;
+    if n <= SIZED_ROWS && m >= FOUR_ROWS_M {
+        // Long prompts: narrow teams of 4 rows each (`FOUR_ROWS_M`).
+        return Some((if quads >= 8 { 8 } else { 4 }, 128, 4));
+    }
     if n <= SIZED_ROWS {
         // Measured on an H200 (`pteria bench --kernels`, 8da4w at E2B shapes, sweeps of
         // PTERIA_MATVEC_TUNE): about 192k invocations in 256-wide workgroups, a row a team,
@@ -1275,6 +1279,14 @@ fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, u
 /// row's 196608, 24.9-25.2 / 38.1-39.2 at 98304, 23.7-23.9 / 35.4-35.9 at 49152, and the same
 /// at 24576 and 12288 (16 tokens: 14.5-15.7 ms at all of them).
 const MULTI_LANES: usize = 49_152;
+
+/// Rows of x from which a quad mat-vec's teams are 8 lanes owning 4 weight rows each, in
+/// 128-wide workgroups: each lane then has 4 rows' loads in flight. Measured on an H100 (the
+/// E2B-shaped program's prompt, `PTERIA_MATVEC_TUNE=8,128,4` against the sizing below): TTFT
+/// at 128 tokens 28.8 against 33.1 ms, 512 81.9 against 100.1, 1023 158.2 against 196.5; but
+/// 16 tokens 15.9 against 14.8, so shorter prompts keep that sizing. (8 lanes of 2 rows: 31.4,
+/// 91.2, 177.8.)
+const FOUR_ROWS_M: usize = 128;
 
 /// Rows up to which `quad_matvec` sizes for latency (more, an LM head, read for bandwidth).
 const SIZED_ROWS: usize = 65536;
