@@ -313,7 +313,8 @@ const TOL: f32 = 1e-4;
 
 /// Rows of x up to which a linear of 16-byte weight quads runs as the mat-vec on the tests'
 /// devices (`open`), taking its activations packed; more are tiled. `PAST` rows sit just past
-/// it.
+/// it. From this many rows a prompt's mat-vec teams own 4 weight rows (src/gpu/ops.rs
+/// `FOUR_ROWS_M`), so cases at MATVEC_ROWS reach that sizing.
 const MATVEC_ROWS: usize = 128;
 const PAST: usize = MATVEC_ROWS + 2;
 
@@ -1080,7 +1081,8 @@ fn paired_linears_match_separate_ones() {
         ..Default::default()
     });
     let mut rng = Rng::new(26);
-    for m in [1usize, 3, 20] {
+    // MATVEC_ROWS rows: a prompt's teams of 4 weight rows, the pair's split among them.
+    for m in [1usize, 3, 20, MATVEC_ROWS] {
         let k = 256;
         let mut t = T::default();
         let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
@@ -1107,8 +1109,9 @@ fn paired_linears_match_separate_ones() {
             assert_eq!(b, 11, "{what}");
         }
         // With a 64 KiB binding the 600-row q4 weight is split (its pair runs apart, in 1 + 2
-        // dispatches) and the f32 pair (60 KiB + 7 KiB) cannot share one binding.
-        if let Some(small) = small_binding_ctx() {
+        // dispatches) and the f32 pair (60 KiB + 7 KiB) cannot share one binding (at up to 20
+        // rows: a prompt's activations outgrow it).
+        if let Some(small) = small_binding_ctx().filter(|_| m <= 20) {
             let what = format!("paired linears, {m} rows, small binding");
             let gpu = check_on(small, &what, &t, TOL, 0.05);
             assert_eq!(gpu.stats().last_dispatches, 9, "{what}");
@@ -1329,6 +1332,14 @@ fn three_linears_of_one_input_run_as_one() {
             [45, 17, 17],
         ),
         (Weight::F32, ActQuant::None, 37, 64, [70, 9, 13]),
+        // A prompt's teams of 4 weight rows, the third's among them.
+        (
+            Weight::Q4 { group: 128 },
+            ActQuant::Torchao,
+            MATVEC_ROWS,
+            256,
+            [40, 8, 8],
+        ),
     ];
     for (w, aq, m, k, ns) in cases {
         let mut t = T::default();
@@ -1430,6 +1441,8 @@ fn paired_gate_up_linears_store_their_chain() {
         (1usize, 256usize, 67usize),
         (3, 1536, 2560),
         (20, 256, 40),
+        // A prompt's teams of 4 weight rows, 2 of each half.
+        (MATVEC_ROWS, 256, 40),
         (PAST, 256, 40),
     ] {
         for (w, aq) in formats {

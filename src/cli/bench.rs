@@ -80,7 +80,7 @@ fn peak_host_bytes() -> Option<u64> {
     status_bytes("VmHWM:")
 }
 
-#[derive(Clone, serde::Serialize)]
+#[derive(serde::Serialize)]
 struct OpShare {
     op: String,
     calls: usize,
@@ -364,7 +364,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
                 any = true;
                 for t in times {
                     total_t += t.seconds;
-                    if a.trace {
+                    if a.trace && a.decode > 0 {
                         trace.extend(t.dispatches.iter().map(|(entry, groups, s)| {
                             TracedDispatch {
                                 node: t.node,
@@ -419,6 +419,12 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
                 .collect(),
         );
     }
+    // Without decode steps the timed call was the prompt's.
+    let ((decode_gpu_us, decode_ops), (prefill_gpu_us, prefill_ops)) = if a.decode > 0 {
+        ((decode_gpu, ops), (None, Vec::new()))
+    } else {
+        ((None, Vec::new()), (decode_gpu, ops))
+    };
     let report = ProgramReport {
         execution: match method.whole_note() {
             _ if method.runs_whole() => "whole".into(),
@@ -469,15 +475,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         peak_host_bytes: peak_host_bytes(),
         host_anon_bytes,
         host_file_bytes,
-        decode_gpu_us: decode_gpu.filter(|_| a.decode > 0),
-        decode_ops: if a.decode > 0 {
-            ops.clone()
-        } else {
-            Vec::new()
-        },
-        decode_trace: if a.decode > 0 { trace } else { Vec::new() },
-        prefill_gpu_us: decode_gpu.filter(|_| a.decode == 0),
-        prefill_ops: if a.decode == 0 { ops } else { Vec::new() },
+        decode_gpu_us,
+        decode_ops,
+        decode_trace: trace,
+        prefill_gpu_us,
+        prefill_ops,
     };
     if a.json {
         println!("{}", serde_json::to_string(&report)?);

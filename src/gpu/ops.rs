@@ -1273,8 +1273,8 @@ fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, u
     Some((team, team.max(64), rpt))
 }
 
-/// Invocations `quad_matvec` aims for where a mat-vec takes several rows of x (a prefill of up
-/// to `QUAD_MATVEC_MAX_M` tokens), each doing that many rows' work. Measured on an H200, the
+/// Invocations `quad_matvec` aims for where a mat-vec takes several rows of x (a prompt of fewer
+/// than `FOUR_ROWS_M` tokens), each doing that many rows' work. Measured on an H200, the
 /// E2B-shaped program's prefill of 64 / 128 tokens: 27.4-27.7 / 42.8-43.0 ms at the single
 /// row's 196608, 24.9-25.2 / 38.1-39.2 at 98304, 23.7-23.9 / 35.4-35.9 at 49152, and the same
 /// at 24576 and 12288 (16 tokens: 14.5-15.7 ms at all of them).
