@@ -313,8 +313,8 @@ const TOL: f32 = 1e-4;
 
 /// Rows of x up to which a linear of 16-byte weight quads runs as the mat-vec on the tests'
 /// devices (`open`), taking its activations packed; more are tiled. `PAST` rows sit just past
-/// it. From this many rows a prompt's mat-vec teams own 4 weight rows (src/gpu/ops.rs
-/// `FOUR_ROWS_M`), so cases at MATVEC_ROWS reach that sizing.
+/// it. A prompt's mat-vec teams own 4 weight rows each (src/gpu/ops.rs `MULTI_LANES`), their
+/// width set by the weight's rows: 128-row cases are the longest that reach them.
 const MATVEC_ROWS: usize = 128;
 const PAST: usize = MATVEC_ROWS + 2;
 

@@ -1211,8 +1211,9 @@ fn matvec_aligned(weight: Weight, k: usize) -> bool {
 /// `(TEAM, WG, RPT)` of the `matvec` kernel for a weight of `n` rows of `k` and `m` rows of x,
 /// or `None` where its 16-byte quads would straddle a group (or K). A team of lanes shares RPT
 /// rows and walks the quads TEAM apart. A mat-vec is latency-bound unless it reads hundreds of
-/// MB: up to `SIZED_ROWS` rows, teams of one row widen until the grid holds about as many
-/// invocations as measured best; more rows (an LM head) keep narrow teams of up to 4 rows. A
+/// MB: up to `SIZED_ROWS` rows, teams (of one row for one row of x, of 4 for a prompt's
+/// several) widen until the grid holds about as many invocations as measured best; more rows
+/// (an LM head) keep narrow teams of up to 4 rows. A
 /// row's arithmetic depends on TEAM, not RPT. `PTERIA_MATVEC_TUNE=TEAM,WG[,RPT]` overrides,
 /// for benchmark sweeps.
 fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, usize, usize)> {
@@ -1241,18 +1242,22 @@ fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, u
         return Some(t);
     }
     let quads = k / per_quad;
-    if n <= SIZED_ROWS && m >= FOUR_ROWS_M {
-        // Long prompts: narrow teams of 4 rows each (`FOUR_ROWS_M`).
-        return Some((if quads >= 8 { 8 } else { 4 }, 128, 4));
+    if n <= SIZED_ROWS && m > 1 {
+        // A prompt: teams of 4 weight rows, so each lane has 4 rows' loads in flight, widened
+        // until the grid holds about `MULTI_LANES` invocations.
+        let mut team = 4;
+        while team < 256 && team < quads && n.div_ceil(4) * team * 2 <= MULTI_LANES {
+            team *= 2;
+        }
+        return Some((team, team.max(128), 4));
     }
     if n <= SIZED_ROWS {
         // Measured on an H200 (`pteria bench --kernels`, 8da4w at E2B shapes, sweeps of
         // PTERIA_MATVEC_TUNE): about 192k invocations in 256-wide workgroups, a row a team,
         // beat one quad a lane in 64-wide ones by 3-12% a shape (1536->6144 9.14 -> 8.16 us,
         // 12288->1536 13.53 -> 12.52). A team is never wider than the row's quads need.
-        let lanes = if m > 1 { MULTI_LANES } else { 196_608 };
         let mut team = 4;
-        while team < 256 && team < quads && n * team * 2 <= lanes {
+        while team < 256 && team < quads && n * team * 2 <= 196_608 {
             team *= 2;
         }
         return Some((team, 256, 1));
@@ -1273,20 +1278,15 @@ fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, u
     Some((team, team.max(64), rpt))
 }
 
-/// Invocations `quad_matvec` aims for where a mat-vec takes several rows of x (a prompt of fewer
-/// than `FOUR_ROWS_M` tokens), each doing that many rows' work. Measured on an H200, the
-/// E2B-shaped program's prefill of 64 / 128 tokens: 27.4-27.7 / 42.8-43.0 ms at the single
-/// row's 196608, 24.9-25.2 / 38.1-39.2 at 98304, 23.7-23.9 / 35.4-35.9 at 49152, and the same
-/// at 24576 and 12288 (16 tokens: 14.5-15.7 ms at all of them).
-const MULTI_LANES: usize = 49_152;
-
-/// Rows of x from which a quad mat-vec's teams are 8 lanes owning 4 weight rows each, in
-/// 128-wide workgroups: each lane then has 4 rows' loads in flight. Measured on an H100 (the
-/// E2B-shaped program's prompt, `PTERIA_MATVEC_TUNE=8,128,4` against the sizing below): TTFT
-/// at 128 tokens 28.8 against 33.1 ms, 512 81.9 against 100.1, 1023 158.2 against 196.5; but
-/// 16 tokens 15.9 against 14.8, so shorter prompts keep that sizing. (8 lanes of 2 rows: 31.4,
-/// 91.2, 177.8.)
-const FOUR_ROWS_M: usize = 128;
+/// Invocations `quad_matvec` aims for where a mat-vec takes several rows of x (a prompt), its
+/// teams owning 4 weight rows each in 128-wide workgroups, each doing every row of x's work.
+/// Measured on an H200, TTFT of the E2B-shaped program (2 runs each) against the two rules
+/// before it (about 49152 invocations of one row a team under 128 tokens, teams of 8 lanes
+/// from 128): 16 tokens 13.65-13.73 ms against 13.98-14.01, 32 16.00-16.02 against
+/// 16.73-17.12, 64 19.93-20.18 against 22.25-22.47, 127 28.00-28.22 against 32.64-32.77, 128
+/// 28.25-28.27 against 28.35-28.49, 512 81.56-81.92 against 81.52-81.72, 1023 158.1-158.2
+/// against 157.5-157.6. At 6144, 16 tokens took 14.2 ms; at 24576, 512 took 85.6.
+const MULTI_LANES: usize = 12_288;
 
 /// Rows up to which `quad_matvec` sizes for latency (more, an LM head, read for bandwidth).
 const SIZED_ROWS: usize = 65536;
@@ -1782,7 +1782,7 @@ const MATVEC_MAX_M: usize = 8;
 /// cache). The tiled kernel's few workgroups (a 64-column tile each) leave a big GPU idle at
 /// short prompts: on an H200 the E2B-shaped program's prefill of 16 tokens took 51.7 ms tiled
 /// and 16.1 as mat-vecs, 64 tokens 54.3 and 31.4, 128 tokens 62.8 and 51.2. Since the
-/// mat-vecs' sizing for many rows (`MULTI_LANES`) they win at every prompt that program takes
+/// mat-vecs' sizing for many rows (`MULTI_LANES`, `bb388d1`) they win at every prompt that program takes
 /// (TTFT on an H200, tiled → mat-vec: 160 tokens 68.5 → 39.1 ms, 256 77.4 → 55.1, 512 134.1 →
 /// 100.8, 900 220.7 → 175.7, 1023 230.4 → 195.8). Longer calls, unmeasured, stay tiled.
 pub const QUAD_MATVEC_MAX_M: usize = 1024;
