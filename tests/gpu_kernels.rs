@@ -6,7 +6,7 @@
 //! CPU Vulkan one. No adapter at all fails every test with the reason, unless
 //! PTERIA_NO_GPU_TESTS=1 is set.
 
-use pteria::gpu::{Context, ContextOptions, GpuError, GpuExecutor};
+use pteria::gpu::{Context, ContextOptions, GpuError, GpuExecutor, SPLIT_MAX_S};
 use pteria::ir::cpu::CpuExecutor;
 use pteria::ir::{
     AttnLayout, BinaryOp, DType, Graph, InputValue, Int, Io, Node, OpKind, Role, RopeStyle, SymOp,
@@ -1763,8 +1763,8 @@ fn linears_norm_the_row_they_quantize() {
 /// no dispatch for the norm, the same bits as the norm apart, weighted or not, half or
 /// interleaved, all or part of the dims rotated, head dims 256 and 512, one query or a few (each
 /// at its own position), with and without subgroups. The norm's inputs stay alive until the
-/// attention although tensors are written in between. Queries whose permute moves data, or that
-/// take the matmuls, keep the norm's dispatch.
+/// attention although tensors are written in between. Queries whose permute moves data, or more
+/// than split takes (`SPLIT_MAX_S`, the matmuls' then), keep the norm's dispatch.
 #[test]
 fn attention_norms_and_rotates_its_q() {
     let pairs = fused_and_apart(ContextOptions {
@@ -1779,9 +1779,20 @@ fn attention_norms_and_rotates_its_q() {
         (1, 2, 256, 256, true, RopeStyle::Interleaved, true, true),
         (3, 4, 256, 256, true, RopeStyle::Half, false, true),
         (3, 4, 256, 256, true, RopeStyle::Half, true, false),
-        (8, 4, 256, 256, true, RopeStyle::Half, false, false),
+        (8, 4, 256, 256, true, RopeStyle::Half, false, true),
+        (SPLIT_MAX_S, 2, 256, 256, true, RopeStyle::Half, false, true),
+        (
+            SPLIT_MAX_S + 1,
+            2,
+            256,
+            256,
+            true,
+            RopeStyle::Half,
+            false,
+            false,
+        ),
     ];
-    let (cache, hkv, start, max_pos) = (48, 1, 37i64, 64);
+    let (cache, hkv, start, max_pos) = (80, 1, 37i64, 80);
     for (s, hq, d, rotary, weighted, style, permuted, fused) in cases {
         let mut t = T::default();
         let f = DType::F32;
@@ -2672,6 +2683,34 @@ fn sdpa_variants_match_cpu() {
             d: 8,
             ..base
         },
+        // A chat turn: as many queries as split takes, after an earlier turn's keys, at
+        // E2B's full and sliding layers' shapes; one query more takes the matmuls.
+        AttnCase {
+            s: SPLIT_MAX_S,
+            hq: 8,
+            hkv: 1,
+            d: 512,
+            cache: 1024,
+            start: 480,
+            ..base
+        },
+        AttnCase {
+            s: SPLIT_MAX_S + 1,
+            hq: 8,
+            hkv: 1,
+            d: 256,
+            cache: 1024,
+            start: 900,
+            window: Some(512),
+            ..base
+        },
+        // Split's scratch (7 chunks of 66 floats a query and head) passes a 64 KiB binding from
+        // 9 queries: there the matmuls take these 20.
+        AttnCase {
+            s: 20,
+            start: 30,
+            ..base
+        },
     ];
     for c in cases {
         let mut t = T::default();
@@ -2734,17 +2773,23 @@ fn sdpa_variants_match_cpu() {
         );
         let Some(ctx) = ctx() else { continue };
         let gpu = check_on(ctx, &what, &t, TOL, 1e-2);
-        // Decode splits the keys (split, combine); more queries run as matmul, probs, matmul.
-        let want = if c.s <= 4 { 2 } else { 3 };
+        // Decode and a chat turn's few queries split the keys (split, combine); more run as
+        // matmul, probs, matmul.
+        let want = if c.s <= SPLIT_MAX_S { 2 } else { 3 };
         assert_eq!(gpu.stats().last_dispatches, want, "{what}");
-        // Scores larger than a binding take `main`, one dispatch.
+        // Past a 64 KiB binding: split's scratch keeps more than 4 queries from splitting, and
+        // scores larger than it take `main`, one dispatch.
         let small = 64 << 10;
         if c.s > 4 && 4 * qn.max(kn) <= small {
             let Some(ctx) = small_binding_ctx() else {
                 continue;
             };
             let gpu = check_on(ctx, &what, &t, TOL, 1e-2);
-            let want = if 4 * c.b * c.hq * c.s * c.cache <= small {
+            // Chunks of 16 keys, each a max, a sum and a row of d.
+            let split_bytes = 4 * c.b * c.hq * c.s * c.cache.div_ceil(16) * (c.d + 2);
+            let want = if c.s <= SPLIT_MAX_S && split_bytes <= small {
+                2
+            } else if 4 * c.b * c.hq * c.s * c.cache <= small {
                 3
             } else {
                 1

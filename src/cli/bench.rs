@@ -1061,12 +1061,12 @@ fn kernels(a: &Args) -> Result<()> {
             picks.default_ahead_missed,
             2 * (picks.calls + 10)
         );
-        println!("prefill attention (8 heads on 1 kv head, causal from 0, [B, S, H, D]):");
+        println!("prefill attention (8 heads on 1 kv head, causal from its start, [B, S, H, D]):");
         for r in &report.attention {
             let window = r.window.map_or("none".to_string(), |w| w.to_string());
             println!(
-                "  {:>4} queries, head dim {:>3}, cache {}, window {:>4}: {:>9.1} us in {} dispatches",
-                r.queries, r.head_dim, r.cache, window, r.us, r.dispatches
+                "  {:>4} queries from {:>3}, head dim {:>3}, cache {}, window {:>4}: {:>9.1} us in {} dispatches",
+                r.queries, r.start, r.head_dim, r.cache, window, r.us, r.dispatches
             );
         }
     }

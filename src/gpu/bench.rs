@@ -176,10 +176,13 @@ pub const GRID_CASES: [(u32, u32); 6] = [
 ];
 
 /// A prefill's attention at Gemma 4 E2B shapes: 8 query heads on one kv head, [B, S, H, D]
-/// (as the published exports' custom sdpa), causal from position 0 over a 1024-row cache.
+/// (as the published exports' custom sdpa), causal from its start position over a 1024-row
+/// cache.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttnResult {
     pub queries: usize,
+    /// Position of the first query: the keys before it are an earlier turn's.
+    pub start: usize,
     pub head_dim: usize,
     pub cache: usize,
     pub window: Option<usize>,
@@ -187,13 +190,17 @@ pub struct AttnResult {
     pub us: f64,
 }
 
-/// (queries, head dim, sliding window): E2B's sliding layers (d 256, window 512) and full
-/// layers (d 512).
-pub const ATTN_CASES: [(usize, usize, Option<usize>); 4] = [
-    (128, 256, Some(512)),
-    (128, 512, None),
-    (900, 256, Some(512)),
-    (900, 512, None),
+/// (queries, head dim, sliding window, start): E2B's sliding layers (d 256, window 512) and full
+/// layers (d 512); a first prompt (start 0), and a chat turn's few queries after 480 positions.
+pub const ATTN_CASES: [(usize, usize, Option<usize>, usize); 8] = [
+    (128, 256, Some(512), 0),
+    (128, 512, None, 0),
+    (900, 256, Some(512), 0),
+    (900, 512, None, 0),
+    (16, 256, Some(512), 480),
+    (16, 512, None, 480),
+    (64, 256, Some(512), 480),
+    (64, 512, None, 480),
 ];
 
 /// Deterministic filler (xorshift64*): benchmarks need no randomness, only data that is not
@@ -430,8 +437,8 @@ pub fn kernel_bench(
         )
     };
     let mut attention = Vec::new();
-    for &(s, d, window) in &ATTN_CASES {
-        attention.push(attention_case(ctx, s, d, window, opts.seconds)?);
+    for &(s, d, window, start) in &ATTN_CASES {
+        attention.push(attention_case(ctx, s, d, window, start, opts.seconds)?);
     }
     let mut grid = Vec::new();
     for &(workgroups, invocations) in &GRID_CASES {
@@ -485,6 +492,7 @@ fn attention_case(
     s: usize,
     d: usize,
     window: Option<usize>,
+    start: usize,
     seconds: f64,
 ) -> Result<AttnResult, GpuError> {
     let (hq, cache) = (8, 1024);
@@ -497,8 +505,8 @@ fn attention_case(
     for t in [q, k, v] {
         g.inputs.push(Io::Tensor(t));
     }
-    let start = g.add_sym("start");
-    g.inputs.push(Io::Sym(start));
+    let start_sym = g.add_sym("start");
+    g.inputs.push(Io::Sym(start_sym));
     let y = g.add_tensor("y", DType::F32, qs.clone(), Role::Activation);
     let kind = OpKind::Sdpa {
         layout: AttnLayout::Bshd,
@@ -506,7 +514,7 @@ fn attention_case(
         causal: true,
         window,
         softcap: None,
-        start: Int::Sym(start),
+        start: Int::Sym(start_sym),
         all_rows: false,
     };
     g.op(kind, vec![q, k, v], vec![y]);
@@ -528,12 +536,13 @@ fn attention_case(
             shape: ks,
             data: &kd,
         },
-        InputValue::Sym(0),
+        InputValue::Sym(start as i64),
     ];
     let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
     let (t, _) = measure(&mut gpu, &inputs, seconds)?;
     Ok(AttnResult {
         queries: s,
+        start,
         head_dim: d,
         cache,
         window,

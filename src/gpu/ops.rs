@@ -327,7 +327,7 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op, max_binding: u64) -> Vec<u64> {
             let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
             match layout.dims(&q.max_shape, &k.max_shape) {
                 Some(a) if a.s > 0 => {
-                    let s = a.s.min(SPLIT_MAX_S);
+                    let s = a.s.min(split_max_s(g, op, max_binding));
                     let chunks = a.cl.div_ceil(split_keys(a.cl));
                     let mut v = vec![(a.b * s * a.hq * chunks * (a.d + 2) * 4) as u64];
                     if by_matmuls(g, op, max_binding) {
@@ -343,8 +343,34 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op, max_binding: u64) -> Vec<u64> {
 }
 
 /// Attention with at most this many queries per call splits its keys over workgroups
-/// (`sdpa.wgsl` `split`): a decode step's few (query, head) pairs alone would leave the GPU idle.
-const SPLIT_MAX_S: usize = 4;
+/// (`sdpa.wgsl` `split`): a decode step's few (query, head) pairs alone would leave the GPU idle,
+/// and so would a chat turn's few queries in the tiled matmuls' 64-query tiles. Measured on an
+/// H100 (`pteria bench --kernels`, 8 heads on one kv head, 1024-row cache), split against the
+/// matmuls, µs: 16 queries from position 480 38.7 against 105 (head dim 256, window 512) and
+/// 55.1 against 136 (d 512); 32 queries 71 against 110 and 105 against 143 (from 900: 72 / 164,
+/// 150 / 197; from 0: 43 / 49, 54 / 83); at 48 the matmuls win (from 480: 104 / 115 but 159 /
+/// 150; from 900 105 / 168, 225 / 204; from 0 62 / 53, 81 / 87). Split's cost grows with the
+/// queries, the matmuls' barely.
+pub const SPLIT_MAX_S: usize = 32;
+/// Queries a call splits whatever its scratch: a decode step's.
+const SPLIT_ALWAYS_S: usize = 4;
+
+/// The most queries a call of attention `op` splits: `SPLIT_MAX_S`, fewer where their chunks'
+/// scratch would pass `SCORES_MAX` or a binding (a long cache; at least a decode step's). From
+/// the op's max shapes, which size that scratch.
+fn split_max_s(g: &Graph, op: &Op, max_binding: u64) -> usize {
+    let OpKind::Sdpa { layout, .. } = op.kind else {
+        return SPLIT_ALWAYS_S;
+    };
+    let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
+    let Some(a) = layout.dims(&q.max_shape, &k.max_shape) else {
+        return SPLIT_ALWAYS_S;
+    };
+    let chunks = a.cl.div_ceil(split_keys(a.cl));
+    let per_query = (a.b * a.hq * chunks * (a.d + 2) * 4).max(1) as u64;
+    let fit = (SCORES_MAX.min(max_binding) / per_query).min(SPLIT_MAX_S as u64) as usize;
+    fit.max(SPLIT_ALWAYS_S)
+}
 /// Invocations of a `split` workgroup.
 const SPLIT_WG: usize = 256;
 /// Storage buffers that the fused kernels binding more than WebGPU's default 8 take
@@ -373,7 +399,7 @@ fn split_keys(cache_rows: usize) -> usize {
 /// The most chunks a split cache has (64 for each of `combine`'s 16 lanes).
 const SPLIT_CHUNKS: usize = 1024;
 
-/// Whether attention with more queries than `SPLIT_MAX_S` runs as matmul, `probs`, matmul
+/// Whether attention with more queries than it splits (`split_max_s`) runs as matmul, `probs`, matmul
 /// (a prefill): tiled matmuls share each K/V load among 64 queries where `main` walks the cache
 /// once per query (2564 against 3988 tok/s for a 900-token E2B prefill, H100). Decided at the
 /// op's max shapes, which size its scores' scratch: up to `SCORES_MAX` bytes, and one binding.
@@ -382,9 +408,9 @@ fn by_matmuls(g: &Graph, op: &Op, max_binding: u64) -> bool {
         return false;
     };
     let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
-    layout
-        .dims(&q.max_shape, &k.max_shape)
-        .is_some_and(|a| a.s > SPLIT_MAX_S && scores_bytes(&a) <= SCORES_MAX.min(max_binding))
+    layout.dims(&q.max_shape, &k.max_shape).is_some_and(|a| {
+        a.s > split_max_s(g, op, max_binding) && scores_bytes(&a) <= SCORES_MAX.min(max_binding)
+    })
 }
 
 /// The scores of attention run by matmuls: a float per batch, head, query and cache row.
@@ -1631,7 +1657,7 @@ fn q_normed<'a>(env: &'a Env, a: usize) -> Option<RopeNorm<'a>> {
     let out = qn.op.outputs[0];
     let d = *env.shape(out).last()?;
     let same_storage = env.view_of[env.mem.root[aop.inputs[0]]] == env.mem.root[out];
-    let ok = dims.s <= SPLIT_MAX_S
+    let ok = dims.s <= split_max_s(env.graph, aop, env.mem.max_binding)
         && same_storage
         && d == dims.d
         && env.shape(qn.op.inputs[0]) == env.shape(out)
@@ -1893,7 +1919,7 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
             env.op(c)?.outputs[0]
         }
         OpKind::Sdpa { layout, .. } => {
-            if attn_dims(env, pop, layout)?.s > SPLIT_MAX_S {
+            if attn_dims(env, pop, layout)?.s > split_max_s(env.graph, pop, env.mem.max_binding) {
                 return None;
             }
             pop.outputs[0]
@@ -2729,7 +2755,7 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
         },
         None => 0,
     };
-    let split = s <= SPLIT_MAX_S;
+    let split = s <= split_max_s(env.graph, op, env.mem.max_binding);
     let keys = split_keys(cl);
     let chunks = cl.div_ceil(keys);
     let p = || {
