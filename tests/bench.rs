@@ -218,6 +218,64 @@ fn program_bench_without_decode_times_the_prompts_ops() {
     assert!(v["prefill_ops"].as_array().unwrap().is_empty(), "{v}");
 }
 
+/// `--start` times a chat turn: the prompt's call from that position, attention reading the
+/// earlier rows, its decode steps after it; on the GPU its per-op table has the attention. A
+/// turn past the positions the method takes is refused.
+#[test]
+fn program_bench_times_a_chat_turn_from_its_start() {
+    let f = fixture("gemma4_tiny_vulkan_8da4w.pte");
+    let device = if no_gpu() { "cpu" } else { "gpu" };
+    let base = [
+        "bench",
+        &f,
+        "--prompt-len",
+        "5",
+        "--device",
+        device,
+        "--json",
+    ];
+    let (ok, out, err) = pteria(&[&base[..], &["--start", "20", "--decode", "3"]].concat());
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(v["start"], 20, "{v}");
+    assert_eq!(v["prompt_len"], 5, "{v}");
+    assert!(v["ttft_ms"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["decode_ms"].as_f64().unwrap() > 0.0, "{v}");
+    let (ok, out, err) = pteria(&[&base[..], &["--start", "20", "--decode", "0"]].concat());
+    assert!(ok, "{err}");
+    let v = json(&out);
+    if let Some(ops) = v["prefill_ops"].as_array().filter(|o| !o.is_empty()) {
+        assert!(
+            ops.iter()
+                .any(|o| o["op"].as_str().unwrap().starts_with("sdpa")),
+            "{v}"
+        );
+    }
+    let cpu = [
+        "bench",
+        &f,
+        "--prompt-len",
+        "5",
+        "--device",
+        "cpu",
+        "--start",
+    ];
+    let (ok, out, err) = pteria(&[&cpu[..], &["20", "--decode", "3"]].concat());
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("prefill 5 tokens from position 20: TTFT"),
+        "{out}"
+    );
+    // The tiny export's caches hold 32 positions.
+    let (ok, _, err) = pteria(&[&cpu[..], &["20", "--decode", "8"]].concat());
+    assert!(
+        !ok && err.contains(
+            "--start 20 with --prompt-len 5 and --decode 8 reaches position 32, past the 32"
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn program_bench_rejects_a_prompt_longer_than_the_method_takes() {
     let f = fixture("gemma4_tiny_vulkan_8da4w.pte");

@@ -32,6 +32,10 @@ pub struct Args {
     /// Program: prompt tokens in the prefill call.
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
+    /// Program: position of the prompt's first token: a chat turn after that many earlier
+    /// tokens (their cache rows hold whatever the calls before left; attention reads them).
+    #[arg(long, default_value_t = 0)]
+    start: usize,
     /// Program: decode steps after the prompt. With 0 the GPU time by op is the prompt's call's.
     #[arg(long, default_value_t = 32)]
     decode: usize,
@@ -103,6 +107,8 @@ struct ProgramReport {
     device: String,
     load_s: f64,
     prompt_len: usize,
+    /// Position of the prompt's first token.
+    start: usize,
     decode_steps: usize,
     /// The first prefill call, pipelines and recordings made on the way.
     ttft_cold_ms: f64,
@@ -238,6 +244,19 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     if a.prompt_len == 0 || a.prompt_len > max_t {
         bail!("--prompt-len must be 1..={max_t} for this method");
     }
+    // An export's caches hold one position more than its longest call (T up to max_seq_len - 1).
+    let end = a.start + a.prompt_len + a.decode;
+    if a.start > 0 && end > max_t + 1 {
+        bail!(
+            "--start {} with --prompt-len {} and --decode {} reaches position {}, past the {} \
+             this method's calls take",
+            a.start,
+            a.prompt_len,
+            a.decode,
+            end - 1,
+            max_t + 1
+        );
+    }
     // The last call's first output: the sampler is timed on its last row of logits.
     let mut last_out: Option<HostTensor> = None;
     let mut call = |tokens: &[i64], pos: i64| -> Result<f64> {
@@ -258,8 +277,8 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     };
     // Token ids well inside any vocabulary; speed does not depend on them.
     let prompt: Vec<i64> = (0..a.prompt_len as i64).map(|i| 2 + i % 100).collect();
-    let cold = call(&prompt, 0)?;
-    let ttft = call(&prompt, 0)?;
+    let cold = call(&prompt, a.start as i64)?;
+    let ttft = call(&prompt, a.start as i64)?;
     // Submits and host phase times summed over the executors.
     let counters = |h: &Option<delegate::ProfiledHandles>| -> Option<(usize, HostTimes)> {
         let list = h.as_ref()?.lock().ok()?;
@@ -279,7 +298,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         if i == 1 {
             counters0 = counters(&handles);
         }
-        let dt = call(&[7], (a.prompt_len + i) as i64)?;
+        let dt = call(&[7], (a.start + a.prompt_len + i) as i64)?;
         if i == 0 {
             first = dt;
         } else {
@@ -309,7 +328,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         use pteria::llm::sampler::SamplingParams;
         let steps = Steps {
             specs: &specs,
-            start: a.prompt_len,
+            start: a.start + a.prompt_len,
             steps: a.decode,
         };
         Some([
@@ -457,6 +476,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         device: device_name,
         load_s,
         prompt_len: a.prompt_len,
+        start: a.start,
         decode_steps: a.decode,
         ttft_cold_ms: cold * 1e3,
         ttft_ms: ttft * 1e3,
@@ -495,8 +515,12 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
         "load {:.2} s; execution: {}",
         report.load_s, report.execution
     );
+    let from = match report.start {
+        0 => String::new(),
+        s => format!(" from position {s}"),
+    };
     println!(
-        "prefill {} tokens: TTFT {:.2} ms ({:.2} ms cold), {:.1} tok/s",
+        "prefill {} tokens{from}: TTFT {:.2} ms ({:.2} ms cold), {:.1} tok/s",
         report.prompt_len, report.ttft_ms, report.ttft_cold_ms, report.prefill_tok_per_s
     );
     println!(
