@@ -3898,15 +3898,17 @@ fn check_f16_kv(what: &str, t: &mut T, calls: usize, mut steps: impl FnMut(&mut 
     assert!(worst > 0.0, "{what}: f16 caches gave f32's results exactly");
 }
 
-/// Attention's decode path (cache_update + sdpa, both layouts) with f16 KV caches.
+/// Attention's decode path (cache_update + sdpa, both layouts) with f16 KV caches; and its
+/// prompts: turns of up to `SPLIT_MAX_S` queries split like decode, longer ones take the
+/// matmuls, which read the f16 caches in place too.
 #[test]
 fn f16_kv_caches_in_sdpa_decode_match_cpu_in_half_the_bytes() {
     let mut rng = Rng::new(31);
     for layout in [AttnLayout::Bshd, AttnLayout::Bhsd] {
-        let (cache, h, d) = (40, 2, 34);
-        let mut t = decode_graph(layout, cache, h, d, 8);
+        let (cache, h, d) = (80, 2, 34);
+        let mut t = decode_graph(layout, cache, h, d, SPLIT_MAX_S + 1);
         let mut pos = 0;
-        let lens = [7usize, 1, 1, 5, 1, 1];
+        let lens = [7usize, 1, 1, 5, 1, SPLIT_MAX_S + 1, 1];
         check_f16_kv(&format!("sdpa {layout:?}"), &mut t, lens.len(), |t, i| {
             set_step(t, &mut rng, layout, lens[i], h, d, pos);
             pos += lens[i] as i64;
