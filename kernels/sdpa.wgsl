@@ -6,10 +6,10 @@
 //
 // `main`: one workgroup per (query, head, batch); keys are visited in blocks of WG with an online
 // softmax (running max and sum), the output accumulated in shared memory, so any kv_len runs in
-// fixed memory. `split` + `combine` (a few queries, as in decode): the keys are cut into chunks
-// of CK, one workgroup per (chunk, head, query) leaving its chunk's max, sum and unnormalised
-// output in a scratch buffer, which `combine` merges (16 lanes of 16 invocations: WG = 256);
-// that spreads one query over the GPU.
+// fixed memory. `split` + `combine` (decode, and a chat turn's few queries): the keys are cut
+// into chunks of CK, one workgroup per (chunk, head, query) leaving its chunk's max, sum and
+// unnormalised output in a scratch buffer, which `combine` merges (16 lanes of 16 invocations:
+// WG = 256); that spreads a few queries over the GPU.
 // `probs` (every cache row, many queries, Bhsd): a tiled matmul writes q·Kᵀ to a scratch, `probs`
 // turns each row into probabilities in place, and a second matmul multiplies them by v, so each
 // K/V load serves 64 queries.

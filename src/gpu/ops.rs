@@ -399,10 +399,11 @@ fn split_keys(cache_rows: usize) -> usize {
 /// The most chunks a split cache has (64 for each of `combine`'s 16 lanes).
 const SPLIT_CHUNKS: usize = 1024;
 
-/// Whether attention with more queries than it splits (`split_max_s`) runs as matmul, `probs`, matmul
-/// (a prefill): tiled matmuls share each K/V load among 64 queries where `main` walks the cache
-/// once per query (2564 against 3988 tok/s for a 900-token E2B prefill, H100). Decided at the
-/// op's max shapes, which size its scores' scratch: up to `SCORES_MAX` bytes, and one binding.
+/// Whether attention with more queries than it splits (`split_max_s`) runs as matmul, `probs`,
+/// matmul (a prefill): tiled matmuls share each K/V load among 64 queries where `main` walks
+/// the cache once per query (2564 against 3988 tok/s for a 900-token E2B prefill, H100).
+/// Decided at the op's max shapes, which size its scores' scratch: up to `SCORES_MAX` bytes,
+/// and one binding.
 fn by_matmuls(g: &Graph, op: &Op, max_binding: u64) -> bool {
     let OpKind::Sdpa { layout, .. } = op.kind else {
         return false;
@@ -1239,9 +1240,8 @@ fn matvec_aligned(weight: Weight, k: usize) -> bool {
 /// rows and walks the quads TEAM apart. A mat-vec is latency-bound unless it reads hundreds of
 /// MB: up to `SIZED_ROWS` rows, teams (of one row for one row of x, of 4 for a prompt's
 /// several) widen until the grid holds about as many invocations as measured best; more rows
-/// (an LM head) keep narrow teams of up to 4 rows. A
-/// row's arithmetic depends on TEAM, not RPT. `PTERIA_MATVEC_TUNE=TEAM,WG[,RPT]` overrides,
-/// for benchmark sweeps.
+/// (an LM head) keep narrow teams of up to 4 rows. A row's arithmetic depends on TEAM, not
+/// RPT. `PTERIA_MATVEC_TUNE=TEAM,WG[,RPT]` overrides, for benchmark sweeps.
 fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, usize, usize)> {
     let per_quad = match weight {
         Weight::F32 => 4,
