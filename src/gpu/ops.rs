@@ -323,23 +323,34 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op, max_binding: u64) -> Vec<u64> {
             act_quant: crate::ir::ActQuant::Torchao | crate::ir::ActQuant::Xnnpack,
             ..
         } => vec![g.tensors[op.inputs[0]].max_numel() as u64 * 4],
-        OpKind::Sdpa { layout, .. } => {
-            let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
-            match layout.dims(&q.max_shape, &k.max_shape) {
-                Some(a) if a.s > 0 => {
-                    let s = a.s.min(split_max_s(g, op, max_binding));
-                    let chunks = a.cl.div_ceil(split_keys(a.cl));
-                    let mut v = vec![(a.b * s * a.hq * chunks * (a.d + 2) * 4) as u64];
-                    if by_matmuls(g, op, max_binding) {
-                        v.push(scores_bytes(&a));
-                    }
-                    v
+        OpKind::Sdpa { .. } => match max_dims(g, op) {
+            Some(a) if a.s > 0 => {
+                let s = a.s.min(split_max_s(g, op, max_binding)) as u64;
+                let mut v = vec![s * split_query_bytes(&a)];
+                if by_matmuls(g, op, max_binding) {
+                    v.push(scores_bytes(&a));
                 }
-                _ => Vec::new(),
+                v
             }
-        }
+            _ => Vec::new(),
+        },
         _ => Vec::new(),
     }
+}
+
+/// Attention `op`'s dimensions at its max shapes, which size its scratch.
+fn max_dims(g: &Graph, op: &Op) -> Option<AttnDims> {
+    let OpKind::Sdpa { layout, .. } = op.kind else {
+        return None;
+    };
+    let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
+    layout.dims(&q.max_shape, &k.max_shape)
+}
+
+/// Split's scratch for one query: per batch, head and chunk of keys, a max, a sum and a row.
+fn split_query_bytes(a: &AttnDims) -> u64 {
+    let chunks = a.cl.div_ceil(split_keys(a.cl));
+    (a.b * a.hq * chunks * (a.d + 2) * 4) as u64
 }
 
 /// Attention with at most this many queries per call splits its keys over workgroups
@@ -348,9 +359,9 @@ pub(crate) fn scratch_bytes(g: &Graph, op: &Op, max_binding: u64) -> Vec<u64> {
 /// H100 (`pteria bench --kernels`, 8 heads on one kv head, 1024-row cache), split against the
 /// matmuls, µs: 16 queries from position 480 38.7 against 105 (head dim 256, window 512) and
 /// 55.1 against 136 (d 512); 32 queries 71 against 110 and 105 against 143 (from 900: 72 / 164,
-/// 150 / 197; from 0: 43 / 49, 54 / 83); at 48 the matmuls win (from 480: 104 / 115 but 159 /
-/// 150; from 900 105 / 168, 225 / 204; from 0 62 / 53, 81 / 87). Split's cost grows with the
-/// queries, the matmuls' barely.
+/// 150 / 197; from 0: 43 / 49, 54 / 83); at 48 each wins half the cases (from 480: 104 / 115,
+/// 159 / 150; from 900 105 / 168, 225 / 204; from 0 62 / 53, 81 / 87). Split's cost grows with
+/// the queries, the matmuls' barely.
 pub const SPLIT_MAX_S: usize = 32;
 /// Queries a call splits whatever its scratch: a decode step's.
 const SPLIT_ALWAYS_S: usize = 4;
@@ -359,17 +370,11 @@ const SPLIT_ALWAYS_S: usize = 4;
 /// scratch would pass `SCORES_MAX` or a binding (a long cache; at least a decode step's). From
 /// the op's max shapes, which size that scratch.
 fn split_max_s(g: &Graph, op: &Op, max_binding: u64) -> usize {
-    let OpKind::Sdpa { layout, .. } = op.kind else {
+    let Some(a) = max_dims(g, op) else {
         return SPLIT_ALWAYS_S;
     };
-    let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
-    let Some(a) = layout.dims(&q.max_shape, &k.max_shape) else {
-        return SPLIT_ALWAYS_S;
-    };
-    let chunks = a.cl.div_ceil(split_keys(a.cl));
-    let per_query = (a.b * a.hq * chunks * (a.d + 2) * 4).max(1) as u64;
-    let fit = (SCORES_MAX.min(max_binding) / per_query).min(SPLIT_MAX_S as u64) as usize;
-    fit.max(SPLIT_ALWAYS_S)
+    let fit = SCORES_MAX.min(max_binding) / split_query_bytes(&a).max(1);
+    (fit.min(SPLIT_MAX_S as u64) as usize).max(SPLIT_ALWAYS_S)
 }
 /// Invocations of a `split` workgroup.
 const SPLIT_WG: usize = 256;
@@ -405,11 +410,7 @@ const SPLIT_CHUNKS: usize = 1024;
 /// Decided at the op's max shapes, which size its scores' scratch: up to `SCORES_MAX` bytes,
 /// and one binding.
 fn by_matmuls(g: &Graph, op: &Op, max_binding: u64) -> bool {
-    let OpKind::Sdpa { layout, .. } = op.kind else {
-        return false;
-    };
-    let (q, k) = (&g.tensors[op.inputs[0]], &g.tensors[op.inputs[1]]);
-    layout.dims(&q.max_shape, &k.max_shape).is_some_and(|a| {
+    max_dims(g, op).is_some_and(|a| {
         a.s > split_max_s(g, op, max_binding) && scores_bytes(&a) <= SCORES_MAX.min(max_binding)
     })
 }
@@ -1808,9 +1809,10 @@ const MATVEC_MAX_M: usize = 8;
 /// cache). The tiled kernel's few workgroups (a 64-column tile each) leave a big GPU idle at
 /// short prompts: on an H200 the E2B-shaped program's prefill of 16 tokens took 51.7 ms tiled
 /// and 16.1 as mat-vecs, 64 tokens 54.3 and 31.4, 128 tokens 62.8 and 51.2. Since the
-/// mat-vecs' sizing for many rows (`MULTI_LANES`, `bb388d1`) they win at every prompt that program takes
-/// (TTFT on an H200, tiled → mat-vec: 160 tokens 68.5 → 39.1 ms, 256 77.4 → 55.1, 512 134.1 →
-/// 100.8, 900 220.7 → 175.7, 1023 230.4 → 195.8). Longer calls, unmeasured, stay tiled.
+/// mat-vecs got a sizing for many rows (`MULTI_LANES`; first in `bb388d1`) they win at every
+/// prompt that program takes (TTFT on an H200, tiled → mat-vec, with that first sizing: 160
+/// tokens 68.5 → 39.1 ms, 256 77.4 → 55.1, 512 134.1 → 100.8, 900 220.7 → 175.7, 1023 230.4 →
+/// 195.8). Longer calls, unmeasured, stay tiled.
 pub const QUAD_MATVEC_MAX_M: usize = 1024;
 
 /// Whether a linear of `m` rows of x (k → n) runs as a mat-vec rather than tiled.
