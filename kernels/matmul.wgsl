@@ -1,6 +1,6 @@
 // Batched a[.., M, K] @ b[.., K, N] with broadcast batch dims (up to 4); one workgroup z-slice
 // per batch entry.
-//   main  64x64 output tiles, 16-deep K slices in shared memory.
+//   main  64x64 output tiles, 16-deep K slices in shared memory (`parts` + `ksum`: K split).
 //   rows  few rows of a (decode attention: q·Kᵀ, p·V): 16 columns × KS K-slices per workgroup
 //         and row; a tile of 64 rows would be almost all padding there, and 16 K-slices of one
 //         load per step left a K = 1024 p·V a chain of 64 dependent loads (about 20 us per
@@ -36,6 +36,11 @@ override B_F16: bool = false;
 // (scores) are left unwritten; 2: the K loop (over probabilities, 0 there) stops before them.
 override SPAN: u32 = 0u;
 override SPAN_CAUSAL: bool = false;
+// Split K (`main`): KSPLIT workgroup z-slices per batch entry, each over its share of K's slices
+// (of the keys a SPAN 2 tile sees), leave partial tiles in y, a scratch of [KSPLIT][batch][M][N];
+// `ksum` adds them in order into the output. A chat turn's p·V has a few dozen 64x64 tiles, each
+// a walk over the whole cache: too few workgroups, too long a chain.
+override KSPLIT: u32 = 1u;
 
 const BM = 64u;
 const BN = 64u;
@@ -63,6 +68,15 @@ fn b_at(o: u32, k: u32, n: u32) -> f32 {
         return b_el(o + n * p.ldb + k);
     }
     return b_el(o + k * p.ldb + n);
+}
+
+// Batch entries: the product of the batch dims.
+fn batches() -> u32 {
+    var nb = 1u;
+    for (var d = 0u; d < p.batch_rank; d++) {
+        nb *= p.batch_shape[d];
+    }
+    return nb;
 }
 
 // Element offsets of batch entry z in a, b and y.
@@ -163,22 +177,45 @@ var<workgroup> bs: array<f32, 1024>; // [BK][BN]
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) t: u32) {
+    tile(wg, lid, t);
+}
+
+// `main` with its K split (KSPLIT > 1): an entry point of its own, so that a recording names it.
+@compute @workgroup_size(16, 16)
+fn parts(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+         @builtin(local_invocation_index) t: u32) {
+    tile(wg, lid, t);
+}
+
+// One 64x64 output tile of `main` (or its partial tile, KSPLIT > 1).
+fn tile(wg: vec3<u32>, lid: vec3<u32>, t: u32) {
     let m0 = wg.y * BM;
     let n0 = wg.x * BN;
-    let o = batch_offsets(wg.z);
+    let z = wg.z / KSPLIT;
+    let o = batch_offsets(z);
     let ao = o.x;
     let bo = o.y;
-    let yo = o.z;
     // Uniform in the workgroup: returning before the barriers is allowed.
     if SPAN == 1u && n0 >= span_end(m0, p.n) {
         return;
     }
+    var kbeg = 0u;
     var kend = p.k;
     if SPAN == 2u {
         kend = span_end(m0, p.k);
     }
+    var yo = o.z;
+    var ldy = p.ldy;
+    if KSPLIT > 1u {
+        let part = wg.z % KSPLIT;
+        let per = (kend + KSPLIT * BK - 1u) / (KSPLIT * BK) * BK;
+        kbeg = min(part * per, kend);
+        kend = min(kbeg + per, kend);
+        yo = (part * batches() + z) * p.m * p.n;
+        ldy = p.n;
+    }
     var acc: array<vec4<f32>, 4>;
-    for (var k0 = 0u; k0 < kend; k0 += BK) {
+    for (var k0 = kbeg; k0 < kend; k0 += BK) {
         for (var e = t; e < BM * BK; e += 256u) {
             let r = e / BK;
             let kk = e % BK;
@@ -211,18 +248,38 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     }
     // Constant indices into acc: indexed by a loop variable it may leave registers (the same
     // change took the tiled linear from 313 to 823 prefill tok/s on an H100).
-    put_row(yo, m0 + lid.y * 4u, n0 + lid.x * 4u, acc[0]);
-    put_row(yo, m0 + lid.y * 4u + 1u, n0 + lid.x * 4u, acc[1]);
-    put_row(yo, m0 + lid.y * 4u + 2u, n0 + lid.x * 4u, acc[2]);
-    put_row(yo, m0 + lid.y * 4u + 3u, n0 + lid.x * 4u, acc[3]);
+    put_row(yo, ldy, m0 + lid.y * 4u, n0 + lid.x * 4u, acc[0]);
+    put_row(yo, ldy, m0 + lid.y * 4u + 1u, n0 + lid.x * 4u, acc[1]);
+    put_row(yo, ldy, m0 + lid.y * 4u + 2u, n0 + lid.x * 4u, acc[2]);
+    put_row(yo, ldy, m0 + lid.y * 4u + 3u, n0 + lid.x * 4u, acc[3]);
 }
 
-// Outputs (m, n0..n0 + 4) of the tile of the batch entry at `yo`.
-fn put_row(yo: u32, m: u32, n0: u32, v: vec4<f32>) {
+// Outputs (m, n0..n0 + 4) of the tile of the batch entry at `yo`, rows `ldy` apart.
+fn put_row(yo: u32, ldy: u32, m: u32, n0: u32, v: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
         let n = n0 + j;
         if m < p.m && n < p.n {
-            y[yo + m * p.ldy + n] = v[j];
+            y[yo + m * ldy + n] = v[j];
         }
     }
+}
+
+// Split K's partial tiles (binding a: [KSPLIT][batch][M][N]) added in order into y: one
+// invocation an output element.
+@compute @workgroup_size(256)
+fn ksum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) t: u32) {
+    let i = (wg.x + wg.y * nwg.x) * 256u + t;
+    let mn = p.m * p.n;
+    let nb = batches();
+    if i >= nb * mn {
+        return;
+    }
+    let z = i / mn;
+    let r = i % mn;
+    var sum = 0.0;
+    for (var part = 0u; part < KSPLIT; part++) {
+        sum += a[(part * nb + z) * mn + r];
+    }
+    y[batch_offsets(z).z + r / p.n * p.ldy + r % p.n] = sum;
 }

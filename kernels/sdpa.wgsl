@@ -585,6 +585,20 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
 // Chunks per lane that combine loads before it knows their weights.
 const CPL: u32 = 4u;
 
+// Score `at` of the scratch in `o`, or with SCORE_PARTS > 1 the sum of the q·Kᵀ matmul's partial
+// tiles for it in `parts` (matmul.wgsl's split K, in its order: [part][batch][head][query][row]).
+override SCORE_PARTS: u32 = 1u;
+fn score(at: u32, batches: u32) -> f32 {
+    if SCORE_PARTS == 1u {
+        return o[at];
+    }
+    var sum = 0.0;
+    for (var part = 0u; part < SCORE_PARTS; part++) {
+        sum += parts[part * batches * p.hq * p.s * p.cache_len + at];
+    }
+    return sum;
+}
+
 // Scores row (batch, head, query) of the scratch in `o`, [cache_len] each, into probabilities:
 // scale, cap, mask (hidden keys and those outside the query's span get exactly 0), softmax.
 // Grid (s * hq, batch).
@@ -606,7 +620,7 @@ fn probs(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let mk = mask_at(i, j);
         var x = NEG_INF;
         if i32(j) >= r.x && i32(j) < r.y && mk != NEG_INF {
-            x = finish(o[row + j], mk);
+            x = finish(score(row + j, nwg.z), mk);
         }
         o[row + j] = x;
         mx = max(mx, x);

@@ -6,7 +6,9 @@
 //! CPU Vulkan one. No adapter at all fails every test with the reason, unless
 //! PTERIA_NO_GPU_TESTS=1 is set.
 
-use pteria::gpu::{Context, ContextOptions, GpuError, GpuExecutor, SPLIT_MAX_S};
+use pteria::gpu::{
+    Context, ContextOptions, GpuError, GpuExecutor, SPLIT_MAX_S, SPLIT_MAX_S_ALL_ROWS,
+};
 use pteria::ir::cpu::CpuExecutor;
 use pteria::ir::{
     AttnLayout, BinaryOp, DType, Graph, InputValue, Int, Io, Node, OpKind, Role, RopeStyle, SymOp,
@@ -2509,6 +2511,10 @@ struct AttnCase {
     /// Every cache row is a key, the mask (rank 4) hiding those past each query's position and,
     /// when there are several queries, all of the last query's.
     all_rows: bool,
+    /// Run by matmuls: whether q·Kᵀ and p·V split their K over workgroups (few 64x64 tiles, a
+    /// K of 8 or more 16-deep slices, room in split's scratch: src/gpu/ops.rs `k_splits`).
+    score_parts: bool,
+    pv_parts: bool,
 }
 
 fn attn_shape(layout: AttnLayout, b: usize, s: usize, h: usize, d: usize) -> Vec<usize> {
@@ -2535,6 +2541,8 @@ fn sdpa_variants_match_cpu() {
         softcap: None,
         mask: false,
         all_rows: false,
+        score_parts: false,
+        pv_parts: false,
     };
     let cases = [
         AttnCase { ..base },
@@ -2587,6 +2595,7 @@ fn sdpa_variants_match_cpu() {
             causal: false,
             mask: true,
             all_rows: true,
+            score_parts: true,
             ..base
         },
         AttnCase {
@@ -2657,6 +2666,8 @@ fn sdpa_variants_match_cpu() {
             hkv: 1,
             d: 256,
             softcap: Some(30.0),
+            score_parts: true,
+            pv_parts: true,
             ..base
         },
         AttnCase {
@@ -2664,6 +2675,7 @@ fn sdpa_variants_match_cpu() {
             start: 0,
             cache: 150,
             window: Some(32),
+            pv_parts: true,
             ..base
         },
         AttnCase {
@@ -2702,6 +2714,8 @@ fn sdpa_variants_match_cpu() {
             cache: 1024,
             start: 900,
             window: Some(512),
+            score_parts: true,
+            pv_parts: true,
             ..base
         },
         // Split's scratch (7 chunks of 66 floats a query and head) passes a 64 KiB binding from
@@ -2775,8 +2789,21 @@ fn sdpa_variants_match_cpu() {
         let gpu = check_on(ctx, &what, &t, TOL, 1e-2);
         // Decode and a chat turn's few queries split the keys (split, combine); more run as
         // matmul, probs, matmul.
-        let want = if c.s <= SPLIT_MAX_S { 2 } else { 3 };
-        assert_eq!(gpu.stats().last_dispatches, want, "{what}");
+        let split_max = if c.all_rows {
+            SPLIT_MAX_S_ALL_ROWS
+        } else {
+            SPLIT_MAX_S
+        };
+        if c.s <= split_max {
+            assert_eq!(gpu.stats().last_dispatches, 2, "{what}");
+        } else {
+            let tiled = |split| if split { "matmul:parts" } else { "matmul:main" };
+            let mut want = vec![tiled(c.score_parts), "sdpa:probs", tiled(c.pv_parts)];
+            if c.pv_parts {
+                want.push("matmul:ksum");
+            }
+            assert_eq!(gpu.last_entries(), want, "{what}");
+        }
         // Past a 64 KiB binding: split's scratch keeps more than 4 queries from splitting, and
         // scores larger than it take `main`, one dispatch.
         let small = 64 << 10;
@@ -2787,7 +2814,7 @@ fn sdpa_variants_match_cpu() {
             let gpu = check_on(ctx, &what, &t, TOL, 1e-2);
             // Chunks of 16 keys, each a max, a sum and a row of d.
             let split_bytes = 4 * c.b * c.hq * c.s * c.cache.div_ceil(16) * (c.d + 2);
-            let want = if c.s <= SPLIT_MAX_S && split_bytes <= small {
+            let want = if c.s <= split_max && split_bytes <= small {
                 2
             } else if 4 * c.b * c.hq * c.s * c.cache <= small {
                 3

@@ -353,16 +353,21 @@ fn split_query_bytes(a: &AttnDims) -> u64 {
     (a.b * a.hq * chunks * (a.d + 2) * 4) as u64
 }
 
-/// Attention with at most this many queries per call splits its keys over workgroups
-/// (`sdpa.wgsl` `split`): a decode step's few (query, head) pairs alone would leave the GPU idle,
-/// and so would a chat turn's few queries in the tiled matmuls' 64-query tiles. Measured on an
-/// H100 (`pteria bench --kernels`, 8 heads on one kv head, 1024-row cache), split against the
-/// matmuls, µs: 16 queries from position 480 38.7 against 105 (head dim 256, window 512) and
-/// 55.1 against 136 (d 512); 32 queries 71 against 110 and 105 against 143 (from 900: 72 / 164,
-/// 150 / 197; from 0: 43 / 49, 54 / 83); at 48 each wins half the cases (from 480: 104 / 115,
-/// 159 / 150; from 900 105 / 168, 225 / 204; from 0 62 / 53, 81 / 87). Split's cost grows with
-/// the queries, the matmuls' barely.
-pub const SPLIT_MAX_S: usize = 32;
+/// Attention bounded by its start with at most this many queries per call splits its keys over
+/// workgroups (`sdpa.wgsl` `split`): a decode step's few (query, head) pairs alone would leave the
+/// GPU idle, and so would a chat turn's few queries in the tiled matmuls' 64-query tiles. Measured
+/// on an H100 (`pteria bench --kernels`, 8 heads on one kv head, 1024-row cache), split against
+/// the matmuls with their K split (`k_splits`), µs, head dims 256 (window 512) / 512: 24 queries
+/// from position 0 33.7 / 41.3 against 45.8 / 48.3, from 480 55.2 / 78.9 against 54.3 / 90.7,
+/// from 900 56.0 / 110.6 against 65.7 / 110.9; 28 queries from 0 38.4 / 47.9 against 45.9 /
+/// 49.3, from 480 63.0 / 91.9 against 54.5 / 91.6, from 900 64.2 / 130.8 against 66.0 / 112.1;
+/// 32 queries, the matmuls win all six. Split's cost grows with the queries, the matmuls' barely.
+pub const SPLIT_MAX_S: usize = 24;
+/// The same for attention over every cache row, the mask deciding (`all_rows`): there the
+/// matmuls compute every row whatever the start, while split skips the chunks the mask hides.
+/// TTFT of the E2B-shaped program (H100, 2 runs): 28 tokens 9.28-9.36 ms split against
+/// 10.15-10.45 by matmuls, 32 tokens 9.91-9.97 against 10.70-11.14.
+pub const SPLIT_MAX_S_ALL_ROWS: usize = 32;
 /// Queries a call splits whatever its scratch: a decode step's.
 const SPLIT_ALWAYS_S: usize = 4;
 
@@ -373,8 +378,12 @@ fn split_max_s(g: &Graph, op: &Op, max_binding: u64) -> usize {
     let Some(a) = max_dims(g, op) else {
         return SPLIT_ALWAYS_S;
     };
+    let most = match op.kind {
+        OpKind::Sdpa { all_rows: true, .. } => SPLIT_MAX_S_ALL_ROWS,
+        _ => SPLIT_MAX_S,
+    };
     let fit = SCORES_MAX.min(max_binding) / split_query_bytes(&a).max(1);
-    (fit.min(SPLIT_MAX_S as u64) as usize).max(SPLIT_ALWAYS_S)
+    (fit.min(most as u64) as usize).max(SPLIT_ALWAYS_S)
 }
 /// Invocations of a `split` workgroup.
 const SPLIT_WG: usize = 256;
@@ -2596,12 +2605,15 @@ impl Mm {
 }
 
 fn matmul_step(env: &Env, mm: &Mm, out: Res, a: Res, bt: Res) -> Result<Step, String> {
-    let (m, k, n) = (mm.m, mm.k, mm.n);
-    let nb: usize = mm.batch.iter().product();
-    let p = P::default()
-        .u(m)
-        .u(k)
-        .u(n)
+    matmul_parts(env, mm, out, a, bt, 1)
+}
+
+/// `mm`'s params as `matmul.wgsl` reads them.
+fn matmul_params(mm: &Mm) -> P {
+    P::default()
+        .u(mm.m)
+        .u(mm.k)
+        .u(mm.n)
         .u(mm.batch.len())
         .arr(&mm.batch, 4)
         .arr(&mm.a_strides, 4)
@@ -2611,13 +2623,32 @@ fn matmul_step(env: &Env, mm: &Mm, out: Res, a: Res, bt: Res) -> Result<Step, St
         .u(mm.ldb)
         .u(mm.ldy)
         .u(mm.span.map_or(0, |s| s.start_slot as usize))
-        .u(mm.span.map_or(0, |s| s.len));
+        .u(mm.span.map_or(0, |s| s.len))
+}
+
+/// The matmul, its K split `ksplit` ways (`main` only): then `out` is the scratch of partial
+/// tiles that `ksum` adds up.
+fn matmul_parts(
+    env: &Env,
+    mm: &Mm,
+    out: Res,
+    a: Res,
+    bt: Res,
+    ksplit: usize,
+) -> Result<Step, String> {
+    let (m, k, n) = (mm.m, mm.k, mm.n);
+    let nb: usize = mm.batch.iter().product();
+    let p = matmul_params(mm);
     // Up to 4 rows of a (decode), a row per workgroup row beats 64-row tiles of padding.
     let few = m <= 4;
     let groups = if few {
         [n.div_ceil(16) as u32, m as u32, nb as u32]
     } else {
-        [n.div_ceil(64) as u32, m.div_ceil(64) as u32, nb as u32]
+        [
+            n.div_ceil(64) as u32,
+            m.div_ceil(64) as u32,
+            (nb * ksplit) as u32,
+        ]
     };
     if groups.iter().any(|&g| g > env.max_groups) {
         return Err(format!("matmul {m}x{k}x{n} needs too many workgroups"));
@@ -2630,6 +2661,7 @@ fn matmul_step(env: &Env, mm: &Mm, out: Res, a: Res, bt: Res) -> Result<Step, St
     let (entry, mut consts) = match (few, mm.transpose_b) {
         (true, true) => ("rows_bt", vec![]),
         (true, false) => ("rows", vec![("KS", ks as f64)]),
+        (false, t) if ksplit > 1 => ("parts", vec![("TRANS_B", b(t))]),
         (false, t) => ("main", vec![("TRANS_B", b(t))]),
     };
     consts.push(("B_F16", b(mm.b_f16)));
@@ -2640,7 +2672,76 @@ fn matmul_step(env: &Env, mm: &Mm, out: Res, a: Res, bt: Res) -> Result<Step, St
         consts.push(("SPAN", s.kind as f64));
         consts.push(("SPAN_CAUSAL", b(s.causal)));
     }
+    if ksplit > 1 {
+        if few {
+            return Err("a split K needs the tiled kernel".into());
+        }
+        consts.push(("KSPLIT", ksplit as f64));
+    }
     Ok(step("matmul", entry, consts, p, out, vec![a, bt], groups))
+}
+
+/// Ways to split the K of tiled matmul `mm` so that its tiles fill the GPU, where `room` bytes
+/// hold the partial tiles: powers of two while the workgroups stay within `KSPLIT_GROUPS` and
+/// each keeps `KSPLIT_SLICES` K slices.
+fn k_splits(mm: &Mm, room: u64) -> usize {
+    let nb: usize = mm.batch.iter().product();
+    if mm.m <= 4 {
+        return 1;
+    }
+    let tiles = mm.n.div_ceil(64) * mm.m.div_ceil(64) * nb;
+    let part = (nb * mm.m * mm.n * 4) as u64;
+    let mut ks = 1;
+    while tiles * ks * 2 <= KSPLIT_GROUPS
+        && mm.k.div_ceil(16) >= ks * 2 * KSPLIT_SLICES
+        && part * (ks as u64 * 2) <= room
+    {
+        ks *= 2;
+    }
+    ks
+}
+
+/// Workgroups a split K aims for (four an H100 multiprocessor), and the fewest 16-deep K slices
+/// each part keeps. H100, TTFT of the E2B-shaped program at 33 / 64 / 128 tokens: no split 16.2 /
+/// 20.3 / 28.9 ms; aiming for 128 workgroups 12.3 / 16.3-16.8 / 26.8-26.9, 256 11.9-17.1 /
+/// 16.0-26.1 / 25.3-25.4, 512 11.6-11.8 / 15.6-15.9 / 24.9-25.0, 1024 11.7-11.8 / 15.8-15.9 /
+/// 25.1 (p·V split alone; 2 slices a part measured alike).
+const KSPLIT_GROUPS: usize = 512;
+const KSPLIT_SLICES: usize = 4;
+
+/// `mm` with its K split where that fills the GPU (`k_splits`): the partial tiles in `parts`
+/// (`room` bytes), then their sum into `out`.
+fn matmul_split_k(
+    env: &Env,
+    mm: &Mm,
+    out: Res,
+    a: Res,
+    bt: Res,
+    (parts, room): (Res, u64),
+) -> Result<Vec<Step>, String> {
+    // With SPAN 1 the tiles past the span leave their partials unwritten; only `probs`, which
+    // reads the span alone, may sum those.
+    let ks = if mm.span.is_some_and(|s| s.kind == 1) {
+        1
+    } else {
+        k_splits(mm, room)
+    };
+    if ks == 1 {
+        return Ok(vec![matmul_step(env, mm, out, a, bt)?]);
+    }
+    let nb: usize = mm.batch.iter().product();
+    Ok(vec![
+        matmul_parts(env, mm, parts, a, bt, ks)?,
+        step(
+            "matmul",
+            "ksum",
+            vec![("KSPLIT", ks as f64)],
+            matmul_params(mm),
+            out,
+            vec![parts, Res::Dummy],
+            env.grid((nb * mm.m * mm.n).div_ceil(256), 1),
+        ),
+    ])
 }
 
 fn embedding(env: &Env, op: &Op, weight: Weight) -> Result<Vec<Step>, String> {
@@ -2841,14 +2942,33 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
         ];
         let mut consts = consts;
         consts[0] = ("WG", 256.0);
-        return Ok(vec![
+        // Split's scratch, unused here, holds the matmuls' partial tiles where their K splits:
+        // the scores' summed by `probs` as it reads them, p·V's by `ksum`.
+        let room = scratch_bytes(env.graph, op, env.mem.max_binding)[0].min(env.mem.max_binding);
+        let score_parts = k_splits(&scores, room);
+        let mut mask_only = mask_only;
+        let scores_step = if score_parts > 1 {
+            consts.push(("SCORE_PARTS", score_parts as f64));
+            mask_only[0] = Res::Scratch(0);
+            matmul_parts(
+                env,
+                &scores,
+                Res::Scratch(0),
+                Res::Tensor(q),
+                Res::Tensor(k),
+                score_parts,
+            )?
+        } else {
             matmul_step(
                 env,
                 &scores,
                 Res::Scratch(1),
                 Res::Tensor(q),
                 Res::Tensor(k),
-            )?,
+            )?
+        };
+        return Ok(vec![
+            scores_step,
             step(
                 "sdpa",
                 "probs",
@@ -2858,8 +2978,17 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
                 mask_only,
                 env.grid(s * hq, bq),
             ),
-            matmul_step(env, &pv, Res::Tensor(out), Res::Scratch(1), Res::Tensor(v))?,
-        ]);
+        ]
+        .into_iter()
+        .chain(matmul_split_k(
+            env,
+            &pv,
+            Res::Tensor(out),
+            Res::Scratch(1),
+            Res::Tensor(v),
+            (Res::Scratch(0), room),
+        )?)
+        .collect());
     }
     if !split {
         return Ok(vec![step(
