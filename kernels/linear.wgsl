@@ -431,41 +431,56 @@ fn quad_dot(row: u32, quads: u32, i: u32, xs: array<vec4<f32>, 8>, sx: f32) -> f
 var<private> zp_x: f32;
 var<private> s_x: f32;
 
-// One row's share of quad i against int8 activations (without the row's scale s_x).
-fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) -> f32 {
+// A weight quad as integer dots take it: 4-bit nibbles masked into bytes (a pairs with x's
+// first word of 4, b with its second), or 8-bit bytes in a; the sum of its values; its group.
+struct WQuad {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    sn: i32,
+    g: u32,
+}
+
+fn wquad(row: u32, quads: u32, i: u32) -> WQuad {
     let q = w4[row * quads + i];
-    var sqn: i32;
-    var sn: i32;
-    var elems: f32;
+    var w: WQuad;
     if KIND == 1u {
         let m4 = 0x0f0f0f0fu;
-        let l0 = q.x & m4;
-        let h0 = (q.x >> 4u) & m4;
-        let l1 = q.y & m4;
-        let h1 = (q.y >> 4u) & m4;
-        let l2 = q.z & m4;
-        let h2 = (q.z >> 4u) & m4;
-        let l3 = q.w & m4;
-        let h3 = (q.w >> 4u) & m4;
-        sqn = dot4I8Packed(l0, xa.x) + dot4I8Packed(h0, xa.y) + dot4I8Packed(l1, xa.z)
-            + dot4I8Packed(h1, xa.w) + dot4I8Packed(l2, xb.x) + dot4I8Packed(h2, xb.y)
-            + dot4I8Packed(l3, xb.z) + dot4I8Packed(h3, xb.w);
+        w.a = vec4<u32>(q.x & m4, (q.x >> 4u) & m4, q.y & m4, (q.y >> 4u) & m4);
+        w.b = vec4<u32>(q.z & m4, (q.z >> 4u) & m4, q.w & m4, (q.w >> 4u) & m4);
         // Byte lanes of the sum stay below 8 · 15 = 120: no carries between them.
-        sn = i32(dot4U8Packed(l0 + h0 + l1 + h1 + l2 + h2 + l3 + h3, 0x01010101u));
-        elems = 32.0;
+        let all = w.a.x + w.a.y + w.a.z + w.a.w + w.b.x + w.b.y + w.b.z + w.b.w;
+        w.sn = i32(dot4U8Packed(all, 0x01010101u));
     } else {
-        sqn = dot4I8Packed(q.x, xa.x) + dot4I8Packed(q.y, xa.y) + dot4I8Packed(q.z, xa.z)
-            + dot4I8Packed(q.w, xa.w);
+        w.a = q;
         let ones = 0x01010101u;
-        sn = dot4I8Packed(q.x, ones) + dot4I8Packed(q.y, ones) + dot4I8Packed(q.z, ones)
+        w.sn = dot4I8Packed(q.x, ones) + dot4I8Packed(q.y, ones) + dot4I8Packed(q.z, ones)
             + dot4I8Packed(q.w, ones);
-        elems = 16.0;
     }
     let per_quad = select(16u, 32u, KIND == 1u);
-    let g = row * p.groups + i * per_quad / GROUP;
+    w.g = row * p.groups + i * per_quad / GROUP;
+    return w;
+}
+
+// One row's share of quad i against int8 activations (without the row's scale s_x).
+fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) -> f32 {
+    return wdot(wquad(row, quads, i), xa, xb, sq, zp_x);
+}
+
+// Weight quad w against int8 activations (xa, xb; their sum sq, zero point zp).
+fn wdot(w: WQuad, xa: vec4<u32>, xb: vec4<u32>, sq: f32, zp: f32) -> f32 {
+    var sqn = dot4I8Packed(w.a.x, xa.x) + dot4I8Packed(w.a.y, xa.y) + dot4I8Packed(w.a.z, xa.z)
+        + dot4I8Packed(w.a.w, xa.w);
+    var elems = 16.0;
+    if KIND == 1u {
+        sqn += dot4I8Packed(w.b.x, xb.x) + dot4I8Packed(w.b.y, xb.y) + dot4I8Packed(w.b.z, xb.z)
+            + dot4I8Packed(w.b.w, xb.w);
+        elems = 32.0;
+    }
+    let sn = w.sn;
+    let g = w.g;
     // Both sums are exact integers (below 2^24): Σ (q - zp)·n and Σ (q - zp).
-    let qn = f32(sqn) - zp_x * f32(sn);
-    let qs = sq - zp_x * elems;
+    let qn = f32(sqn) - zp * f32(sn);
+    let qs = sq - zp * elems;
     if KIND == 1u {
         // 4-bit weights are n = round(w / s) + 8 with bias b = -8s: subtracting 8 Σ (q - zp)
         // in integers leaves one rounding, where s·Σ(q-zp)·n + b·Σ(q-zp) rounds two products
@@ -491,6 +506,10 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
           @builtin(local_invocation_index) t: u32) {
     let pos = quad_grid(wg, nwg);
     let wgi = pos.x;
+    if XROWS > 1u {
+        x_rows(wgi, pos.y * XROWS, t);
+        return;
+    }
     let m = pos.y;
     var chained: array<vec4<u32>, 2>;
     if CHAIN_X {
@@ -502,6 +521,146 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         return;
     }
     store_rows(wgi, m, t, s);
+}
+
+// Rows of x a workgroup takes (INT_X, a prompt; not CHAIN_X, NORM_X): each weight quad, loaded
+// and unpacked once, meets up to 4 rows of x, and each x word up to RPT weight rows, from
+// registers: one row of x a workgroup loaded every weight quad and its scale again for each row.
+override XROWS: u32 = 1u;
+
+// The x words of quad i of x row `xr` (clamped to the rows there are), and their sum.
+struct XQuad {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    sq: f32,
+}
+
+fn xquad(xr: u32, i: u32) -> XQuad {
+    let xw = select(1u, 2u, KIND == 1u);
+    let at = min(xr, p.m - 1u) * p.k / 16u + i * xw;
+    var x: XQuad;
+    x.a = xu4[at];
+    if KIND == 1u {
+        x.b = xu4[at + 1u];
+    }
+    let ones = 0x01010101u;
+    x.sq = f32(dot4I8Packed(x.a.x, ones) + dot4I8Packed(x.a.y, ones) + dot4I8Packed(x.a.z, ones)
+        + dot4I8Packed(x.a.w, ones) + dot4I8Packed(x.b.x, ones) + dot4I8Packed(x.b.y, ones)
+        + dot4I8Packed(x.b.z, ones) + dot4I8Packed(x.b.w, ones));
+    return x;
+}
+
+// x row xr's (scale, zero point), from act_quant_packed's words after all M rows.
+fn x_params(xr: u32) -> vec2<f32> {
+    let pr = p.m * p.k / 4u + 2u * min(xr, p.m - 1u);
+    return vec2<f32>(bitcast<f32>(xu4[pr / 4u][pr % 4u]),
+                     bitcast<f32>(xu4[(pr + 1u) / 4u][(pr + 1u) % 4u]));
+}
+
+// Weight quads w0..w3 (RPT of them) against x quad x: the team rows' shares, added to acc.
+fn rows_dot(acc: vec4<f32>, w0: WQuad, w1: WQuad, w2: WQuad, w3: WQuad, x: XQuad,
+            zp: f32) -> vec4<f32> {
+    var a = acc;
+    a.x += wdot(w0, x.a, x.b, x.sq, zp);
+    if RPT > 1u {
+        a.y += wdot(w1, x.a, x.b, x.sq, zp);
+    }
+    if RPT > 2u {
+        a.z += wdot(w2, x.a, x.b, x.sq, zp);
+        a.w += wdot(w3, x.a, x.b, x.sq, zp);
+    }
+    return a;
+}
+
+// `matvec` for x rows m0.. (XROWS of them: 2, 4 or 8): every team's sums of each, stored.
+fn x_rows(wgi: u32, m0: u32, t: u32) {
+    let lane = t % TEAM;
+    let team = wgi * (WG / TEAM) + t / TEAM;
+    let quads = p.k / select(16u, 32u, KIND == 1u);
+    let last = p.n - 1u;
+    var r = vec4<u32>(min(team * RPT, last), min(team * RPT + 1u, last),
+                      min(team * RPT + 2u, last), min(team * RPT + 3u, last));
+    if GLU {
+        let g0 = team * (RPT / 2u);
+        let hl = p.split - 1u;
+        if RPT == 2u {
+            r.x = min(g0, hl);
+            r.y = p.split + r.x;
+        } else {
+            r.x = min(g0, hl);
+            r.y = min(g0 + 1u, hl);
+            r.z = p.split + r.x;
+            r.w = p.split + r.y;
+        }
+    }
+    // Accumulators by constant index only (indexed by a loop variable they may leave
+    // registers): the rows' blocks below are written out. x_params: (scale, zero point).
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
+    let x0 = x_params(m0);
+    let x1 = x_params(m0 + 1u);
+    let x2 = x_params(m0 + 2u);
+    let x3 = x_params(m0 + 3u);
+    let x4 = x_params(m0 + 4u);
+    let x5 = x_params(m0 + 5u);
+    let x6 = x_params(m0 + 6u);
+    let x7 = x_params(m0 + 7u);
+    for (var i = lane; i < quads; i += TEAM) {
+        let w0 = wquad(r.x, quads, i);
+        var w1 = w0;
+        var w2 = w0;
+        var w3 = w0;
+        if RPT > 1u {
+            w1 = wquad(r.y, quads, i);
+        }
+        if RPT > 2u {
+            w2 = wquad(r.z, quads, i);
+            w3 = wquad(r.w, quads, i);
+        }
+        a0 = rows_dot(a0, w0, w1, w2, w3, xquad(m0, i), x0.y);
+        a1 = rows_dot(a1, w0, w1, w2, w3, xquad(m0 + 1u, i), x1.y);
+        if XROWS > 2u {
+            a2 = rows_dot(a2, w0, w1, w2, w3, xquad(m0 + 2u, i), x2.y);
+            a3 = rows_dot(a3, w0, w1, w2, w3, xquad(m0 + 3u, i), x3.y);
+        }
+        if XROWS > 4u {
+            a4 = rows_dot(a4, w0, w1, w2, w3, xquad(m0 + 4u, i), x4.y);
+            a5 = rows_dot(a5, w0, w1, w2, w3, xquad(m0 + 5u, i), x5.y);
+            a6 = rows_dot(a6, w0, w1, w2, w3, xquad(m0 + 6u, i), x6.y);
+            a7 = rows_dot(a7, w0, w1, w2, w3, xquad(m0 + 7u, i), x7.y);
+        }
+    }
+    x_store(wgi, m0, t, team_sum(a0, t, lane), x0.x);
+    x_store(wgi, m0 + 1u, t, team_sum(a1, t, lane), x1.x);
+    if XROWS > 2u {
+        x_store(wgi, m0 + 2u, t, team_sum(a2, t, lane), x2.x);
+        x_store(wgi, m0 + 3u, t, team_sum(a3, t, lane), x3.x);
+    }
+    if XROWS > 4u {
+        x_store(wgi, m0 + 4u, t, team_sum(a4, t, lane), x4.x);
+        x_store(wgi, m0 + 5u, t, team_sum(a5, t, lane), x5.x);
+        x_store(wgi, m0 + 6u, t, team_sum(a6, t, lane), x6.x);
+        x_store(wgi, m0 + 7u, t, team_sum(a7, t, lane), x7.x);
+    }
+}
+
+// Team sums s of x row m (scale sx) stored, as `matvec` stores one row's.
+fn x_store(wgi: u32, m: u32, t: u32, s: vec4<f32>, sx: f32) {
+    if m >= p.m {
+        return;
+    }
+    s_x = sx;
+    if GLU {
+        glu_store(wgi, m, t, s);
+    } else {
+        store_rows(wgi, m, t, s);
+    }
 }
 
 // The team's sums of its rows (`team_sums`) stored as output rows of x row m.

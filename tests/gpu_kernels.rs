@@ -1470,6 +1470,54 @@ fn paired_gate_up_linears_store_their_chain() {
     }
 }
 
+/// A prompt's int8 quad mat-vec taking 2, 4 or 8 rows of x a workgroup (each weight quad loaded
+/// once for all of them) gives the bits of one row a workgroup, for 4- and 8-bit weights, with
+/// biases, rows past the last group of x, a gate/up pair storing its chain, and with and without
+/// subgroups; and the CPU's results.
+#[test]
+fn prompt_mat_vecs_taking_several_rows_of_x_give_the_same_bits() {
+    use pteria::ir::ActQuant;
+    let mut rng = Rng::new(29);
+    let ones = fused_and_apart(ContextOptions {
+        matvec_x_rows: Some(1),
+        ..Default::default()
+    });
+    for x_rows in [2, 4, 8] {
+        let several = |no_subgroups| {
+            open(ContextOptions {
+                matvec_x_rows: Some(x_rows),
+                no_subgroups,
+                ..Default::default()
+            })
+        };
+        let pairs: Vec<_> = (ones.iter())
+            .filter_map(|(_, one, name)| Some((several(!name.is_empty())?, one.clone(), *name)))
+            .collect();
+        for (m, k, n) in [(5usize, 256usize, 40usize), (21, 512, 300)] {
+            for (w, bias) in [
+                (Weight::Q4 { group: 128 }, false),
+                (Weight::Q8 { group: 64 }, true),
+            ] {
+                let t = linear_graph(&mut rng, w, m, k, n, bias, ActQuant::Torchao);
+                for (fused, one, name) in &pairs {
+                    let what = format!("{m}x{k}->{n} {w:?} bias {bias}, {x_rows} rows of x{name}");
+                    same_bits_fused_and_apart(fused, one, &what, &t);
+                }
+            }
+            let mut t = T::default();
+            let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+            let q4 = (Weight::Q4 { group: 128 }, ActQuant::Torchao);
+            let y = gate_up(&mut t, &mut rng, x, [m, k, n], q4, false);
+            t.out(y);
+            pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
+            for (fused, one, name) in &pairs {
+                let what = format!("{m}x{k} gate/up of {n}, {x_rows} rows of x{name}");
+                same_bits_fused_and_apart(fused, one, &what, &t);
+            }
+        }
+    }
+}
+
 /// A linear quantizing a decode row that a gate/up mat-vec's chain or a split attention stores
 /// takes the row's range from the producer's stores (`act_quant_ranged`, no pass over the row
 /// first): the same bits as the pass, and the CPU's values, by torchao's and XNNPACK's rounding

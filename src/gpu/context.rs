@@ -165,6 +165,9 @@ pub struct ContextOptions {
     /// `QUAD_MATVEC_MAX_M`, which `None` means), tiled past them. Tests lower it, so that both
     /// kernels run at small sizes.
     pub quad_matvec_rows: Option<usize>,
+    /// Rows of x every workgroup of a prompt's quad mat-vec takes (1, 2, 4 or 8); `None`: as
+    /// many as the prompt's rows call for (`ops::x_rows`). Tests compare.
+    pub matvec_x_rows: Option<usize>,
     /// Store at most this many sampling candidates a call (at most `candidates::CAPACITY`, which
     /// `None` means): tests lower it so that a small vocabulary's candidates overflow.
     pub candidate_capacity: Option<usize>,
@@ -234,6 +237,7 @@ pub struct Context {
     f16_kv_cache: bool,
     host_gather_min_bytes: u64,
     quad_matvec_rows: usize,
+    matvec_x_rows: Option<usize>,
     candidate_capacity: usize,
     poll_outputs: bool,
     /// The planner's fusions, decided once from the options and the device's limits.
@@ -387,6 +391,9 @@ impl Context {
                 .map_or(super::ops::QUAD_MATVEC_MAX_M, |r| {
                     r.min(super::ops::QUAD_MATVEC_MAX_M)
                 }),
+            matvec_x_rows: opts
+                .matvec_x_rows
+                .map(|r| r.clamp(1, 8).next_power_of_two()),
             host_gather_min_bytes: opts
                 .host_gather_min_bytes
                 .unwrap_or(super::host_gather::DEFAULT_MIN_BYTES),
@@ -494,6 +501,11 @@ impl Context {
     /// Rows of x up to which quantized linears run as mat-vecs (`ContextOptions::quad_matvec_rows`).
     pub(crate) fn quad_matvec_rows(&self) -> usize {
         self.quad_matvec_rows
+    }
+
+    /// Rows of x a prompt's quad mat-vec workgroup takes, if fixed (`ContextOptions::matvec_x_rows`).
+    pub(crate) fn matvec_x_rows(&self) -> Option<usize> {
+        self.matvec_x_rows
     }
 
     /// The smallest gather table kept in host memory (`ContextOptions::host_gather_min_bytes`).

@@ -71,6 +71,8 @@ pub(crate) struct Env<'a> {
     pub max_workgroup_bytes: u32,
     /// Rows of x up to which a quantized linear of 16-byte quads runs as the mat-vec.
     pub quad_rows: usize,
+    /// Rows of x a prompt's quad mat-vec workgroup takes, if fixed (else `x_rows`).
+    pub x_rows: Option<usize>,
     /// Per tensor root: the root whose storage holds its values in this call (a view op's
     /// output reads its input's, a select's from an offset; `views`), else itself.
     pub view_of: &'a [TensorId],
@@ -1280,9 +1282,11 @@ fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, u
     let quads = k / per_quad;
     if n <= SIZED_ROWS && m > 1 {
         // A prompt: teams of 4 weight rows, so each lane has 4 rows' loads in flight, widened
-        // until the grid holds about `MULTI_LANES` invocations.
+        // until the grid holds about `MULTI_LANES` invocations (for each group of `x_rows`);
+        // from `NARROW_M` rows teams stay 4 lanes wide.
         let mut team = 4;
-        while team < 256 && team < quads && n.div_ceil(4) * team * 2 <= MULTI_LANES {
+        while m < NARROW_M && team < 256 && team < quads && n.div_ceil(4) * team * 2 <= MULTI_LANES
+        {
             team *= 2;
         }
         return Some((team, team.max(128), 4));
@@ -1323,6 +1327,30 @@ fn quad_matvec(weight: Weight, k: usize, n: usize, m: usize) -> Option<(usize, u
 /// 28.25-28.27 against 28.35-28.49, 512 81.56-81.92 against 81.52-81.72, 1023 158.1-158.2
 /// against 157.5-157.6. At 6144, 16 tokens took 14.2 ms; at 24576, 512 took 85.6.
 const MULTI_LANES: usize = 12_288;
+
+/// Rows of x each workgroup of a prompt's int8 quad mat-vec takes (linear.wgsl `XROWS`): each
+/// weight quad, loaded and unpacked once, meets them all from registers. One for every 8 rows
+/// of the prompt, a power of two up to 8, so that a short prompt still spreads over the GPU.
+/// H100, TTFT of the E2B-shaped program (2 runs each) with 1 / 2 / 4 / 8 rows a workgroup: 16
+/// tokens 7.08 / 7.06-7.49 / 7.42-7.53 / 8.15-8.64 ms, 32 10.88-11.03 / 10.18-10.31 /
+/// 9.99-10.25 / 10.23-10.65, 64 16.0-16.6 / 14.0-14.2 / 13.5-13.95 / 13.6, 128 26.0-27.0 /
+/// 21.7-21.8 / 20.8-21.0 / 20.0-20.3, 256 44.7-45.0 / 37.2-37.3 / 35.0-35.1 / 33.2-33.6, 512
+/// 83.1-83.3 / 67.0-67.5 / 63.0-63.8 / 59.0-60.1, 1023 160.3-160.8 / 128.9-129.3 /
+/// 120.3-125.7 / 111.8-112.2.
+pub(crate) fn x_rows(m: usize) -> usize {
+    let r = (m / 8).clamp(1, 8);
+    if r.is_power_of_two() {
+        r
+    } else {
+        r.next_power_of_two() / 2
+    }
+}
+
+/// Rows of x from which a prompt's quad mat-vec teams stay 4 lanes wide: the grid is big enough
+/// with 8 rows of x a workgroup. H100, TTFT of the E2B-shaped program, teams of 4 against the
+/// `MULTI_LANES` sizing (8 rows a workgroup): 256 tokens 32.1 ms against 33.2-33.6, 512 56.6
+/// against 59.0-60.1, 1023 106.3 against 111.8-112.2; 128 21.4 against 20.0-20.3.
+const NARROW_M: usize = 256;
 
 /// Rows up to which `quad_matvec` sizes for latency (more, an LM head, read for bandwidth).
 const SIZED_ROWS: usize = 65536;
@@ -2416,8 +2444,14 @@ fn linear(
             // Rows of x first (linear.wgsl `quad_grid`): the rows that one block of weights
             // serves run next to each other, so that its loads serve them all from the cache
             // (m is at most QUAD_MATVEC_MAX_M, far below any device's grid limit).
+            let xrows = if int_x && m > 1 && entry == "matvec" && loaded.is_none() {
+                env.x_rows.unwrap_or_else(|| x_rows(m))
+            } else {
+                1
+            };
+            consts.push(("XROWS", xrows as f64));
             let g = env.grid(groups, 1);
-            let grid = [m as u32, g[0], g[1]];
+            let grid = [m.div_ceil(xrows) as u32, g[0], g[1]];
             steps.push(step(
                 if normed.is_some() {
                     "linear_norm"
