@@ -463,7 +463,37 @@ fn wquad(row: u32, quads: u32, i: u32) -> WQuad {
 
 // One row's share of quad i against int8 activations (without the row's scale s_x).
 fn int_dot(row: u32, quads: u32, i: u32, xa: vec4<u32>, xb: vec4<u32>, sq: f32) -> f32 {
-    return wdot(wquad(row, quads, i), xa, xb, sq, zp_x);
+    let q = w4[row * quads + i];
+    var sqn: i32;
+    var sn: i32;
+    var elems: f32;
+    if KIND == 1u {
+        let m4 = 0x0f0f0f0fu;
+        let l0 = q.x & m4;
+        let h0 = (q.x >> 4u) & m4;
+        let l1 = q.y & m4;
+        let h1 = (q.y >> 4u) & m4;
+        let l2 = q.z & m4;
+        let h2 = (q.z >> 4u) & m4;
+        let l3 = q.w & m4;
+        let h3 = (q.w >> 4u) & m4;
+        sqn = dot4I8Packed(l0, xa.x) + dot4I8Packed(h0, xa.y) + dot4I8Packed(l1, xa.z)
+            + dot4I8Packed(h1, xa.w) + dot4I8Packed(l2, xb.x) + dot4I8Packed(h2, xb.y)
+            + dot4I8Packed(l3, xb.z) + dot4I8Packed(h3, xb.w);
+        // Byte lanes of the sum stay below 8 · 15 = 120: no carries between them.
+        sn = i32(dot4U8Packed(l0 + h0 + l1 + h1 + l2 + h2 + l3 + h3, 0x01010101u));
+        elems = 32.0;
+    } else {
+        sqn = dot4I8Packed(q.x, xa.x) + dot4I8Packed(q.y, xa.y) + dot4I8Packed(q.z, xa.z)
+            + dot4I8Packed(q.w, xa.w);
+        let ones = 0x01010101u;
+        sn = dot4I8Packed(q.x, ones) + dot4I8Packed(q.y, ones) + dot4I8Packed(q.z, ones)
+            + dot4I8Packed(q.w, ones);
+        elems = 16.0;
+    }
+    let per_quad = select(16u, 32u, KIND == 1u);
+    let g = row * p.groups + i * per_quad / GROUP;
+    return int_sums(sqn, sn, g, sq, zp_x, elems);
 }
 
 // Weight quad w against int8 activations (xa, xb; their sum sq, zero point zp).
@@ -476,8 +506,12 @@ fn wdot(w: WQuad, xa: vec4<u32>, xb: vec4<u32>, sq: f32, zp: f32) -> f32 {
             + dot4I8Packed(w.b.w, xb.w);
         elems = 32.0;
     }
-    let sn = w.sn;
-    let g = w.g;
+    return int_sums(sqn, w.sn, w.g, sq, zp, elems);
+}
+
+// Quad group g's share from the integer sums Σ q·n (sqn) and Σ n (sn) and x's sum sq, zero
+// point zp, over `elems` elements.
+fn int_sums(sqn: i32, sn: i32, g: u32, sq: f32, zp: f32, elems: f32) -> f32 {
     // Both sums are exact integers (below 2^24): Σ (q - zp)·n and Σ (q - zp).
     let qn = f32(sqn) - zp * f32(sn);
     let qs = sq - zp * elems;
