@@ -433,6 +433,8 @@ var<private> s_x: f32;
 
 // A weight quad as integer dots take it: 4-bit nibbles masked into bytes (a pairs with x's
 // first word of 4, b with its second), or 8-bit bytes in a; the sum of its values; its group.
+// `int_dot` unpacks the same way inline: through this struct the E2B-shaped decode step took
+// 2394 µs against 2347 (H100).
 struct WQuad {
     a: vec4<u32>,
     b: vec4<u32>,
