@@ -542,10 +542,6 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
           @builtin(local_invocation_index) t: u32) {
     let pos = quad_grid(wg, nwg);
     let wgi = pos.x;
-    if XROWS > 1u {
-        x_rows(wgi, pos.y * XROWS, t);
-        return;
-    }
     let m = pos.y;
     var chained: array<vec4<u32>, 2>;
     if CHAIN_X {
@@ -559,10 +555,19 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     store_rows(wgi, m, t, s);
 }
 
-// Rows of x a workgroup takes (INT_X, a prompt; not CHAIN_X, NORM_X): each weight quad, loaded
-// and unpacked once, meets up to 4 rows of x, and each x word up to RPT weight rows, from
-// registers: one row of x a workgroup loaded every weight quad and its scale again for each row.
+// `matvec_rows`: rows of x a workgroup takes (2, 4 or 8; INT_X, a prompt; not CHAIN_X, NORM_X).
+// Each weight quad, loaded and unpacked once, meets every one of them, and each x word up to RPT
+// weight rows, from registers: one row of x a workgroup loaded every weight quad and its scale
+// again for each row.
 override XROWS: u32 = 1u;
+
+// `matvec` over XROWS rows of x a workgroup: its own entry point, so that a recording names it.
+@compute @workgroup_size(WG)
+fn matvec_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) t: u32) {
+    let pos = quad_grid(wg, nwg);
+    x_rows(pos.x, pos.y * XROWS, t);
+}
 
 // The x words of quad i of x row `xr` (clamped to the rows there are), and their sum.
 struct XQuad {
@@ -613,22 +618,7 @@ fn x_rows(wgi: u32, m0: u32, t: u32) {
     let lane = t % TEAM;
     let team = wgi * (WG / TEAM) + t / TEAM;
     let quads = p.k / select(16u, 32u, KIND == 1u);
-    let last = p.n - 1u;
-    var r = vec4<u32>(min(team * RPT, last), min(team * RPT + 1u, last),
-                      min(team * RPT + 2u, last), min(team * RPT + 3u, last));
-    if GLU {
-        let g0 = team * (RPT / 2u);
-        let hl = p.split - 1u;
-        if RPT == 2u {
-            r.x = min(g0, hl);
-            r.y = p.split + r.x;
-        } else {
-            r.x = min(g0, hl);
-            r.y = min(g0 + 1u, hl);
-            r.z = p.split + r.x;
-            r.w = p.split + r.y;
-        }
-    }
+    let r = team_rows(team);
     // Accumulators by constant index only (indexed by a loop variable they may leave
     // registers): the rows' blocks below are written out. x_params: (scale, zero point).
     var a0 = vec4<f32>(0.0);
@@ -817,6 +807,31 @@ fn pack_chain_row(lo: vec4<f32>, hi: vec4<f32>, t: u32) {
 }
 
 // The team's sums of its RPT rows (every invocation calls it: barriers), as lanes of a vec4.
+// The weight rows team `team` owns (RPT of 4 slots used). Rows past the chunk repeat its last
+// row (no branch in the loop); only valid rows are written. Teams past the end still take part
+// in the reduction's barriers. GLU: rows g0.. of the first half (p.split rows) in the first
+// RPT / 2 slots, the same rows of the second half in the others.
+fn team_rows(team: u32) -> vec4<u32> {
+    let row0 = team * RPT;
+    let last = p.n - 1u;
+    var r = vec4<u32>(min(row0, last), min(row0 + 1u, last), min(row0 + 2u, last),
+                      min(row0 + 3u, last));
+    if GLU {
+        let g0 = team * (RPT / 2u);
+        let hl = p.split - 1u;
+        if RPT == 2u {
+            r.x = min(g0, hl);
+            r.y = p.split + r.x;
+        } else {
+            r.x = min(g0, hl);
+            r.y = min(g0 + 1u, hl);
+            r.z = p.split + r.x;
+            r.w = p.split + r.y;
+        }
+    }
+    return r;
+}
+
 fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32> {
     let lane = t % TEAM;
     let team = wgi * (WG / TEAM) + t / TEAM;
@@ -825,28 +840,11 @@ fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32
     let xq = select(select(1u, 4u, KIND == 2u), 8u, KIND == 1u);
     let quads = p.k / (xq * 4u);
     let xrow = m * p.k / 4u;
-    // Rows past the chunk repeat its last row (no branch in the loop); only valid rows are
-    // written. Teams past the end still take part in the reduction's barriers.
-    let last = p.n - 1u;
-    var r0 = min(row0, last);
-    var r1 = min(row0 + 1u, last);
-    var r2 = min(row0 + 2u, last);
-    var r3 = min(row0 + 3u, last);
-    // GLU: rows g0.. of the first half (p.split rows) in the first RPT / 2 slots, the same rows
-    // of the second half in the others.
-    let g0 = team * (RPT / 2u);
-    if GLU {
-        let hl = p.split - 1u;
-        if RPT == 2u {
-            r0 = min(g0, hl);
-            r1 = p.split + r0;
-        } else {
-            r0 = min(g0, hl);
-            r1 = min(g0 + 1u, hl);
-            r2 = p.split + r0;
-            r3 = p.split + r1;
-        }
-    }
+    let rows = team_rows(team);
+    let r0 = rows.x;
+    let r1 = rows.y;
+    let r2 = rows.z;
+    let r3 = rows.w;
     var acc = vec4<f32>(0.0);
     if INT_X {
         // 16 x bytes per vec4 word: 2 words per 4-bit quad, 1 per 8-bit quad.
@@ -858,9 +856,9 @@ fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32
             xa = chained[0];
             xb = chained[1];
         } else if !NORM_X {
-            let pr = p.m * p.k / 4u + 2u * m;
-            zp_x = bitcast<f32>(xu4[(pr + 1u) / 4u][(pr + 1u) % 4u]);
-            s_x = bitcast<f32>(xu4[pr / 4u][pr % 4u]);
+            let xp = x_params(m);
+            s_x = xp.x;
+            zp_x = xp.y;
         }
         for (var i = lane; i < quads; i += TEAM) {
             if NORM_X {

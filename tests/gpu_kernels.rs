@@ -1501,7 +1501,7 @@ fn prompt_mat_vecs_taking_several_rows_of_x_give_the_same_bits() {
                 let t = linear_graph(&mut rng, w, m, k, n, bias, ActQuant::Torchao);
                 for (fused, one, name) in &pairs {
                     let what = format!("{m}x{k}->{n} {w:?} bias {bias}, {x_rows} rows of x{name}");
-                    same_bits_fused_and_apart(fused, one, &what, &t);
+                    same_bits_several_and_one(fused, one, &what, &t);
                 }
             }
             let mut t = T::default();
@@ -1512,10 +1512,24 @@ fn prompt_mat_vecs_taking_several_rows_of_x_give_the_same_bits() {
             pteria::ir::passes::fuse_elementwise_chains(&mut t.g);
             for (fused, one, name) in &pairs {
                 let what = format!("{m}x{k} gate/up of {n}, {x_rows} rows of x{name}");
-                same_bits_fused_and_apart(fused, one, &what, &t);
+                same_bits_several_and_one(fused, one, &what, &t);
             }
         }
     }
+}
+
+/// `same_bits_fused_and_apart` for `several` rows of x a mat-vec workgroup against `one`: the
+/// first ran `matvec_rows`, the second never.
+fn same_bits_several_and_one(several: &Arc<Context>, one: &Arc<Context>, what: &str, t: &T) {
+    same_bits_fused_and_apart(several, one, what, t);
+    let entries = |c: &Arc<Context>| {
+        let mut gpu = GpuExecutor::new(c.clone(), t.g.clone()).unwrap();
+        gpu.run(&values(&t.inputs)).unwrap();
+        gpu.last_entries()
+    };
+    let rows = |e: &[String]| e.iter().any(|e| e.ends_with(":matvec_rows"));
+    assert!(rows(&entries(several)), "{what}: {:?}", entries(several));
+    assert!(!rows(&entries(one)), "{what}: {:?}", entries(one));
 }
 
 /// A linear quantizing a decode row that a gate/up mat-vec's chain or a split attention stores
@@ -2127,7 +2141,8 @@ fn prompts_run_their_linears_as_mat_vecs_up_to_the_default_rows() {
         return;
     };
     let mut rng = Rng::new(71);
-    for (m, entry) in [(max, "linear:matvec"), (max + 1, "linear:tiled")] {
+    // A prompt's mat-vec takes several rows of x a workgroup (`matvec_rows`).
+    for (m, entry) in [(max, "linear:matvec_rows"), (max + 1, "linear:tiled")] {
         let t = linear_graph(
             &mut rng,
             Weight::Q4 { group: 128 },

@@ -2434,22 +2434,27 @@ fn linear(
                 ),
             ]);
             let groups = nc.div_ceil(wg / team * rpt);
+            // A prompt's rows of x, several a workgroup (`matvec_rows`) where x is int8 rows
+            // the mat-vec reads as they are.
+            let plain = range.is_none() && normed.is_none() && loaded.is_none();
+            let xrows = if plain && int_x && m > 1 {
+                env.x_rows.unwrap_or_else(|| x_rows(m))
+            } else {
+                1
+            };
             let entry = if range.is_some() {
                 "matvec_ranged"
             } else if normed.is_some() {
                 "matvec_normed"
+            } else if xrows > 1 {
+                consts.push(("XROWS", xrows as f64));
+                "matvec_rows"
             } else {
                 "matvec"
             };
             // Rows of x first (linear.wgsl `quad_grid`): the rows that one block of weights
             // serves run next to each other, so that its loads serve them all from the cache
             // (m is at most QUAD_MATVEC_MAX_M, far below any device's grid limit).
-            let xrows = if int_x && m > 1 && entry == "matvec" && loaded.is_none() {
-                env.x_rows.unwrap_or_else(|| x_rows(m))
-            } else {
-                1
-            };
-            consts.push(("XROWS", xrows as f64));
             let g = env.grid(groups, 1);
             let grid = [m.div_ceil(xrows) as u32, g[0], g[1]];
             steps.push(step(
@@ -2981,28 +2986,21 @@ fn sdpa(env: &Env, node: usize, op: &Op, at: Attn) -> Result<Vec<Step>, String> 
         let room = scratch_bytes(env.graph, op, env.mem.max_binding)[0].min(env.mem.max_binding);
         let score_parts = k_splits(&scores, room);
         let mut mask_only = mask_only;
-        let scores_step = if score_parts > 1 {
+        let mut scores_out = Res::Scratch(1);
+        if score_parts > 1 {
             consts.push(("SCORE_PARTS", score_parts as f64));
             mask_only[0] = Res::Scratch(0);
+            scores_out = Res::Scratch(0);
+        }
+        return Ok(vec![
             matmul_parts(
                 env,
                 &scores,
-                Res::Scratch(0),
+                scores_out,
                 Res::Tensor(q),
                 Res::Tensor(k),
                 score_parts,
-            )?
-        } else {
-            matmul_step(
-                env,
-                &scores,
-                Res::Scratch(1),
-                Res::Tensor(q),
-                Res::Tensor(k),
-            )?
-        };
-        return Ok(vec![
-            scores_step,
+            )?,
             step(
                 "sdpa",
                 "probs",
