@@ -29,6 +29,10 @@ pub struct Args {
     /// Kernels: leave subgroup operations off (the shared-memory reduction paths).
     #[arg(long)]
     no_subgroups: bool,
+    /// Kernels: rows of x each linear takes (1: the decode mat-vec; more: a prompt's linear,
+    /// whose table adds its rate in tera-operations a second, a multiply-add being two).
+    #[arg(long, default_value_t = 1)]
+    rows: usize,
     /// Program: prompt tokens in the prefill call.
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
@@ -977,6 +981,7 @@ fn kernels(a: &Args) -> Result<()> {
     )?);
     let mut opts = KernelBenchOptions {
         bytes: a.mib << 20,
+        rows: a.rows.max(1),
         ..Default::default()
     };
     if !a.shapes.is_empty() {
@@ -1004,16 +1009,16 @@ fn kernels(a: &Args) -> Result<()> {
     if !json {
         eprintln!("{}", ctx.adapter());
         println!(
-            "{:>6} {:>7} {:>12} {:>6} {:>9} {:>8} {:>7}",
-            "K", "N", "weights", "layers", "us", "GB/s", "stream%"
+            "{:>5} {:>6} {:>7} {:>12} {:>6} {:>9} {:>8} {:>7} {:>6}",
+            "M", "K", "N", "weights", "layers", "us", "GB/s", "stream%", "TOPS"
         );
     }
     let row = |r: &MatVecResult| {
         if !json {
             let name = r.case.name();
             println!(
-                "{:>6} {:>7} {:>12} {:>6} {:>9.2} {:>8.0} {:>6.1}%",
-                r.k, r.n, name, r.layers, r.us, r.gb_per_s, r.pct_of_stream
+                "{:>5} {:>6} {:>7} {:>12} {:>6} {:>9.2} {:>8.0} {:>6.1}% {:>6.1}",
+                r.m, r.k, r.n, name, r.layers, r.us, r.gb_per_s, r.pct_of_stream, r.tops
             );
         }
     };

@@ -97,6 +97,8 @@ pub struct KernelBenchOptions {
     pub copy_bytes: u64,
     /// GPU time each measurement aims to span.
     pub seconds: f64,
+    /// Rows of x each linear takes: 1 for the decode mat-vec, more for a prompt's.
+    pub rows: usize,
 }
 
 impl Default for KernelBenchOptions {
@@ -107,12 +109,15 @@ impl Default for KernelBenchOptions {
             bytes: 256 << 20,
             copy_bytes: 256 << 20,
             seconds: 0.2,
+            rows: 1,
         }
     }
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MatVecResult {
+    /// Rows of x.
+    pub m: usize,
     pub k: usize,
     pub n: usize,
     #[serde(flatten)]
@@ -126,6 +131,8 @@ pub struct MatVecResult {
     pub gb_per_s: f64,
     /// `gb_per_s` against the streaming copy's.
     pub pct_of_stream: f64,
+    /// Multiply-adds of the linear, two operations each, in 10^12 a second.
+    pub tops: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -315,6 +322,7 @@ fn negations(ctx: &Arc<Context>, seconds: f64, chained: bool) -> Result<f64, Gpu
 /// One case: `layers` mat-vecs 1×K → N, each with its own weight buffers, in one graph.
 fn matvec_case(
     ctx: &Arc<Context>,
+    m: usize,
     k: usize,
     n: usize,
     case: WeightCase,
@@ -347,7 +355,7 @@ fn matvec_case(
     for l in 0..layers {
         // An input per layer: linears of one input would quantize it once (memory.rs), and each
         // 8da4w decode linear of the benchmark is to pay for its own quantization.
-        let x = g.add_tensor(format!("x{l}"), DType::F32, vec![1, k], Role::Input(l));
+        let x = g.add_tensor(format!("x{l}"), DType::F32, vec![m, k], Role::Input(l));
         g.inputs.push(Io::Tensor(x));
         let mut ins = vec![x];
         match w {
@@ -383,7 +391,7 @@ fn matvec_case(
                 ));
             }
         }
-        let y = g.add_tensor(format!("y{l}"), DType::F32, vec![1, n], Role::Activation);
+        let y = g.add_tensor(format!("y{l}"), DType::F32, vec![m, n], Role::Activation);
         g.op(
             OpKind::Linear {
                 weight: w,
@@ -400,10 +408,10 @@ fn matvec_case(
         return Err(GpuError::Device("a benchmark case without layers".into()));
     };
     g.outputs.push(last);
-    let data = floats(k, 6, -1.0, 2.0);
+    let data = floats(m * k, 6, -1.0, 2.0);
     let inputs: Vec<InputValue> = (0..layers)
         .map(|_| InputValue::Tensor {
-            shape: vec![1, k],
+            shape: vec![m, k],
             data: &data,
         })
         .collect();
@@ -454,9 +462,11 @@ pub fn kernel_bench(
     let mut rows = Vec::new();
     for &case in &opts.weights {
         for &(k, n) in &opts.shapes {
-            let (layers, bytes, s) = matvec_case(ctx, k, n, case, opts.bytes, opts.seconds)?;
+            let m = opts.rows;
+            let (layers, bytes, s) = matvec_case(ctx, m, k, n, case, opts.bytes, opts.seconds)?;
             let bw = bytes as f64 / s;
             let r = MatVecResult {
+                m,
                 k,
                 n,
                 case,
@@ -465,6 +475,7 @@ pub fn kernel_bench(
                 us: s * 1e6,
                 gb_per_s: bw / 1e9,
                 pct_of_stream: 100.0 * bw / stream,
+                tops: 2.0 * (m * k * n) as f64 / s / 1e12,
             };
             progress(&r);
             rows.push(r);
