@@ -1415,3 +1415,252 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         y[m * p.ldy + p.n0 + row0 + r] = v;
     }
 }
+
+// ---- igemm: a prompt's int8 activations (act_quant_packed) × 4/8-bit weights, tiled ----
+// A workgroup of 128 owns 64 rows of x by 64 weight rows (GLU: 32 rows of each half), each
+// invocation 8 rows of x by 4 weight rows: every x word and weight word it loads from workgroup
+// memory serves 4 or 8 integer dot products (the prompt mat-vec's lanes load each x word from
+// the cache for every weight row, and unpack each weight word for every row of x). K goes
+// through workgroup memory IK elements at a time (a group, or 128 elements of a longer one),
+// k-major as vec4s of 4 rows, so that an invocation's rows are one load; 4-bit weights are
+// unpacked into bytes as they are stored, once a workgroup. Each group's sums are exact
+// integers, Σ q·n, Σ q and Σ n (the last two from the tiles' stores), whose float terms are
+// `int_sums`' (the same values), added in K order. Needs GROUP % 32 == 0 and GROUP % IK == 0
+// (src/gpu/ops.rs `int_gemm`). The grid is (x row tiles, weight row tiles): the tiles that one
+// block of weights serves run together, so that it comes from memory once.
+override IK: u32 = 128u;
+
+// (Sized for IK = 128: arrays sized by an expression of an override made naga 30 panic.)
+// x words and weight bytes by word: [IK / 4 words][16 quads of rows].
+var<workgroup> ig_x: array<vec4<u32>, 512>;
+var<workgroup> ig_w: array<vec4<u32>, 512>;
+// Σ q of each 16 x elements and Σ n of each 32 (4-bit) or 16 (8-bit) weights, as the tiles.
+var<workgroup> ig_sq: array<vec4<i32>, 128>;
+var<workgroup> ig_sn: array<vec4<i32>, 128>;
+// This invocation's share of the next slice, loaded while it computes the one in workgroup
+// memory.
+var<private> ig_px: array<vec4<u32>, 4>;
+var<private> ig_pw: array<vec4<u32>, 4>;
+
+// Weight row of tile column c (of 64) in weight tile nt: GLU puts rows g, g + 1 of both halves
+// in each quad of columns, so that one invocation holds both of its chain's inputs.
+fn ig_row(nt: u32, c: u32) -> u32 {
+    if GLU {
+        let g = min(nt * 32u + (c / 4u) * 2u + c % 2u, p.split - 1u);
+        return select(g, p.split + g, c % 4u >= 2u);
+    }
+    return min(nt * 64u + c, p.n - 1u);
+}
+
+// vec4 words of x and of packed weights in a slice (64 rows each).
+fn ig_xwords() -> u32 {
+    return 4u * IK;
+}
+fn ig_wwords() -> u32 {
+    return select(4u * IK, 2u * IK, KIND == 1u);
+}
+
+fn ig_load(m0: u32, nt: u32, k0: u32, t: u32) {
+    for (var j = 0u; j < 4u; j++) {
+        // Consecutive invocations take consecutive rows: their stores below hit distinct banks.
+        let e = t + 128u * j;
+        if e < ig_xwords() {
+            let r = min(m0 + e % 64u, p.m - 1u);
+            ig_px[j] = xu4[(r * p.k + k0) / 16u + e / 64u];
+        }
+        if e < ig_wwords() {
+            let per = select(16u, 32u, KIND == 1u);
+            ig_pw[j] = w4[(ig_row(nt, e % 64u) * p.k + k0) / per + e / 64u];
+        }
+    }
+}
+
+fn ig_store(t: u32) {
+    let ones = 0x01010101u;
+    let m4 = 0x0f0f0f0fu;
+    for (var j = 0u; j < 4u; j++) {
+        let e = t + 128u * j;
+        let r = e % 64u;
+        let c = e / 64u;
+        if e < ig_xwords() {
+            let v = ig_px[j];
+            for (var i = 0u; i < 4u; i++) {
+                ig_x[(4u * c + i) * 16u + r / 4u][r % 4u] = v[i];
+            }
+            ig_sq[c * 16u + r / 4u][r % 4u] = dot4I8Packed(v.x, ones) + dot4I8Packed(v.y, ones)
+                + dot4I8Packed(v.z, ones) + dot4I8Packed(v.w, ones);
+        }
+        if e < ig_wwords() {
+            let v = ig_pw[j];
+            var sn: i32;
+            if KIND == 1u {
+                // Word i's low nibbles meet x word 2i, its high ones x word 2i + 1.
+                for (var i = 0u; i < 4u; i++) {
+                    ig_w[(8u * c + 2u * i) * 16u + r / 4u][r % 4u] = v[i] & m4;
+                    ig_w[(8u * c + 2u * i + 1u) * 16u + r / 4u][r % 4u] = (v[i] >> 4u) & m4;
+                }
+                // Byte lanes of the sum stay below 8 · 15 = 120: no carries between them.
+                let all = (v.x & m4) + ((v.x >> 4u) & m4) + (v.y & m4) + ((v.y >> 4u) & m4)
+                    + (v.z & m4) + ((v.z >> 4u) & m4) + (v.w & m4) + ((v.w >> 4u) & m4);
+                sn = i32(dot4U8Packed(all, ones));
+            } else {
+                for (var i = 0u; i < 4u; i++) {
+                    ig_w[(4u * c + i) * 16u + r / 4u][r % 4u] = v[i];
+                }
+                sn = dot4I8Packed(v.x, ones) + dot4I8Packed(v.y, ones) + dot4I8Packed(v.z, ones)
+                    + dot4I8Packed(v.w, ones);
+            }
+            ig_sn[c * 16u + r / 4u][r % 4u] = sn;
+        }
+    }
+}
+
+// Σ q·n of one x word a against 4 weight rows' byte words w, added to s by weight row.
+fn ig_dot(s: vec4<i32>, w: vec4<u32>, a: u32) -> vec4<i32> {
+    return s + vec4<i32>(dot4I8Packed(w.x, a), dot4I8Packed(w.y, a), dot4I8Packed(w.z, a),
+                         dot4I8Packed(w.w, a));
+}
+
+// One group's terms of an x row (its Σ q, zero point) against the 4 weight rows (Σ q·n in s,
+// Σ n in sn, scales sc, groups g), as `int_sums` forms them.
+fn ig_group(acc: vec4<f32>, s: vec4<i32>, sn: vec4<i32>, sq: i32, zp: f32, sc: vec4<f32>,
+            g: vec4<u32>) -> vec4<f32> {
+    let qn = vec4<f32>(s) - zp * vec4<f32>(sn);
+    let qs = f32(sq) - zp * f32(GROUP);
+    if KIND == 1u {
+        if DERIVED_BIAS {
+            return acc + sc * (qn - 8.0 * qs);
+        }
+        let b = vec4<f32>(biases[g.x], biases[g.y], biases[g.z], biases[g.w]);
+        return acc + (sc * (qn - 8.0 * qs) + (b + 8.0 * sc) * qs);
+    }
+    let b = vec4<f32>(bias_at(g.x), bias_at(g.y), bias_at(g.z), bias_at(g.w));
+    return acc + (sc * qn + b * qs);
+}
+
+// x row m's outputs for the invocation's 4 weight rows (tile columns c0..c0 + 4) stored, or
+// their chains (GLU).
+fn ig_put(m: u32, nt: u32, c0: u32, v: vec4<f32>) {
+    if m >= p.m {
+        return;
+    }
+    if GLU {
+        for (var j = 0u; j < 2u; j++) {
+            let g = nt * 32u + c0 / 2u + j;
+            if g < p.split {
+                let ins = vec3<f32>(select(v[j + 2u], v[j], GLU_FIRST),
+                                    select(v[j], v[j + 2u], GLU_FIRST), 0.0);
+                y[m * p.ldy + g] = apply_chain(ins.x, ins, p.words);
+            }
+        }
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let row = nt * 64u + c0 + j;
+        if row < p.n {
+            var o = v[j];
+            if HAS_BIAS {
+                o += bias[p.n0 + row];
+            }
+            put(m, row, o);
+        }
+    }
+}
+
+@compute @workgroup_size(128)
+fn igemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let m0 = wg.x * 64u;
+    let nt = wg.y;
+    let tx = t % 16u;
+    let ty = t / 16u;
+    let xp0 = x_params(m0 + ty * 8u + 0u);
+    let xp1 = x_params(m0 + ty * 8u + 1u);
+    let xp2 = x_params(m0 + ty * 8u + 2u);
+    let xp3 = x_params(m0 + ty * 8u + 3u);
+    let xp4 = x_params(m0 + ty * 8u + 4u);
+    let xp5 = x_params(m0 + ty * 8u + 5u);
+    let xp6 = x_params(m0 + ty * 8u + 6u);
+    let xp7 = x_params(m0 + ty * 8u + 7u);
+    let wrow = vec4<u32>(ig_row(nt, tx * 4u), ig_row(nt, tx * 4u + 1u), ig_row(nt, tx * 4u + 2u),
+                         ig_row(nt, tx * 4u + 3u));
+    // Float sums (a) and the group's integer ones (s) by x row, each by weight row.
+    var a0 = vec4<f32>(0.0);
+    var s0 = vec4<i32>(0);
+    var a1 = vec4<f32>(0.0);
+    var s1 = vec4<i32>(0);
+    var a2 = vec4<f32>(0.0);
+    var s2 = vec4<i32>(0);
+    var a3 = vec4<f32>(0.0);
+    var s3 = vec4<i32>(0);
+    var a4 = vec4<f32>(0.0);
+    var s4 = vec4<i32>(0);
+    var a5 = vec4<f32>(0.0);
+    var s5 = vec4<i32>(0);
+    var a6 = vec4<f32>(0.0);
+    var s6 = vec4<i32>(0);
+    var a7 = vec4<f32>(0.0);
+    var s7 = vec4<i32>(0);
+    var sq0 = vec4<i32>(0);
+    var sq1 = vec4<i32>(0);
+    var sn = vec4<i32>(0);
+    ig_load(m0, nt, 0u, t);
+    for (var k0 = 0u; k0 < p.k; k0 += IK) {
+        ig_store(t);
+        workgroupBarrier();
+        if k0 + IK < p.k {
+            ig_load(m0, nt, k0 + IK, t);
+        }
+        for (var j = 0u; j < IK / 4u; j++) {
+            let wv = ig_w[j * 16u + tx];
+            let x0 = ig_x[j * 16u + 2u * ty];
+            let x1 = ig_x[j * 16u + 2u * ty + 1u];
+            s0 = ig_dot(s0, wv, x0.x);
+            s1 = ig_dot(s1, wv, x0.y);
+            s2 = ig_dot(s2, wv, x0.z);
+            s3 = ig_dot(s3, wv, x0.w);
+            s4 = ig_dot(s4, wv, x1.x);
+            s5 = ig_dot(s5, wv, x1.y);
+            s6 = ig_dot(s6, wv, x1.z);
+            s7 = ig_dot(s7, wv, x1.w);
+        }
+        for (var c = 0u; c < IK / 16u; c++) {
+            sq0 += ig_sq[c * 16u + 2u * ty];
+            sq1 += ig_sq[c * 16u + 2u * ty + 1u];
+        }
+        for (var c = 0u; c < select(IK / 16u, IK / 32u, KIND == 1u); c++) {
+            sn += ig_sn[c * 16u + tx];
+        }
+        if (k0 + IK) % GROUP == 0u {
+            let g = wrow * p.groups + vec4<u32>(k0 / GROUP);
+            let sc = vec4<f32>(scales[g.x], scales[g.y], scales[g.z], scales[g.w]);
+            a0 = ig_group(a0, s0, sn, sq0.x, xp0.y, sc, g);
+            s0 = vec4<i32>(0);
+            a1 = ig_group(a1, s1, sn, sq0.y, xp1.y, sc, g);
+            s1 = vec4<i32>(0);
+            a2 = ig_group(a2, s2, sn, sq0.z, xp2.y, sc, g);
+            s2 = vec4<i32>(0);
+            a3 = ig_group(a3, s3, sn, sq0.w, xp3.y, sc, g);
+            s3 = vec4<i32>(0);
+            a4 = ig_group(a4, s4, sn, sq1.x, xp4.y, sc, g);
+            s4 = vec4<i32>(0);
+            a5 = ig_group(a5, s5, sn, sq1.y, xp5.y, sc, g);
+            s5 = vec4<i32>(0);
+            a6 = ig_group(a6, s6, sn, sq1.z, xp6.y, sc, g);
+            s6 = vec4<i32>(0);
+            a7 = ig_group(a7, s7, sn, sq1.w, xp7.y, sc, g);
+            s7 = vec4<i32>(0);
+            sq0 = vec4<i32>(0);
+            sq1 = vec4<i32>(0);
+            sn = vec4<i32>(0);
+        }
+        workgroupBarrier();
+    }
+    ig_put(m0 + ty * 8u + 0u, nt, tx * 4u, a0 * xp0.x);
+    ig_put(m0 + ty * 8u + 1u, nt, tx * 4u, a1 * xp1.x);
+    ig_put(m0 + ty * 8u + 2u, nt, tx * 4u, a2 * xp2.x);
+    ig_put(m0 + ty * 8u + 3u, nt, tx * 4u, a3 * xp3.x);
+    ig_put(m0 + ty * 8u + 4u, nt, tx * 4u, a4 * xp4.x);
+    ig_put(m0 + ty * 8u + 5u, nt, tx * 4u, a5 * xp5.x);
+    ig_put(m0 + ty * 8u + 6u, nt, tx * 4u, a6 * xp6.x);
+    ig_put(m0 + ty * 8u + 7u, nt, tx * 4u, a7 * xp7.x);
+}

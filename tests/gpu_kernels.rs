@@ -2161,6 +2161,100 @@ fn prompts_run_their_linears_as_mat_vecs_up_to_the_default_rows() {
     }
 }
 
+/// A prompt's linears of int8 activations (torchao's rounding) and 4/8-bit weights run as the
+/// tiled integer GEMM (`igemm`) from `int_gemm_rows` rows of x: the CPU's values for groups of
+/// 32 to 256 (past one 128-element slice), rows of x and weights not multiples of its 64-row
+/// tiles, biases, weights split past the binding limit, pairs and triples of linears of one input
+/// and a gate/up pair storing its chain (gelu of either half).
+#[test]
+fn prompt_linears_run_as_the_integer_gemm() {
+    use pteria::ir::ActQuant;
+    let gemm = |max_storage_binding| {
+        open(ContextOptions {
+            int_gemm_rows: Some(2),
+            max_storage_binding,
+            ..Default::default()
+        })
+    };
+    let (Some(ctx), Some(small)) = (gemm(None), gemm(Some(64 << 10))) else {
+        return;
+    };
+    let ran = |gpu: &GpuExecutor, what: &str| {
+        let e = gpu.last_entries();
+        assert!(e.iter().any(|e| e.ends_with(":igemm")), "{what}: {e:?}");
+        assert!(
+            !e.iter()
+                .any(|e| e.contains("matvec") || e.ends_with(":tiled")),
+            "{what}: {e:?}"
+        );
+    };
+    let mut rng = Rng::new(73);
+    for (w, m, k, n, bias) in [
+        (Weight::Q4 { group: 128 }, 70, 256, 65, true),
+        (Weight::Q4 { group: 32 }, 3, 96, 37, false),
+        (Weight::Q4 { group: 256 }, 64, 512, 100, false),
+        (Weight::Q4 { group: 128 }, 2, 1536, 300, false),
+        (Weight::Q8 { group: 64 }, 65, 192, 130, true),
+        (Weight::Q8 { group: 32 }, 130, 64, 64, false),
+        (Weight::Q8 { group: 128 }, 17, 256, 5, false),
+    ] {
+        let t = linear_graph(&mut rng, w, m, k, n, bias, ActQuant::Torchao);
+        let what = format!("igemm {w:?} {m}x{k}->{n} bias={bias}");
+        ran(&check_on(ctx.clone(), &what, &t, TOL, 0.05), &what);
+    }
+    // Split by rows: 64 KiB holds 512 rows of 256 4-bit weights.
+    let t = linear_graph(
+        &mut rng,
+        Weight::Q4 { group: 128 },
+        9,
+        256,
+        1200,
+        true,
+        ActQuant::Torchao,
+    );
+    let gpu = check_on(small.clone(), "igemm split", &t, TOL, 0.05);
+    ran(&gpu, "igemm split");
+    for (m, k) in [(5usize, 256usize), (66, 512)] {
+        let mut t = T::default();
+        let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+        let q4 = Weight::Q4 { group: 128 };
+        let cases = [
+            (q4, ActQuant::Torchao, 80),
+            (q4, ActQuant::Torchao, 16),
+            (q4, ActQuant::Torchao, 16),
+        ];
+        linears_of(&mut t, &mut rng, x, [m, k], &cases);
+        let what = format!("igemm q/k/v of {m}x{k}");
+        let gpu = check_on(ctx.clone(), &what, &t, TOL, 0.05);
+        ran(&gpu, &what);
+        // One quantization and one GEMM for the three.
+        assert_eq!(gpu.stats().last_dispatches, 2, "{what}");
+        for (wf, n) in [(q4, 40), (Weight::Q8 { group: 64 }, 67)] {
+            for gelu_second in [false, true] {
+                let mut t = T::default();
+                let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+                let y = gate_up(
+                    &mut t,
+                    &mut rng,
+                    x,
+                    [m, k, n],
+                    (wf, ActQuant::Torchao),
+                    gelu_second,
+                );
+                t.out(y);
+                assert_eq!(pteria::ir::passes::fuse_elementwise_chains(&mut t.g), 1);
+                let what = format!(
+                    "igemm gate/up {wf:?} of {m}x{k}->{n}, gelu of the second {gelu_second}"
+                );
+                let gpu = check_on(ctx.clone(), &what, &t, TOL, 0.05);
+                ran(&gpu, &what);
+                // The chain is stored by the GEMM: a quantization and the GEMM.
+                assert_eq!(gpu.stats().last_dispatches, 2, "{what}");
+            }
+        }
+    }
+}
+
 #[test]
 fn linear_at_gemma_e2b_sizes_matches_cpu() {
     let mut rng = Rng::new(6);
