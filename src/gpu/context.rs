@@ -168,10 +168,6 @@ pub struct ContextOptions {
     /// Rows of x every workgroup of a prompt's quad mat-vec takes (1, 2, 4 or 8); `None`: as
     /// many as the prompt's rows call for (`ops::x_rows`). Tests compare.
     pub matvec_x_rows: Option<usize>,
-    /// Run linears of int8 activations (torchao's rounding) and 4/8-bit weights as the tiled
-    /// integer GEMM (`igemm`) from this many rows of x on; `None`: `ops::INT_GEMM_MIN_M`, or
-    /// `PTERIA_INT_GEMM_ROWS` (for benchmark sweeps). Tests lower it.
-    pub int_gemm_rows: Option<usize>,
     /// Store at most this many sampling candidates a call (at most `candidates::CAPACITY`, which
     /// `None` means): tests lower it so that a small vocabulary's candidates overflow.
     pub candidate_capacity: Option<usize>,
@@ -242,7 +238,6 @@ pub struct Context {
     host_gather_min_bytes: u64,
     quad_matvec_rows: usize,
     matvec_x_rows: Option<usize>,
-    int_gemm_rows: usize,
     candidate_capacity: usize,
     poll_outputs: bool,
     /// The planner's fusions, decided once from the options and the device's limits.
@@ -399,12 +394,6 @@ impl Context {
             matvec_x_rows: opts
                 .matvec_x_rows
                 .map(|r| r.clamp(1, 8).next_power_of_two()),
-            int_gemm_rows: opts.int_gemm_rows.unwrap_or_else(|| {
-                std::env::var("PTERIA_INT_GEMM_ROWS")
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(super::ops::INT_GEMM_MIN_M)
-            }),
             host_gather_min_bytes: opts
                 .host_gather_min_bytes
                 .unwrap_or(super::host_gather::DEFAULT_MIN_BYTES),
@@ -512,11 +501,6 @@ impl Context {
     /// Rows of x up to which quantized linears run as mat-vecs (`ContextOptions::quad_matvec_rows`).
     pub(crate) fn quad_matvec_rows(&self) -> usize {
         self.quad_matvec_rows
-    }
-
-    /// Rows of x from which linears run as the int8 GEMM (`ContextOptions::int_gemm_rows`).
-    pub(crate) fn int_gemm_rows(&self) -> usize {
-        self.int_gemm_rows
     }
 
     /// Rows of x a prompt's quad mat-vec workgroup takes, if fixed (`ContextOptions::matvec_x_rows`).

@@ -1303,7 +1303,6 @@ impl GpuExecutor {
                 max_workgroup_bytes: self.ctx.limits().max_compute_workgroup_storage_size,
                 quad_rows: self.ctx.quad_matvec_rows(),
                 x_rows: self.ctx.matvec_x_rows(),
-                gemm_rows: self.ctx.int_gemm_rows(),
                 view_of: &self.view_of,
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {

@@ -19,7 +19,7 @@ pub use context::{AdapterSummary, Context, ContextOptions};
 pub use executor::{ExecutorStats, GpuExecutor, HostTimes, OpTime, ReplayTiming};
 pub use host_gather::host_gathered_tables;
 pub use memory::MemoryReport;
-pub use ops::{INT_GEMM_MIN_M, QUAD_MATVEC_MAX_M, SPLIT_MAX_S, SPLIT_MAX_S_ALL_ROWS};
+pub use ops::{QUAD_MATVEC_MAX_M, SPLIT_MAX_S, SPLIT_MAX_S_ALL_ROWS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {

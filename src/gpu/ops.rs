@@ -73,8 +73,6 @@ pub(crate) struct Env<'a> {
     pub quad_rows: usize,
     /// Rows of x a prompt's quad mat-vec workgroup takes, if fixed (else `x_rows`).
     pub x_rows: Option<usize>,
-    /// Rows of x from which int8-activation linears run as the integer GEMM (`int_gemm`).
-    pub gemm_rows: usize,
     /// Per tensor root: the root whose storage holds its values in this call (a view op's
     /// output reads its input's, a select's from an offset; `views`), else itself.
     pub view_of: &'a [TensorId],
@@ -1854,25 +1852,6 @@ const MATVEC_MAX_M: usize = 8;
 /// 195.8). Longer calls, unmeasured, stay tiled.
 pub const QUAD_MATVEC_MAX_M: usize = 1024;
 
-/// Rows of x from which a linear of int8 activations (torchao's rounding) and 4/8-bit weights
-/// runs as the tiled integer GEMM (linear.wgsl `igemm`) rather than the quad mat-vec.
-pub const INT_GEMM_MIN_M: usize = 256;
-
-/// Whether a linear runs as the tiled integer GEMM: dynamic int8 activations by torchao's
-/// rounding (XNNPACK's keep their exact GEMM), 4/8-bit weights whose groups hold whole 32-element
-/// slices (`IK`, at most 128), and at least `Env::gemm_rows` rows of x.
-fn int_gemm(env: &Env, weight: Weight, act_quant: crate::ir::ActQuant, k: usize, m: usize) -> bool {
-    let group = match weight {
-        Weight::Q4 { group } | Weight::Q8 { group } => group,
-        Weight::F32 => return false,
-    };
-    act_quant == crate::ir::ActQuant::Torchao
-        && m >= env.gemm_rows.max(2)
-        && group % 32 == 0
-        && (group <= 128 || group % 128 == 0)
-        && k % group == 0
-}
-
 /// Whether a linear of `m` rows of x (k → n) runs as a mat-vec rather than tiled.
 fn matvec_rows(env: &Env, weight: Weight, k: usize, n: usize, m: usize) -> bool {
     let quad = !matches!(weight, Weight::F32) && quad_matvec(weight, k, n, 1).is_some();
@@ -1887,20 +1866,15 @@ pub(crate) fn glu_fused<'a>(env: &'a Env, lead: usize) -> Option<(usize, &'a [Ch
     let c = env.mem.glu_chain.get(lead).copied().flatten()?;
     let second = env.mem.partner.get(lead).copied().flatten()?;
     let (op, op2, chain) = (env.op(lead)?, env.op(second)?, env.op(c)?);
-    let (
-        OpKind::Linear {
-            weight, act_quant, ..
-        },
-        OpKind::ElementwiseChain { steps },
-    ) = (&op.kind, &chain.kind)
+    let (OpKind::Linear { weight, .. }, OpKind::ElementwiseChain { steps }) =
+        (&op.kind, &chain.kind)
     else {
         return None;
     };
     let k = *env.shape(op.inputs[0]).last()?;
     let m = env.numel(op.inputs[0]).checked_div(k)?;
     let rows = env.shape(op.outputs[0]).last()? + env.shape(op2.outputs[0]).last()?;
-    let fused = int_gemm(env, *weight, *act_quant, k, m)
-        || (matvec_rows(env, *weight, k, rows, m) && quad_matvec(*weight, k, rows, m).is_some());
+    let fused = matvec_rows(env, *weight, k, rows, m) && quad_matvec(*weight, k, rows, m).is_some();
     fused.then_some((c, steps.as_slice(), chain.inputs[0] == op.outputs[0]))
 }
 
@@ -1917,11 +1891,10 @@ fn int_x(
     let kind_q = !matches!(weight, Weight::F32);
     let matvec = matvec_rows(env, weight, k, n, m);
     let xnn_exact = act_quant == crate::ir::ActQuant::Xnnpack && kind_q;
-    int_gemm(env, weight, act_quant, k, m)
-        || (act_quant != crate::ir::ActQuant::None
-            && kind_q
-            && ((matvec && quad_matvec(weight, k, n, 1).is_some())
-                || (xnn_exact && matvec_aligned(weight, k))))
+    act_quant != crate::ir::ActQuant::None
+        && kind_q
+        && ((matvec && quad_matvec(weight, k, n, 1).is_some())
+            || (xnn_exact && matvec_aligned(weight, k)))
 }
 
 /// A linear's weight format, activation quantization and rows (m of k, n out) in this call,
@@ -2221,8 +2194,7 @@ fn linear(
     }
     let mut steps = Vec::new();
     let mut xsrc = Res::Tensor(x);
-    let gemm = int_gemm(env, weight, act_quant, k, m);
-    let matvec = !gemm && matvec_rows(env, weight, k, nn, m);
+    let matvec = matvec_rows(env, weight, k, nn, m);
     // XNNPACK's qd8 GEMMs are reproduced bit for bit (any M): a deep 8da4w model turns a
     // last-bit difference into a flipped activation rounding a few layers on.
     let xnn_exact = act_quant == crate::ir::ActQuant::Xnnpack && kind != 0;
@@ -2410,26 +2382,6 @@ fn linear(
                 inputs,
                 env.grid(nc.div_ceil(xr), m.div_ceil(xm)),
             ));
-        } else if gemm {
-            // 64 rows of x by 64 weight rows a workgroup (GLU: 32 of each half, storing their
-            // chain), K through workgroup memory a group (at most 128 elements) at a time.
-            let (mut p, mut y, mut tiles) = (p, Res::Tensor(out), nc.div_ceil(64));
-            if let Some((c, chain, first)) = second.and_then(|_| glu_fused(env, node)) {
-                let (q, cc) = chain_steps(p.u(0), chain);
-                p = q;
-                consts.extend(cc);
-                consts.extend([("GLU", 1.0), ("GLU_FIRST", b(first))]);
-                y = Res::Tensor(env.op(c).ok_or("a fused chain is not an op")?.outputs[0]);
-                tiles = nn.div_ceil(32);
-            }
-            consts.push(("IK", group.min(128) as f64));
-            let grid = [m.div_ceil(64) as u32, tiles as u32, 1];
-            if grid[0] > env.max_groups || grid[1] > env.max_groups {
-                return Err(format!(
-                    "linear of {m}x{k} by {nn} rows needs too many workgroups"
-                ));
-            }
-            steps.push(step(kernel, "igemm", consts, p, y, inputs, grid));
         } else if let Some((team, wg, mut rpt)) = quad {
             // Storing a chain of the pair's two outputs: a team owns rows of both halves.
             let glu = second.and_then(|_| glu_fused(env, node));
