@@ -29,9 +29,16 @@ fn kernel_bench_reports_every_shape_and_format() {
         "256x64,384x40",
         "--weights",
         "f32,q4g32,q4g128dq8",
+        "--rows",
+        "2",
     ]);
     assert!(ok, "{err}");
     let v = json(&out);
+    let (dots, fmas) = (
+        v["arith"]["dots_per_s"].as_f64().unwrap(),
+        v["arith"]["fmas_per_s"].as_f64().unwrap(),
+    );
+    assert!(dots > 0.0 && fmas > 0.0, "{v}");
     assert!(v["stream_gb_per_s"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["dependent_dispatch_us"].as_f64().unwrap() > 0.0, "{v}");
     // On Vulkan the driver's own chains ran too; the probe fails unless the chain with barriers
@@ -90,6 +97,22 @@ fn kernel_bench_reports_every_shape_and_format() {
         let pct = 100.0 * gbs / v["stream_gb_per_s"].as_f64().unwrap();
         assert!(
             (r["pct_of_stream"].as_f64().unwrap() - pct).abs() < 1e-6 * pct,
+            "{r}"
+        );
+        // Two rows of x: 2·K·N multiply-adds, against four a dot product (int8 activations) or
+        // one an f32 multiply-add.
+        assert_eq!(r["m"].as_u64(), Some(2), "{r}");
+        let macs = (2 * k * n) as f64 / (us * 1e-6);
+        let tops = r["tops"].as_f64().unwrap();
+        assert!((tops - 2.0 * macs / 1e12).abs() <= 1e-6 * tops, "{r}");
+        let peak = if r["dynamic_int8"].as_bool().unwrap() {
+            4.0 * dots
+        } else {
+            fmas
+        };
+        let pct = 100.0 * macs / peak;
+        assert!(
+            (r["pct_of_arith"].as_f64().unwrap() - pct).abs() <= 1e-6 * pct,
             "{r}"
         );
     }

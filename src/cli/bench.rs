@@ -1009,16 +1009,25 @@ fn kernels(a: &Args) -> Result<()> {
     if !json {
         eprintln!("{}", ctx.adapter());
         println!(
-            "{:>5} {:>6} {:>7} {:>12} {:>6} {:>9} {:>8} {:>7} {:>6}",
-            "M", "K", "N", "weights", "layers", "us", "GB/s", "stream%", "TOPS"
+            "{:>5} {:>6} {:>7} {:>12} {:>6} {:>9} {:>8} {:>7} {:>6} {:>6}",
+            "M", "K", "N", "weights", "layers", "us", "GB/s", "stream%", "TOPS", "arith%"
         );
     }
     let row = |r: &MatVecResult| {
         if !json {
             let name = r.case.name();
             println!(
-                "{:>5} {:>6} {:>7} {:>12} {:>6} {:>9.2} {:>8.0} {:>6.1}% {:>6.1}",
-                r.m, r.k, r.n, name, r.layers, r.us, r.gb_per_s, r.pct_of_stream, r.tops
+                "{:>5} {:>6} {:>7} {:>12} {:>6} {:>9.2} {:>8.0} {:>6.1}% {:>6.1} {:>5.1}%",
+                r.m,
+                r.k,
+                r.n,
+                name,
+                r.layers,
+                r.us,
+                r.gb_per_s,
+                r.pct_of_stream,
+                r.tops,
+                r.pct_of_arith
             );
         }
     };
@@ -1046,6 +1055,14 @@ fn kernels(a: &Args) -> Result<()> {
         println!(
             "a dispatch that waits for the one before: {:.2} us; one that waits for nothing: {:.2} us",
             report.dependent_dispatch_us, report.independent_dispatch_us
+        );
+        println!(
+            "integer dot products of 4 int8 pairs (dot4I8Packed): {:.2} T/s ({:.1} TOPS, a \
+             multiply-add two); f32 multiply-adds: {:.2} T/s ({:.1} TFLOPS)",
+            report.arith.dots_per_s / 1e12,
+            8.0 * report.arith.dots_per_s / 1e12,
+            report.arith.fmas_per_s / 1e12,
+            2.0 * report.arith.fmas_per_s / 1e12
         );
         match (&report.raw_vulkan, &report.raw_vulkan_error) {
             (Some(r), _) => println!(

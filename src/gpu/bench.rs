@@ -133,6 +133,9 @@ pub struct MatVecResult {
     pub pct_of_stream: f64,
     /// Multiply-adds of the linear, two operations each, in 10^12 a second.
     pub tops: f64,
+    /// `tops` against the device's integer dot products (quantized weights with int8
+    /// activations) or f32 multiply-adds (the others; `arith_rates`).
+    pub pct_of_arith: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -154,6 +157,8 @@ pub struct KernelReport {
     pub raw_vulkan: Option<RawDispatch>,
     pub raw_vulkan_error: Option<String>,
     pub matvec: Vec<MatVecResult>,
+    /// The device's integer dot product and f32 multiply-add rates (`arith_rates`).
+    pub arith: ArithRates,
     pub attention: Vec<AttnResult>,
     /// A barrier across one dispatch's workgroups (`grid_barrier`), by grid size.
     pub grid_barrier: Vec<GridBarrierResult>,
@@ -444,6 +449,7 @@ pub fn kernel_bench(
             )),
         )
     };
+    let arith = arith_rates(ctx)?;
     let mut attention = Vec::new();
     for &(s, d, window, start) in &ATTN_CASES {
         attention.push(attention_case(ctx, s, d, window, start, opts.seconds)?);
@@ -476,6 +482,15 @@ pub fn kernel_bench(
                 gb_per_s: bw / 1e9,
                 pct_of_stream: 100.0 * bw / stream,
                 tops: 2.0 * (m * k * n) as f64 / s / 1e12,
+                pct_of_arith: {
+                    // Multiply-adds a second: four a dot product.
+                    let peak = if case.dynamic_int8 {
+                        4.0 * arith.dots_per_s
+                    } else {
+                        arith.fmas_per_s
+                    };
+                    100.0 * (m * k * n) as f64 / s / peak
+                },
             };
             progress(&r);
             rows.push(r);
@@ -492,6 +507,7 @@ pub fn kernel_bench(
         raw_vulkan,
         raw_vulkan_error,
         matvec: rows,
+        arith,
         attention,
         grid_barrier: grid,
     })
@@ -640,35 +656,10 @@ pub fn grid_barrier_run(
             },
         ],
     });
-    let stamps = ctx
-        .has_timestamps()
-        .then(|| super::executor::Stamps::new(ctx, 2));
-    let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-    {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes: stamps.as_ref().map(|s| s.writes(0)),
-        });
-        pass.set_pipeline(&pipe.pipeline);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(workgroups, 1, 1);
-    }
-    enc.copy_buffer_to_buffer(&sync, 0, &read, 0, 16);
-    if let Some(s) = &stamps {
-        s.resolve(&mut enc);
-    }
-    let t0 = std::time::Instant::now();
-    ctx.queue.submit([enc.finish()]);
+    let seconds = timed_dispatch(ctx, &pipe.pipeline, &bind, workgroups, |enc| {
+        enc.copy_buffer_to_buffer(&sync, 0, &read, 0, 16)
+    })?;
     let words: Vec<u32> = bytemuck::pod_collect_to_vec(&super::executor::read_back(ctx, &read)?);
-    let wall = t0.elapsed().as_secs_f64();
-    ctx.take_errors()?;
-    let seconds = match &stamps {
-        Some(s) => {
-            let t = s.read(ctx)?;
-            t[1].saturating_sub(t[0]) as f64 * ctx.queue.get_timestamp_period() as f64 * 1e-9
-        }
-        None => wall,
-    };
     let arrivals = words.first().copied().unwrap_or(0);
     let mut failures = words.get(1).copied().unwrap_or(u32::MAX);
     let stale = words.get(2).copied().unwrap_or(u32::MAX);
@@ -681,6 +672,121 @@ pub fn grid_barrier_run(
         failures,
         stale,
     })
+}
+
+/// Runs one dispatch of `workgroups` workgroups (`after` encodes what follows it in the same
+/// submit) and waits for it; returns its GPU time (timestamps where the device has them, else
+/// the wall clock around the submit and wait).
+fn timed_dispatch(
+    ctx: &Arc<Context>,
+    pipeline: &wgpu::ComputePipeline,
+    bind: &wgpu::BindGroup,
+    workgroups: u32,
+    after: impl FnOnce(&mut wgpu::CommandEncoder),
+) -> Result<f64, GpuError> {
+    let dev = &ctx.device;
+    let stamps = ctx
+        .has_timestamps()
+        .then(|| super::executor::Stamps::new(ctx, 2));
+    let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: stamps.as_ref().map(|s| s.writes(0)),
+        });
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, bind, &[]);
+        pass.dispatch_workgroups(workgroups, 1, 1);
+    }
+    after(&mut enc);
+    if let Some(s) = &stamps {
+        s.resolve(&mut enc);
+    }
+    let t0 = std::time::Instant::now();
+    ctx.queue.submit([enc.finish()]);
+    dev.poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| GpuError::Device(format!("waiting for a timed dispatch: {e}")))?;
+    let wall = t0.elapsed().as_secs_f64();
+    ctx.take_errors()?;
+    Ok(match &stamps {
+        Some(s) => {
+            let t = s.read(ctx)?;
+            t[1].saturating_sub(t[0]) as f64 * ctx.queue.get_timestamp_period() as f64 * 1e-9
+        }
+        None => wall,
+    })
+}
+
+/// Integer dot products of four int8 pairs (`dot4I8Packed`: DP4A where the GPU has it) and f32
+/// multiply-adds the device runs a second (`kernels/arith_probe.wgsl`): what a prompt's
+/// quantized linears, made of the first, and the tiled f32 ones, made of the second, could reach.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ArithRates {
+    pub dots_per_s: f64,
+    pub fmas_per_s: f64,
+}
+
+/// `ArithRates` on `ctx`: each probe's best of a few dispatches long enough to time.
+pub fn arith_rates(ctx: &Arc<Context>) -> Result<ArithRates, GpuError> {
+    Ok(ArithRates {
+        dots_per_s: arith_rate(ctx, "dots")?,
+        fmas_per_s: arith_rate(ctx, "fmas")?,
+    })
+}
+
+fn arith_rate(ctx: &Arc<Context>, entry: &'static str) -> Result<f64, GpuError> {
+    use super::context::Slot;
+    use wgpu::util::DeviceExt;
+    const WG: u32 = 256;
+    // Eight chains an invocation (the probe's), enough workgroups to fill any GPU.
+    let workgroups = ctx.max_workgroups().min(8192);
+    let _turn = ctx.turn();
+    let pipe = ctx.pipeline(
+        "arith_probe",
+        entry,
+        &[("WG", WG as f64)],
+        &[Slot::Uniform, Slot::Write],
+    )?;
+    let dev = &ctx.device;
+    let out = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("arith out"),
+        size: 4 * (workgroups * WG) as u64,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let run = |iters: u32| -> Result<f64, GpuError> {
+        let params = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("arith params"),
+            contents: bytemuck::cast_slice(&[iters, 0x5eed, 0, 0]),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.layout,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: params.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: out.as_entire_binding(),
+                },
+            ],
+        });
+        timed_dispatch(ctx, &pipe.pipeline, &bind, workgroups, |_| {})
+    };
+    // Grow the loop until a dispatch takes 20 ms (a CPU driver gets there at a few turns).
+    let mut iters = 4u32;
+    let mut s = run(iters)?;
+    while s < 0.02 && iters < 1 << 20 {
+        iters = (iters as f64 * (0.025 / s.max(1e-6)).clamp(2.0, 64.0)) as u32;
+        s = run(iters)?;
+    }
+    for _ in 0..3 {
+        s = s.min(run(iters)?);
+    }
+    Ok(8.0 * iters as f64 * (workgroups * WG) as f64 / s)
 }
 
 /// What one grid-wide barrier costs with `workgroups` workgroups of `wg` invocations, in

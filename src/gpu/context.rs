@@ -59,6 +59,8 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         "candidates" => include_str!("../../kernels/candidates.wgsl"),
         // A benchmark's, not an op's (src/gpu/bench.rs `grid_barrier`).
         "grid_barrier" => include_str!("../../kernels/grid_barrier.wgsl"),
+        // A benchmark's (src/gpu/bench.rs `arith_rate`).
+        "arith_probe" => include_str!("../../kernels/arith_probe.wgsl"),
         _ => return None,
     })
 }
