@@ -638,24 +638,7 @@ pub fn grid_barrier_run(
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
-    let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: None,
-        layout: &pipe.layout,
-        entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: params.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 1,
-                resource: sync.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 2,
-                resource: cells.as_entire_binding(),
-            },
-        ],
-    });
+    let bind = bind_in_order(ctx, &pipe.layout, &[&params, &sync, &cells]);
     let seconds = timed_dispatch(ctx, &pipe.pipeline, &bind, workgroups, |enc| {
         enc.copy_buffer_to_buffer(&sync, 0, &read, 0, 16)
     })?;
@@ -671,6 +654,25 @@ pub fn grid_barrier_run(
         seconds,
         failures,
         stale,
+    })
+}
+
+/// A bind group of whole `buffers` at bindings 0, 1, ... in order.
+fn bind_in_order(
+    ctx: &Context,
+    layout: &wgpu::BindGroupLayout,
+    buffers: &[&wgpu::Buffer],
+) -> wgpu::BindGroup {
+    let entries: Vec<wgpu::BindGroupEntry> = (buffers.iter().enumerate())
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: b.as_entire_binding(),
+        })
+        .collect();
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout,
+        entries: &entries,
     })
 }
 
@@ -760,27 +762,15 @@ fn arith_rate(ctx: &Arc<Context>, entry: &'static str) -> Result<f64, GpuError> 
             contents: bytemuck::cast_slice(&[iters, 0x5eed, 0, 0]),
             usage: wgpu::BufferUsages::UNIFORM,
         });
-        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipe.layout,
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: params.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: out.as_entire_binding(),
-                },
-            ],
-        });
+        let bind = bind_in_order(ctx, &pipe.layout, &[&params, &out]);
         timed_dispatch(ctx, &pipe.pipeline, &bind, workgroups, |_| {})
     };
-    // Grow the loop until a dispatch takes 20 ms (a CPU driver gets there at a few turns).
+    // Grow the loop until a dispatch takes 20 ms (a CPU driver gets there at a few turns; an
+    // H200 at about 16k). The cap keeps a timer that reads 0 from asking for minutes.
     let mut iters = 4u32;
     let mut s = run(iters)?;
-    while s < 0.02 && iters < 1 << 20 {
-        iters = (iters as f64 * (0.025 / s.max(1e-6)).clamp(2.0, 64.0)) as u32;
+    while s < 0.02 && iters < 1 << 16 {
+        iters = ((iters as f64 * (0.025 / s.max(1e-6)).clamp(2.0, 64.0)) as u32).min(1 << 16);
         s = run(iters)?;
     }
     for _ in 0..3 {
