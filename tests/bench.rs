@@ -134,6 +134,8 @@ fn kernel_bench_rejects_unknown_formats_and_shapes() {
     assert!(!ok && err.contains("unknown weight format `q3g7`"), "{err}");
     let (ok, _, err) = pteria(&["bench", "--kernels", "--shapes", "1536"]);
     assert!(!ok && err.contains("`1536` is not KxN"), "{err}");
+    let (ok, _, err) = pteria(&["bench", "--kernels", "--rows", "0"]);
+    assert!(!ok && err.contains("--rows must be at least 1"), "{err}");
 }
 
 fn check_program_report(v: &Value, gpu: bool) {

@@ -973,6 +973,9 @@ fn sample_cost(logits: &[f32]) -> Result<(f64, f64)> {
 }
 
 fn kernels(a: &Args) -> Result<()> {
+    if a.rows == 0 {
+        bail!("--rows must be at least 1");
+    }
     let ctx = Arc::new(pteria::gpu::Context::with_options(
         pteria::gpu::ContextOptions {
             no_subgroups: a.no_subgroups,
@@ -981,7 +984,7 @@ fn kernels(a: &Args) -> Result<()> {
     )?);
     let mut opts = KernelBenchOptions {
         bytes: a.mib << 20,
-        rows: a.rows.max(1),
+        rows: a.rows,
         ..Default::default()
     };
     if !a.shapes.is_empty() {
