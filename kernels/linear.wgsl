@@ -835,7 +835,6 @@ fn team_rows(team: u32) -> vec4<u32> {
 fn team_sums(wgi: u32, m: u32, t: u32, chained: array<vec4<u32>, 2>) -> vec4<f32> {
     let lane = t % TEAM;
     let team = wgi * (WG / TEAM) + t / TEAM;
-    let row0 = team * RPT;
     // x vec4s per quad: 8 (4-bit), 4 (8-bit), 1 (f32).
     let xq = select(select(1u, 4u, KIND == 2u), 8u, KIND == 1u);
     let quads = p.k / (xq * 4u);

@@ -914,13 +914,24 @@ fn same_bits_fused_and_apart(
     what: &str,
     t: &T,
 ) -> (usize, usize) {
+    let (gpu, one) = fused_and_apart_runs(fused, apart, what, t);
+    (gpu.stats().last_dispatches, one.stats().last_dispatches)
+}
+
+/// `same_bits_fused_and_apart`'s runs: the two executors after their last call.
+fn fused_and_apart_runs(
+    fused: &Arc<Context>,
+    apart: &Arc<Context>,
+    what: &str,
+    t: &T,
+) -> (GpuExecutor, GpuExecutor) {
     let mut gpu = check_on(fused.clone(), what, t, TOL, 0.05);
     let mut one = GpuExecutor::new(apart.clone(), t.g.clone()).unwrap();
     let vals = values(&t.inputs);
     let got = gpu.run(&vals).unwrap();
     let want = one.run(&vals).unwrap();
     assert!(got == want, "{what}: the fused and separate results differ");
-    (gpu.stats().last_dispatches, one.stats().last_dispatches)
+    (gpu, one)
 }
 
 /// `same_bits_fused_and_apart` on every device pair, asserting that the fusion saves exactly
@@ -1521,15 +1532,11 @@ fn prompt_mat_vecs_taking_several_rows_of_x_give_the_same_bits() {
 /// `same_bits_fused_and_apart` for `several` rows of x a mat-vec workgroup against `one`: the
 /// first ran `matvec_rows`, the second never.
 fn same_bits_several_and_one(several: &Arc<Context>, one: &Arc<Context>, what: &str, t: &T) {
-    same_bits_fused_and_apart(several, one, what, t);
-    let entries = |c: &Arc<Context>| {
-        let mut gpu = GpuExecutor::new(c.clone(), t.g.clone()).unwrap();
-        gpu.run(&values(&t.inputs)).unwrap();
-        gpu.last_entries()
-    };
+    let (a, b) = fused_and_apart_runs(several, one, what, t);
+    let (a, b) = (a.last_entries(), b.last_entries());
     let rows = |e: &[String]| e.iter().any(|e| e.ends_with(":matvec_rows"));
-    assert!(rows(&entries(several)), "{what}: {:?}", entries(several));
-    assert!(!rows(&entries(one)), "{what}: {:?}", entries(one));
+    assert!(rows(&a), "{what}: {a:?}");
+    assert!(!rows(&b), "{what}: {b:?}");
 }
 
 /// A linear quantizing a decode row that a gate/up mat-vec's chain or a split attention stores
