@@ -89,8 +89,19 @@ fn kernel_bench_reports_every_shape_and_format() {
             w => panic!("unexpected weight {w}"),
         };
         assert_eq!(r["bytes"].as_u64().unwrap(), want, "{r}");
-        // At least 1 MiB of distinct weights per case.
-        assert!(r["layers"].as_u64().unwrap() * want >= 1 << 20, "{r}");
+        // x and y in f32, and x's int8 rows with a scale and zero point each where it quantizes.
+        let m = r["m"].as_u64().unwrap();
+        let acts = 4 * m * (k + n)
+            + if r["dynamic_int8"].as_bool().unwrap() {
+                m * (k + 8)
+            } else {
+                0
+            };
+        assert_eq!(r["activation_bytes"].as_u64(), Some(acts), "{r}");
+        // Just enough layers for 1 MiB of weights and activations a case.
+        let layers = r["layers"].as_u64().unwrap();
+        assert!(layers * (want + acts) >= 1 << 20, "{r}");
+        assert!((layers - 1) * (want + acts) < 1 << 20, "{r}");
         let (us, gbs) = (r["us"].as_f64().unwrap(), r["gb_per_s"].as_f64().unwrap());
         assert!(us > 0.0 && gbs > 0.0, "{r}");
         assert!((gbs - want as f64 / us / 1e3).abs() <= 1e-6 * gbs, "{r}");
@@ -136,6 +147,43 @@ fn kernel_bench_rejects_unknown_formats_and_shapes() {
     assert!(!ok && err.contains("`1536` is not KxN"), "{err}");
     let (ok, _, err) = pteria(&["bench", "--kernels", "--rows", "0"]);
     assert!(!ok && err.contains("--rows must be at least 1"), "{err}");
+}
+
+/// Sizes a device cannot run are refused before any benchmark runs or host memory is taken:
+/// no panic, no abort, no other table first.
+#[test]
+fn kernel_bench_refuses_hostile_sizes_up_front() {
+    if no_gpu() {
+        return;
+    }
+    let max = u64::MAX.to_string();
+    let huge = format!("{max}x{max}");
+    for (args, want) in [
+        (
+            vec!["--shapes", "0x64"],
+            "1 rows of 0x64 (q4g128dq8): a dimension is 0",
+        ),
+        (
+            vec!["--shapes", "100x64"],
+            "K is not a multiple of the group size 128",
+        ),
+        (
+            vec!["--rows", &max, "--shapes", "64x64"],
+            "is too large to benchmark",
+        ),
+        (vec!["--shapes", &huge], "is too large to benchmark"),
+        (
+            vec!["--rows", "100000", "--shapes", "12288x12288"],
+            "an activation of 4915200000 bytes is more than the device's",
+        ),
+    ] {
+        let mut a = vec!["bench", "--kernels", "--weights", "q4g128dq8"];
+        a.extend(args);
+        let (ok, out, err) = pteria(&a);
+        assert!(!ok && err.contains(want), "{a:?}: {err}");
+        // Refused before the copy, dispatch and attention tables.
+        assert!(out.trim().is_empty(), "{a:?}: {out}");
+    }
 }
 
 fn check_program_report(v: &Value, gpu: bool) {

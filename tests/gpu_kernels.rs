@@ -4268,14 +4268,22 @@ fn candidates_match_the_reference() {
             .collect()
     };
     let mut cases: Vec<(String, Vec<f32>, usize)> = vec![
-        ("model-like".into(), model_like_logits(262144, 3), 1),
+        (
+            "model-like".into(),
+            model_like_logits(262144, 3).unwrap(),
+            1,
+        ),
         (
             "ties in fours".into(),
             (0..262144).map(|i| (i % 4) as f32).collect(),
             1,
         ),
         ("all NaN".into(), vec![f32::NAN; 3000], 1),
-        ("three rows".into(), model_like_logits(3 * 5000, 4), 3),
+        (
+            "three rows".into(),
+            model_like_logits(3 * 5000, 4).unwrap(),
+            3,
+        ),
         // The pick's search past the first block whose maximum is the row's: a block of NaN
         // keeps -inf as its maximum, and the first -inf lies two blocks on.
         (
@@ -4549,7 +4557,7 @@ fn device_draws_pick_what_the_sampler_picks() {
     let (rows, vocab) = (16, 70000);
     let mut table = Vec::with_capacity(rows * vocab);
     for t in 0..rows {
-        let row = pteria::gpu::bench::model_like_logits(vocab, t as u64 + 1);
+        let row = pteria::gpu::bench::model_like_logits(vocab, t as u64 + 1).unwrap();
         table.extend(row.iter().map(|&x| match t % 7 {
             // Ties: logits in steps of 1.
             1 => x.round(),

@@ -17,7 +17,8 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Kernels: weight MiB each case chains through (keep it well past the GPU's caches).
+    /// Kernels: MiB each case chains through, weights and activations (keep it well past the
+    /// GPU's caches).
     #[arg(long, default_value_t = 256)]
     mib: u64,
     /// Kernels: only these K→N shapes, e.g. `1536x6144,12288x1536`.
@@ -680,7 +681,7 @@ fn pick_bench(ctx: &Arc<pteria::gpu::Context>) -> Result<PickBench> {
     use pteria::llm::sampler::{Sampler, SamplingParams};
     let (vocab, calls) = (262144, 200);
     let mut gpu =
-        pteria::gpu::GpuExecutor::new(ctx.clone(), row_graph(&model_like_logits(vocab, 11), 1))?;
+        pteria::gpu::GpuExecutor::new(ctx.clone(), row_graph(&model_like_logits(vocab, 11)?, 1))?;
     let zero = 0f32.to_le_bytes();
     let inputs = [InputValue::Tensor {
         shape: vec![1],
@@ -719,7 +720,7 @@ fn pick_bench(ctx: &Arc<pteria::gpu::Context>) -> Result<PickBench> {
     // in flight, as `Runner::decode_ahead` runs them.
     let mut fed = pteria::gpu::GpuExecutor::new(
         ctx.clone(),
-        pteria::gpu::bench::token_row_graph(&model_like_logits(vocab, 11)),
+        pteria::gpu::bench::token_row_graph(&model_like_logits(vocab, 11)?),
     )?;
     let mut ahead = |params: SamplingParams| -> Result<(f64, usize)> {
         use pteria::runtime::candidates::DevicePick;
@@ -1008,6 +1009,8 @@ fn kernels(a: &Args) -> Result<()> {
         }
         opts.weights.retain(|c| a.weights.contains(&name(c)));
     }
+    // Before the header: a case this device cannot run is refused with nothing printed.
+    pteria::gpu::bench::check_cases(&ctx, &opts)?;
     let json = a.json;
     if !json {
         eprintln!("{}", ctx.adapter());

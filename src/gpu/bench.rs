@@ -90,8 +90,8 @@ pub const WEIGHT_CASES: [WeightCase; 5] = [
 pub struct KernelBenchOptions {
     pub shapes: Vec<(usize, usize)>,
     pub weights: Vec<WeightCase>,
-    /// Weight bytes each case chains through (at least one layer): several times the GPU's
-    /// last-level cache, so every layer is read from memory.
+    /// Bytes each case chains through, weights and activations (at least one layer): several
+    /// times the GPU's last-level cache, so every layer is read from memory.
     pub bytes: u64,
     /// Bytes the streaming copy moves each way.
     pub copy_bytes: u64,
@@ -126,6 +126,9 @@ pub struct MatVecResult {
     pub layers: usize,
     /// Bytes one mat-vec reads: packed weights, scales and biases.
     pub bytes: u64,
+    /// GPU bytes of one layer's activations: its x and y in f32, and x's int8 rows with their
+    /// scales and zero points where it quantizes them.
+    pub activation_bytes: u64,
     /// GPU time per mat-vec (the act-quant dispatch included where there is one).
     pub us: f64,
     pub gb_per_s: f64,
@@ -217,9 +220,15 @@ pub const ATTN_CASES: [(usize, usize, Option<usize>, usize); 8] = [
 
 /// Deterministic filler (xorshift64*): benchmarks need no randomness, only data that is not
 /// all zeros.
-fn filler(n: usize, seed: u64) -> Vec<u8> {
+fn filler(n: usize, seed: u64) -> Result<Vec<u8>, GpuError> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(n + 8);
+    let mut v = Vec::new();
+    // A shape asked for on the command line may not fit the host: say so, not abort.
+    v.try_reserve_exact(n.saturating_add(8)).map_err(|_| {
+        GpuError::Device(format!(
+            "the benchmark's data needs {n} bytes of host memory, which could not be allocated"
+        ))
+    })?;
     while v.len() < n {
         s ^= s >> 12;
         s ^= s << 25;
@@ -227,18 +236,17 @@ fn filler(n: usize, seed: u64) -> Vec<u8> {
         v.extend_from_slice(&s.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
     }
     v.truncate(n);
-    v
+    Ok(v)
 }
 
 /// `n` f32 values in [lo, lo + span).
-fn floats(n: usize, seed: u64, lo: f32, span: f32) -> Vec<u8> {
-    filler(n * 4, seed)
-        .chunks_exact(4)
-        .flat_map(|c| {
-            let u = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) >> 8;
-            (lo + span * u as f32 / (1u32 << 24) as f32).to_le_bytes()
-        })
-        .collect()
+fn floats(n: usize, seed: u64, lo: f32, span: f32) -> Result<Vec<u8>, GpuError> {
+    let mut v = filler(n.saturating_mul(4), seed)?;
+    for c in v.chunks_exact_mut(4) {
+        let u = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) >> 8;
+        c.copy_from_slice(&(lo + span * u as f32 / (1u32 << 24) as f32).to_le_bytes());
+    }
+    Ok(v)
 }
 
 fn shared(bytes: Vec<u8>) -> Blob {
@@ -269,7 +277,7 @@ pub fn stream_bandwidth(ctx: &Arc<Context>, bytes: u64, seconds: f64) -> Result<
     let y = g.add_tensor("y", DType::F32, vec![n], Role::Activation);
     g.op(OpKind::Copy, vec![x], vec![y]);
     g.outputs.push(y);
-    let data = floats(n, 1, -1.0, 2.0);
+    let data = floats(n, 1, -1.0, 2.0)?;
     let inputs = [InputValue::Tensor {
         shape: vec![n],
         data: &data,
@@ -314,7 +322,7 @@ fn negations(ctx: &Arc<Context>, seconds: f64, chained: bool) -> Result<f64, Gpu
     if chained {
         g.outputs.push(t);
     }
-    let data = floats(d, 7, -1.0, 2.0);
+    let data = floats(d, 7, -1.0, 2.0)?;
     let inputs = [InputValue::Tensor {
         shape: vec![1, d],
         data: &data,
@@ -322,6 +330,64 @@ fn negations(ctx: &Arc<Context>, seconds: f64, chained: bool) -> Result<f64, Gpu
     let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
     let (s, _) = measure(&mut gpu, &inputs, seconds)?;
     Ok(s / links as f64)
+}
+
+/// What one layer of a mat-vec case takes.
+struct CaseSize {
+    /// Bytes of packed weights (f32 or quantized).
+    packed: usize,
+    /// Quantization groups (an f32 scale and bias each).
+    groups: usize,
+    weight_bytes: u64,
+    activation_bytes: u64,
+}
+
+/// `m` rows of `k`x`n` in `case`'s format, or why this device cannot run it. Shapes come from
+/// the command line: they are checked before any benchmark runs or host memory is taken.
+fn case_size(
+    ctx: &Context,
+    m: usize,
+    k: usize,
+    n: usize,
+    case: WeightCase,
+) -> Result<CaseSize, GpuError> {
+    let what = format!("{m} rows of {k}x{n} ({})", case.name());
+    if m == 0 || k == 0 || n == 0 {
+        return Err(GpuError::Device(format!("{what}: a dimension is 0")));
+    }
+    let too_large = || GpuError::Device(format!("{what} is too large to benchmark"));
+    let activation_bytes = activation_bytes(m, k, n, case.dynamic_int8).ok_or_else(too_large)?;
+    let widest = 4 * (m as u64).saturating_mul(k.max(n) as u64);
+    if widest > ctx.max_storage_binding() {
+        return Err(GpuError::Device(format!(
+            "{what}: an activation of {widest} bytes is more than the device's {}-byte storage \
+             binding",
+            ctx.max_storage_binding()
+        )));
+    }
+    let nk = n.checked_mul(k).ok_or_else(too_large)?;
+    let (packed, groups) = match case.ir() {
+        Weight::F32 => (nk.checked_mul(4).ok_or_else(too_large)?, 0),
+        Weight::Q8 { group } | Weight::Q4 { group } => {
+            if k % group != 0 {
+                return Err(GpuError::Device(format!(
+                    "{what}: K is not a multiple of the group size {group}"
+                )));
+            }
+            let packed = if case.weight == "q8" { nk } else { nk / 2 };
+            (packed, nk / group)
+        }
+    };
+    let weight_bytes = (groups as u64)
+        .checked_mul(8)
+        .and_then(|b| b.checked_add(packed as u64))
+        .ok_or_else(too_large)?;
+    Ok(CaseSize {
+        packed,
+        groups,
+        weight_bytes,
+        activation_bytes,
+    })
 }
 
 /// One case: `layers` mat-vecs 1×K → N, each with its own weight buffers, in one graph.
@@ -335,21 +401,23 @@ fn matvec_case(
     seconds: f64,
 ) -> Result<(usize, u64, f64), GpuError> {
     let w = case.ir();
-    // Packed bytes, then f32 scale and bias per group.
-    let (packed, groups) = match w {
-        Weight::F32 => (n * k * 4, 0),
-        Weight::Q8 { group } => (n * k, n * (k / group)),
-        Weight::Q4 { group } => (n * k / 2, n * (k / group)),
-    };
-    let layer_bytes = (packed + 8 * groups) as u64;
-    let layers = budget.div_ceil(layer_bytes).clamp(1, 2048) as usize;
+    let CaseSize {
+        packed,
+        groups,
+        weight_bytes: layer_bytes,
+        activation_bytes: act_bytes,
+    } = case_size(ctx, m, k, n, case)?;
+    // Activations count: with many rows of x they, not the weights, fill GPU memory.
+    let layers = budget
+        .div_ceil(layer_bytes.saturating_add(act_bytes))
+        .clamp(1, 2048) as usize;
     // One host copy of each constant serves every layer: each still gets its own GPU buffer.
     let wdata = shared(match w {
-        Weight::F32 => floats(n * k, 2, -0.05, 0.1),
-        _ => filler(packed, 3),
+        Weight::F32 => floats(n * k, 2, -0.05, 0.1)?,
+        _ => filler(packed, 3)?,
     });
-    let sdata = shared(floats(groups, 4, 0.001, 0.01));
-    let bdata = shared(floats(groups, 5, -0.05, 0.1));
+    let sdata = shared(floats(groups, 4, 0.001, 0.01)?);
+    let bdata = shared(floats(groups, 5, -0.05, 0.1)?);
     let mut g = Graph::default();
     let act_quant = if case.dynamic_int8 {
         ActQuant::Torchao
@@ -413,7 +481,7 @@ fn matvec_case(
         return Err(GpuError::Device("a benchmark case without layers".into()));
     };
     g.outputs.push(last);
-    let data = floats(m * k, 6, -1.0, 2.0);
+    let data = floats(m * k, 6, -1.0, 2.0)?;
     let inputs: Vec<InputValue> = (0..layers)
         .map(|_| InputValue::Tensor {
             shape: vec![m, k],
@@ -425,12 +493,36 @@ fn matvec_case(
     Ok((layers, layer_bytes, s / layers as f64))
 }
 
+/// GPU bytes of one benchmark layer's activations (`MatVecResult::activation_bytes`).
+/// None where it does not fit 64 bits.
+pub fn activation_bytes(m: usize, k: usize, n: usize, quantized: bool) -> Option<u64> {
+    let (m, k, n) = (m as u64, k as u64, n as u64);
+    let floats = m.checked_mul(k.checked_add(n)?)?.checked_mul(4)?;
+    let int8 = if quantized {
+        m.checked_mul(k.checked_add(8)?)?
+    } else {
+        0
+    };
+    floats.checked_add(int8)
+}
+
+/// Whether `ctx` can run every mat-vec case of `opts` (`kernel_bench` asks first).
+pub fn check_cases(ctx: &Context, opts: &KernelBenchOptions) -> Result<(), GpuError> {
+    for &case in &opts.weights {
+        for &(k, n) in &opts.shapes {
+            case_size(ctx, opts.rows, k, n, case)?;
+        }
+    }
+    Ok(())
+}
+
 /// The mat-vec table for `opts`, on `ctx`.
 pub fn kernel_bench(
     ctx: &Arc<Context>,
     opts: &KernelBenchOptions,
     mut progress: impl FnMut(&MatVecResult),
 ) -> Result<KernelReport, GpuError> {
+    check_cases(ctx, opts)?;
     let copy_bytes = opts.copy_bytes.min(ctx.max_storage_binding());
     let stream = stream_bandwidth(ctx, copy_bytes, opts.seconds)?;
     let dependent = dependent_dispatch(ctx, opts.seconds)?;
@@ -470,6 +562,7 @@ pub fn kernel_bench(
         for &(k, n) in &opts.shapes {
             let m = opts.rows;
             let (layers, bytes, s) = matvec_case(ctx, m, k, n, case, opts.bytes, opts.seconds)?;
+            let activation_bytes = case_size(ctx, m, k, n, case)?.activation_bytes;
             let bw = bytes as f64 / s;
             let r = MatVecResult {
                 m,
@@ -478,6 +571,7 @@ pub fn kernel_bench(
                 case,
                 layers,
                 bytes,
+                activation_bytes,
                 us: s * 1e6,
                 gb_per_s: bw / 1e9,
                 pct_of_stream: 100.0 * bw / stream,
@@ -547,8 +641,8 @@ fn attention_case(
     g.op(kind, vec![q, k, v], vec![y]);
     g.outputs.push(y);
     let (qd, kd) = (
-        floats(s * hq * d, 3, -1.0, 2.0),
-        floats(cache * d, 4, -1.0, 2.0),
+        floats(s * hq * d, 3, -1.0, 2.0)?,
+        floats(cache * d, 4, -1.0, 2.0)?,
     );
     let inputs = [
         InputValue::Tensor {
@@ -873,9 +967,11 @@ pub fn token_row_graph(values: &[f32]) -> Graph {
 }
 
 /// `n` logits shaped as a language model's: about normal (a sum of four uniforms), spread 3.
-pub fn model_like_logits(n: usize, seed: u64) -> Vec<f32> {
-    let parts: Vec<Vec<u8>> = (0..4).map(|i| floats(n, seed + i, -1.0, 2.0)).collect();
-    (0..n)
+pub fn model_like_logits(n: usize, seed: u64) -> Result<Vec<f32>, GpuError> {
+    let parts = (0..4)
+        .map(|i| floats(n, seed + i, -1.0, 2.0))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((0..n)
         .map(|i| {
             let sum: f32 = parts
                 .iter()
@@ -883,5 +979,5 @@ pub fn model_like_logits(n: usize, seed: u64) -> Vec<f32> {
                 .sum();
             3.0 * sum
         })
-        .collect()
+        .collect())
 }
