@@ -354,6 +354,17 @@ fn program_bench_rejects_a_prompt_longer_than_the_method_takes() {
     let f = fixture("gemma4_tiny_vulkan_8da4w.pte");
     let (ok, _, err) = pteria(&["bench", &f, "--prompt-len", "5000", "--device", "cpu"]);
     assert!(!ok && err.contains("--prompt-len must be 1..="), "{err}");
+    // A first prompt's decode steps past the cache's 32 positions, and a start past 64 bits,
+    // refused before any call (a step past the cache failed deep in a linear before).
+    let base = ["bench", &f, "--prompt-len", "8", "--device", "cpu"];
+    let (ok, _, err) = pteria(&[&base[..], &["--decode", "25"]].concat());
+    assert!(
+        !ok && err.contains("--decode 25 reaches position 32, past the 32 this program's cache"),
+        "{err}"
+    );
+    let max = u64::MAX.to_string();
+    let (ok, _, err) = pteria(&[&base[..], &["--start", &max]].concat());
+    assert!(!ok && err.contains("reaches position past 2^64"), "{err}");
     let (ok, _, err) = pteria(&["bench"]);
     assert!(
         !ok && err.contains("give a program to benchmark, or --kernels"),

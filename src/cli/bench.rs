@@ -249,17 +249,26 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     if a.prompt_len == 0 || a.prompt_len > max_t {
         bail!("--prompt-len must be 1..={max_t} for this method");
     }
-    // An export's caches hold one position more than its longest call (T up to max_seq_len - 1).
-    let end = a.start + a.prompt_len + a.decode;
-    if a.start > 0 && end > max_t + 1 {
+    // The cache's length, as the export declares it; without the metadata methods, one
+    // position more than the longest call (ExecuTorch exports T up to max_seq_len - 1).
+    let raw = pteria::llm::RawMetadata::read(&program).unwrap_or_default();
+    let positions = (raw.max_context_len)
+        .or(raw.max_seq_len)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(max_t + 1);
+    let end = a
+        .start
+        .checked_add(a.prompt_len)
+        .and_then(|e| e.checked_add(a.decode));
+    if end.is_none_or(|e| e > positions) {
+        let last = end.map_or_else(|| "past 2^64".to_string(), |e| (e - 1).to_string());
         bail!(
-            "--start {} with --prompt-len {} and --decode {} reaches position {}, past the {} \
-             this method's calls take",
+            "--start {} with --prompt-len {} and --decode {} reaches position {last}, past the \
+             {positions} this program's cache holds",
             a.start,
             a.prompt_len,
             a.decode,
-            end - 1,
-            max_t + 1
         );
     }
     // The last call's first output: the sampler is timed on its last row of logits.
