@@ -738,6 +738,23 @@ fn generation_budget_is_max_context_len_minus_cached_tokens() {
     );
     let (_, d) = greedy_generate(&mut r, &PROMPT, None);
     assert_eq!((d.tokens.len(), d.stop), (6, StopReason::ContextFull));
+    // Zero of either is refused at load, naming which.
+    for (config, what) in [
+        (
+            RunnerConfig {
+                context_limit: Some(0),
+                ..RunnerConfig::default()
+            },
+            "the context limit must be at least one token",
+        ),
+        (chunked(0), "the prefill chunk must be at least one token"),
+    ] {
+        let path = fixtures().join(LLAMA);
+        match Runner::open(&path, &[], &BackendRegistry::default(), &config) {
+            Err(e) => assert!(e.to_string().contains(what), "{e}"),
+            Ok(_) => panic!("{what}: loaded"),
+        }
+    }
     let too_long: Vec<u32> = (0..17).collect();
     assert!(matches!(
         r.prefill(&too_long, &never, &mut |_, _| {}),

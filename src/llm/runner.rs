@@ -185,7 +185,12 @@ impl Runner {
             None => meta.max_context_len,
         };
         let chunk = match config.prefill_chunk {
-            Some(c) => c.clamp(1, meta.max_chunk()),
+            Some(0) => {
+                return Err(LlmError::Metadata(
+                    "the prefill chunk must be at least one token".into(),
+                ))
+            }
+            Some(c) => c.min(meta.max_chunk()),
             None => meta.max_chunk(),
         };
         Ok(Runner {
