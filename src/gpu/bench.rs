@@ -390,7 +390,7 @@ fn case_size(
     })
 }
 
-/// One case: `layers` mat-vecs 1×K → N, each with its own weight buffers, in one graph.
+/// One case: `layers` linears M×K → N, each with its own weight buffers, in one graph.
 fn matvec_case(
     ctx: &Arc<Context>,
     m: usize,
