@@ -249,9 +249,11 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     if a.prompt_len == 0 || a.prompt_len > max_t {
         bail!("--prompt-len must be 1..={max_t} for this method");
     }
-    // The cache's length, as the export declares it; without the metadata methods, one
-    // position more than the longest call (ExecuTorch exports T up to max_seq_len - 1).
-    let raw = pteria::llm::RawMetadata::read(&program).unwrap_or_default();
+    // The cache's length, as the export declares it (ModelMetadata's rule, without its
+    // defaults for LLM runners); without the metadata methods, one position more than the
+    // longest call (ExecuTorch exports T up to max_seq_len - 1). A metadata method that fails
+    // is an error, not a guess.
+    let raw = pteria::llm::RawMetadata::read(&program)?;
     let positions = (raw.max_context_len)
         .or(raw.max_seq_len)
         .and_then(|n| usize::try_from(n).ok())

@@ -366,18 +366,18 @@ fn case_size(
         )));
     }
     let nk = n.checked_mul(k).ok_or_else(too_large)?;
-    let (packed, groups) = match case.ir() {
+    // Packed bytes, and the group (an f32 scale and bias each).
+    let (packed, group) = match case.ir() {
         Weight::F32 => (nk.checked_mul(4).ok_or_else(too_large)?, 0),
-        Weight::Q8 { group } | Weight::Q4 { group } => {
-            if k % group != 0 {
-                return Err(GpuError::Device(format!(
-                    "{what}: K is not a multiple of the group size {group}"
-                )));
-            }
-            let packed = if case.weight == "q8" { nk } else { nk / 2 };
-            (packed, nk / group)
-        }
+        Weight::Q8 { group } => (nk, group),
+        Weight::Q4 { group } => (nk / 2, group),
     };
+    if group > 0 && k % group != 0 {
+        return Err(GpuError::Device(format!(
+            "{what}: K is not a multiple of the group size {group}"
+        )));
+    }
+    let groups = nk.checked_div(group).unwrap_or(0);
     let weight_bytes = (groups as u64)
         .checked_mul(8)
         .and_then(|b| b.checked_add(packed as u64))
@@ -399,17 +399,13 @@ fn matvec_case(
     case: WeightCase,
     budget: u64,
     seconds: f64,
-) -> Result<(usize, u64, f64), GpuError> {
+) -> Result<(usize, CaseSize, f64), GpuError> {
     let w = case.ir();
-    let CaseSize {
-        packed,
-        groups,
-        weight_bytes: layer_bytes,
-        activation_bytes: act_bytes,
-    } = case_size(ctx, m, k, n, case)?;
+    let size = case_size(ctx, m, k, n, case)?;
+    let (packed, groups) = (size.packed, size.groups);
     // Activations count: with many rows of x they, not the weights, fill GPU memory.
     let layers = budget
-        .div_ceil(layer_bytes.saturating_add(act_bytes))
+        .div_ceil(size.weight_bytes.saturating_add(size.activation_bytes))
         .clamp(1, 2048) as usize;
     // One host copy of each constant serves every layer: each still gets its own GPU buffer.
     let wdata = shared(match w {
@@ -490,12 +486,12 @@ fn matvec_case(
         .collect();
     let mut gpu = GpuExecutor::new(ctx.clone(), g)?;
     let (s, _) = measure(&mut gpu, &inputs, seconds)?;
-    Ok((layers, layer_bytes, s / layers as f64))
+    Ok((layers, size, s / layers as f64))
 }
 
 /// GPU bytes of one benchmark layer's activations (`MatVecResult::activation_bytes`).
 /// None where it does not fit 64 bits.
-pub fn activation_bytes(m: usize, k: usize, n: usize, quantized: bool) -> Option<u64> {
+fn activation_bytes(m: usize, k: usize, n: usize, quantized: bool) -> Option<u64> {
     let (m, k, n) = (m as u64, k as u64, n as u64);
     let floats = m.checked_mul(k.checked_add(n)?)?.checked_mul(4)?;
     let int8 = if quantized {
@@ -561,8 +557,8 @@ pub fn kernel_bench(
     for &case in &opts.weights {
         for &(k, n) in &opts.shapes {
             let m = opts.rows;
-            let (layers, bytes, s) = matvec_case(ctx, m, k, n, case, opts.bytes, opts.seconds)?;
-            let activation_bytes = case_size(ctx, m, k, n, case)?.activation_bytes;
+            let (layers, size, s) = matvec_case(ctx, m, k, n, case, opts.bytes, opts.seconds)?;
+            let bytes = size.weight_bytes;
             let bw = bytes as f64 / s;
             let r = MatVecResult {
                 m,
@@ -571,7 +567,7 @@ pub fn kernel_bench(
                 case,
                 layers,
                 bytes,
-                activation_bytes,
+                activation_bytes: size.activation_bytes,
                 us: s * 1e6,
                 gb_per_s: bw / 1e9,
                 pct_of_stream: 100.0 * bw / stream,

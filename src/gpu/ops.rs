@@ -1851,8 +1851,8 @@ const MATVEC_MAX_M: usize = 8;
 /// tokens 68.5 → 39.1 ms, 256 77.4 → 55.1, 512 134.1 → 100.8, 900 220.7 → 175.7, 1023 230.4 →
 /// 195.8), and past it (`pteria bench --kernels --rows`, H200, 8da4w at E2B shapes: at 1025
 /// rows tiled 103-2694 µs against 35-770 as mat-vecs, 2.9-3.5x; at 2048 and 4096 rows 1.8-2.7x;
-/// at 16385-24576 rows 2.2-2.5x; past that erratic for 1536-row outputs: at 28672 rows one
-/// shape 6% slower and the rest 1.4-2.1x faster, at 32768 12288→1536 49.8-63.0 ms against 62.6
+/// at 16385-24576 rows 2.1-2.5x; past that erratic for 1536-row outputs: at 28672 rows one
+/// shape 6% slower and the rest 1.4-2.2x faster, at 32768 12288→1536 49.8-63.0 ms against 62.6
 /// and the rest 2.0-2.3x; README).
 /// Past this many (no program here takes such calls; a 12288-wide f32 x of 65536 rows is past a
 /// 2 GiB binding anyway) they are tiled; the mat-vec's grid (rows of x / 8 workgroups across)
