@@ -16,6 +16,68 @@ enum Val {
     I(Vec<i64>),
 }
 
+/// A value as read by an op: shared with the call's table (no copy) where it already has the
+/// requested element type, converted otherwise.
+enum Read<T: 'static> {
+    Shared(Arc<Val>, fn(&Val) -> &[T]),
+    Owned(Vec<T>),
+}
+
+impl<T: Clone> Read<T> {
+    /// The values as a vector of their own: moved out when nothing else holds them.
+    fn into_vec(self) -> Vec<T> {
+        match self {
+            Read::Owned(v) => v,
+            Read::Shared(a, get) => get(&a).to_vec(),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Read<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Read::Shared(a, get) => get(a),
+            Read::Owned(v) => v,
+        }
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Read<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// Reads of a shared value: `get(..)?.f()` borrows the stored values instead of copying them.
+trait ReadVal {
+    fn f(self) -> Read<f32>;
+    fn i(self) -> Read<i64>;
+}
+
+impl ReadVal for Arc<Val> {
+    fn f(self) -> Read<f32> {
+        match &*self {
+            Val::F(_) => Read::Shared(self, |v| match v {
+                Val::F(f) => f,
+                Val::I(_) => &[],
+            }),
+            Val::I(v) => Read::Owned(v.iter().map(|&x| x as f32).collect()),
+        }
+    }
+    fn i(self) -> Read<i64> {
+        match &*self {
+            Val::I(_) => Read::Shared(self, |v| match v {
+                Val::I(i) => i,
+                Val::F(_) => &[],
+            }),
+            Val::F(v) => Read::Owned(v.iter().map(|&x| x as i64).collect()),
+        }
+    }
+}
+
 impl Val {
     fn f(&self) -> Vec<f32> {
         match self {
@@ -49,9 +111,9 @@ fn encode(dtype: DType, v: &Val) -> Vec<u8> {
 /// Runs an IR graph on the CPU; State tensors (KV caches) persist across calls.
 pub struct CpuExecutor {
     graph: Graph,
-    states: Vec<Option<Val>>,
+    states: Vec<Option<Arc<Val>>>,
     /// Decoded constants, cached on first use.
-    consts: Vec<Option<Val>>,
+    consts: Vec<Option<Arc<Val>>>,
     /// Constants read as f32 on every call (quantization scales and biases), decoded once.
     shared: Vec<Option<F32s>>,
 }
@@ -108,12 +170,12 @@ impl CpuExecutor {
             .tensors
             .iter()
             .map(|t| match &t.role {
-                Role::State(Some(b)) => Some(decode(t.dtype, &b[..t.max_bytes()])),
-                Role::State(None) => Some(if t.dtype.is_float() {
+                Role::State(Some(b)) => Some(Arc::new(decode(t.dtype, &b[..t.max_bytes()]))),
+                Role::State(None) => Some(Arc::new(if t.dtype.is_float() {
                     Val::F(vec![0.0; t.max_numel()])
                 } else {
                     Val::I(vec![0; t.max_numel()])
-                }),
+                })),
                 _ => None,
             })
             .collect();
@@ -132,22 +194,25 @@ impl CpuExecutor {
     /// Runs one call; returns the graph outputs.
     pub fn run(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>> {
         let plan = infer_shapes(&self.graph, inputs)?;
-        let mut vals: Vec<Option<Val>> = vec![None; self.graph.tensors.len()];
+        let mut vals: Vec<Option<Arc<Val>>> = vec![None; self.graph.tensors.len()];
         for (io, v) in self.graph.inputs.iter().zip(inputs) {
             if let (Io::Tensor(t), InputValue::Tensor { data, .. }) = (io, v) {
-                vals[*t] = Some(decode(self.graph.tensors[*t].dtype, data));
+                vals[*t] = Some(Arc::new(decode(self.graph.tensors[*t].dtype, data)));
             }
         }
-        let nodes = self.graph.nodes.clone();
-        for (n, node) in nodes.iter().enumerate() {
-            let Node::Op(op) = node else { continue };
+        // Lent out for the call (ops read tensors, never nodes) so the list is not copied.
+        let nodes = std::mem::take(&mut self.graph.nodes);
+        let ran = nodes.iter().enumerate().try_for_each(|(n, node)| {
+            let Node::Op(op) = node else { return Ok(()) };
             self.exec(op, &plan, &mut vals)
                 .map_err(|msg| IrError::Node {
                     node: n,
                     op: op.kind.label(),
                     msg,
-                })?;
-        }
+                })
+        });
+        self.graph.nodes = nodes;
+        ran?;
         let outs = self.graph.outputs.clone();
         outs.iter()
             .map(|&t| {
@@ -174,7 +239,7 @@ impl CpuExecutor {
         weighted: bool,
         d: usize,
         eps: f32,
-        vals: &[Option<Val>],
+        vals: &[Option<Arc<Val>>],
     ) -> std::result::Result<Vec<f32>, String> {
         let x = self.get(op.inputs[0], vals)?.f();
         let w = match weighted {
@@ -184,7 +249,11 @@ impl CpuExecutor {
         Ok(rms_norm(&x, w.as_deref(), d, eps))
     }
 
-    fn get(&mut self, t: TensorId, vals: &[Option<Val>]) -> std::result::Result<Val, String> {
+    fn get(
+        &mut self,
+        t: TensorId,
+        vals: &[Option<Arc<Val>>],
+    ) -> std::result::Result<Arc<Val>, String> {
         if let Some(v) = &vals[t] {
             return Ok(v.clone());
         }
@@ -194,7 +263,7 @@ impl CpuExecutor {
         let def = &self.graph.tensors[t];
         if let Role::Constant(b) = &def.role {
             if self.consts[t].is_none() {
-                self.consts[t] = Some(decode(def.dtype, &b[..def.max_bytes()]));
+                self.consts[t] = Some(Arc::new(decode(def.dtype, &b[..def.max_bytes()])));
             }
             return Ok(self.consts[t].clone().unwrap());
         }
@@ -211,7 +280,7 @@ impl CpuExecutor {
         }
     }
 
-    fn set(&mut self, t: TensorId, v: Val, vals: &mut [Option<Val>]) {
+    fn set(&mut self, t: TensorId, v: Arc<Val>, vals: &mut [Option<Arc<Val>>]) {
         if self.states[t].is_some() {
             self.states[t] = Some(v);
         } else {
@@ -223,7 +292,7 @@ impl CpuExecutor {
         &mut self,
         op: &Op,
         plan: &Plan,
-        vals: &mut [Option<Val>],
+        vals: &mut [Option<Arc<Val>>],
     ) -> std::result::Result<(), String> {
         let sh = |t: TensorId| plan.shapes[t].clone();
         let out = op.outputs[0];
@@ -239,17 +308,15 @@ impl CpuExecutor {
                         UnaryOp::Neg | UnaryOp::Abs | UnaryOp::LogicalNot | UnaryOp::Square
                     )
                 {
-                    Val::I(x.i().into_iter().map(|v| unary_i(*u, v)).collect())
+                    Val::I(x.i().iter().map(|&v| unary_i(*u, v)).collect())
                 } else {
-                    Val::F(x.f().into_iter().map(|v| unary_f(*u, v)).collect())
+                    Val::F(x.f().iter().map(|&v| unary_f(*u, v)).collect())
                 }
             }
             OpKind::Binary(b) => {
                 let (x, y) = (self.get(op.inputs[0], vals)?, self.get(op.inputs[1], vals)?);
-                let n = out_shape.iter().product();
                 let (xs, ys) = (sh(op.inputs[0]), sh(op.inputs[1]));
-                let (xm, ym) = (ix_for(&xs, &out_shape), ix_for(&ys, &out_shape));
-                binary(*b, &x, &y, Ix::of(&xm), Ix::of(&ym), n, out_float)
+                binary(*b, (x.view(), &xs), (y.view(), &ys), &out_shape, out_float)
             }
             OpKind::BinaryScalar {
                 op: b,
@@ -257,49 +324,40 @@ impl CpuExecutor {
                 scalar_first,
             } => {
                 let x = self.get(op.inputs[0], vals)?;
-                let n = out_shape.iter().product::<usize>();
-                let s = if *scalar == scalar.trunc() && matches!(x, Val::I(_)) && !out_float {
+                let xs = sh(op.inputs[0]);
+                let s = if *scalar == scalar.trunc() && matches!(*x, Val::I(_)) && !out_float {
                     Val::I(vec![*scalar as i64])
                 } else {
                     Val::F(vec![*scalar as f32])
                 };
-                if *scalar_first {
-                    binary(*b, &s, &x, Ix::Zero, Ix::Id, n, out_float)
-                } else {
-                    binary(*b, &x, &s, Ix::Id, Ix::Zero, n, out_float)
+                let (x, s) = ((x.view(), &xs[..]), (s.view(), &[][..]));
+                match *scalar_first {
+                    true => binary(*b, s, x, &out_shape, out_float),
+                    false => binary(*b, x, s, &out_shape, out_float),
                 }
             }
             OpKind::Where => {
                 let c = self.get(op.inputs[0], vals)?.i();
+                let c = expand(&c, &sh(op.inputs[0]), &out_shape);
                 let (a, b) = (self.get(op.inputs[1], vals)?, self.get(op.inputs[2], vals)?);
-                let ci = broadcast_indices(&sh(op.inputs[0]), &out_shape);
-                let ai = broadcast_indices(&sh(op.inputs[1]), &out_shape);
-                let bi = broadcast_indices(&sh(op.inputs[2]), &out_shape);
+                let (sa, sb) = (sh(op.inputs[1]), sh(op.inputs[2]));
                 if out_float {
                     let (a, b) = (a.f(), b.f());
-                    Val::F(
-                        (0..ci.len())
-                            .map(|j| if c[ci[j]] != 0 { a[ai[j]] } else { b[bi[j]] })
-                            .collect(),
-                    )
+                    let (a, b) = (expand(&a, &sa, &out_shape), expand(&b, &sb, &out_shape));
+                    Val::F(pick(&c, &a, &b))
                 } else {
                     let (a, b) = (a.i(), b.i());
-                    Val::I(
-                        (0..ci.len())
-                            .map(|j| if c[ci[j]] != 0 { a[ai[j]] } else { b[bi[j]] })
-                            .collect(),
-                    )
+                    let (a, b) = (expand(&a, &sa, &out_shape), expand(&b, &sb, &out_shape));
+                    Val::I(pick(&c, &a, &b))
                 }
             }
             OpKind::ElementwiseChain { steps } => {
-                let n: usize = out_shape.iter().product();
                 let mut ins = Vec::with_capacity(op.inputs.len());
                 for &t in &op.inputs {
                     let v = self.get(t, vals)?.f();
-                    let ix = broadcast_indices(&sh(t), &out_shape);
-                    ins.push((0..n).map(|k| v[ix[k]]).collect::<Vec<f32>>());
+                    ins.push(expand(&v, &sh(t), &out_shape).into_owned());
                 }
-                chain(steps, &ins, n)?
+                chain(steps, &ins)?
             }
             OpKind::RmsNormChain {
                 eps,
@@ -309,18 +367,16 @@ impl CpuExecutor {
             } => {
                 let d = *out_shape.last().ok_or("rms_norm of a scalar")?;
                 let normed = self.normed(op, *weighted, d, *eps, vals)?;
-                let n = normed.len();
                 let mut ins = Vec::with_capacity(op.inputs.len());
                 for &t in &op.inputs[1 + *weighted as usize..] {
                     let v = self.get(t, vals)?.f();
-                    let ix = broadcast_indices(&sh(t), &out_shape);
-                    ins.push((0..n).map(|k| v[ix[k]]).collect::<Vec<f32>>());
+                    ins.push(expand(&v, &sh(t), &out_shape).into_owned());
                 }
                 if *norm_input > ins.len() {
                     return Err("norm input out of range".into());
                 }
                 ins.insert(*norm_input, normed);
-                chain(steps, &ins, n)?
+                chain(steps, &ins)?
             }
             OpKind::Clamp { min, max } => {
                 let x = self.get(op.inputs[0], vals)?;
@@ -328,7 +384,7 @@ impl CpuExecutor {
                     min.unwrap_or(f64::NEG_INFINITY),
                     max.unwrap_or(f64::INFINITY),
                 );
-                match x {
+                match &*x {
                     Val::F(v) => Val::F(
                         v.into_iter()
                             .map(|e| e.max(lo as f32).min(hi as f32))
@@ -336,7 +392,7 @@ impl CpuExecutor {
                     ),
                     Val::I(v) => Val::I(
                         v.into_iter()
-                            .map(|e| (e as f64).clamp(lo, hi) as i64)
+                            .map(|&e| (e as f64).clamp(lo, hi) as i64)
                             .collect(),
                     ),
                 }
@@ -344,11 +400,11 @@ impl CpuExecutor {
             OpKind::Cast | OpKind::Copy => {
                 let x = self.get(op.inputs[0], vals)?;
                 if out_float {
-                    Val::F(x.f())
+                    Val::F(x.f().into_vec())
                 } else if self.graph.tensors[out].dtype == DType::Bool {
-                    Val::I(x.f().into_iter().map(|v| (v != 0.0) as i64).collect())
+                    Val::I(x.f().iter().map(|&v| (v != 0.0) as i64).collect())
                 } else {
-                    Val::I(x.i())
+                    Val::I(x.i().into_vec())
                 }
             }
             OpKind::RmsNorm { eps } => {
@@ -361,7 +417,7 @@ impl CpuExecutor {
                 has_bias,
             } => {
                 let x_shape = sh(op.inputs[0]);
-                let mut x = self.get(op.inputs[0], vals)?.f();
+                let x = self.get(op.inputs[0], vals)?.f();
                 let k = *x_shape.last().ok_or("linear of a scalar")?;
                 let n = *out_shape.last().unwrap();
                 let m = x.len() / k.max(1);
@@ -392,13 +448,19 @@ impl CpuExecutor {
                     }
                     return self.finish(out, Val::F(y), vals);
                 }
-                for row in x.chunks_mut(k.max(1)) {
-                    match act_quant {
-                        ActQuant::None => {}
-                        ActQuant::Torchao => quant_dequant_row(row),
-                        ActQuant::Xnnpack => quant_dequant_row_xnnpack(row),
+                let x = match act_quant {
+                    ActQuant::None => x,
+                    ActQuant::Torchao | ActQuant::Xnnpack => {
+                        let mut x = x.into_vec();
+                        for row in x.chunks_mut(k.max(1)) {
+                            match act_quant {
+                                ActQuant::Torchao => quant_dequant_row(row),
+                                _ => quant_dequant_row_xnnpack(row),
+                            }
+                        }
+                        Read::Owned(x)
                     }
-                }
+                };
                 let mut y = self.linear(*weight, ws, &x, [m, k, n], vals)?;
                 if *has_bias {
                     let b = self.get(op.inputs[1 + weight.tensor_count()], vals)?.f();
@@ -420,7 +482,7 @@ impl CpuExecutor {
                     let mut st = strides(&bs);
                     st.swap(r - 2, r - 1);
                     bs.swap(r - 2, r - 1);
-                    b = strided_copy(&b, &bs, &st);
+                    b = Read::Owned(strided_copy(&b, &bs, &st));
                 }
                 let (m, k, n) = (as_[as_.len() - 2], as_[as_.len() - 1], bs[bs.len() - 1]);
                 let batch_shape = &out_shape[..out_shape.len() - 2];
@@ -469,7 +531,7 @@ impl CpuExecutor {
             OpKind::Softmax => {
                 let x = self.get(op.inputs[0], vals)?.f();
                 let d = *out_shape.last().ok_or("softmax of a scalar")?;
-                let mut y = x.clone();
+                let mut y = x.into_vec();
                 for r in y.chunks_mut(d) {
                     let mx = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let mut s = 0.0;
@@ -588,7 +650,7 @@ impl CpuExecutor {
                     v: &v,
                     q_shape: &qs,
                     kv_shape: &ks,
-                    mask: mask.as_ref().map(|(m, s)| (m.as_slice(), s.as_slice())),
+                    mask: mask.as_ref().map(|(m, s)| (&m[..], s.as_slice())),
                     scale: *scale,
                     causal: *causal,
                     window: *window,
@@ -599,7 +661,6 @@ impl CpuExecutor {
             }
             OpKind::CacheUpdate { axis, start } => {
                 let (cs, vs) = (sh(op.inputs[0]), sh(op.inputs[1]));
-                let mut cache = self.get(op.inputs[0], vals)?.f();
                 let val = self.get(op.inputs[1], vals)?.f();
                 let st = start.eval(syms);
                 let outer: usize = cs[..*axis].iter().product();
@@ -634,18 +695,37 @@ impl CpuExecutor {
                     }
                     None => (st as usize..st as usize + vl).collect(),
                 };
-                for o in 0..outer {
-                    for (r, &row) in rows.iter().enumerate() {
-                        let d = (o * cl + row) * inner;
-                        let s = (o * vl + r) * inner;
-                        cache[d..d + inner].copy_from_slice(&val[s..s + inner]);
+                // Written in place: the table's reference is dropped first, so `make_mut`
+                // copies the cache only when an earlier output still holds it.
+                let t = op.inputs[0];
+                let mut cache = self.get(t, vals)?;
+                if let Val::I(_) = &*cache {
+                    cache = Arc::new(Val::F(Val::f(&cache)));
+                }
+                let state = self.states[t].is_some();
+                match state {
+                    true => self.states[t] = None,
+                    false => vals[t] = None,
+                }
+                if let Val::F(c) = Arc::make_mut(&mut cache) {
+                    for o in 0..outer {
+                        for (r, &row) in rows.iter().enumerate() {
+                            let d = (o * cl + row) * inner;
+                            let s = (o * vl + r) * inner;
+                            c[d..d + inner].copy_from_slice(&val[s..s + inner]);
+                        }
                     }
                 }
-                let c = Val::F(cache);
-                self.set(op.inputs[0], c.clone(), vals);
-                c
+                match state {
+                    true => self.states[t] = Some(cache.clone()),
+                    false => vals[t] = Some(cache.clone()),
+                }
+                return self.finish_shared(out, cache, vals);
             }
-            OpKind::Reshape { .. } => self.get(op.inputs[0], vals)?,
+            OpKind::Reshape { .. } => {
+                let x = self.get(op.inputs[0], vals)?;
+                return self.finish_shared(out, x, vals);
+            }
             OpKind::Permute { perm } => {
                 let xs = sh(op.inputs[0]);
                 let x = self.get(op.inputs[0], vals)?;
@@ -688,7 +768,7 @@ impl CpuExecutor {
                 gather(&x, &idx)
             }
             OpKind::Concat { dim } => {
-                let parts: Vec<(Val, Vec<usize>)> = op
+                let parts: Vec<(Arc<Val>, Vec<usize>)> = op
                     .inputs
                     .iter()
                     .map(|&t| Ok((self.get(t, vals)?, sh(t))))
@@ -697,10 +777,10 @@ impl CpuExecutor {
                 let inner: usize = out_shape[dim + 1..].iter().product();
                 let slabs: Vec<usize> = parts.iter().map(|(_, s)| s[*dim] * inner).collect();
                 if out_float {
-                    let fs: Vec<Vec<f32>> = parts.iter().map(|(v, _)| v.f()).collect();
+                    let fs: Vec<Vec<f32>> = parts.iter().map(|(v, _)| Val::f(v)).collect();
                     Val::F(interleave(&fs, &slabs, outer))
                 } else {
-                    let is: Vec<Vec<i64>> = parts.iter().map(|(v, _)| v.i()).collect();
+                    let is: Vec<Vec<i64>> = parts.iter().map(|(v, _)| Val::i(v)).collect();
                     Val::I(interleave(&is, &slabs, outer))
                 }
             }
@@ -753,14 +833,28 @@ impl CpuExecutor {
         &mut self,
         out: TensorId,
         result: Val,
-        vals: &mut [Option<Val>],
+        vals: &mut [Option<Arc<Val>>],
     ) -> std::result::Result<(), String> {
         // Comparison results and integer outputs normalise through the output dtype.
         let result = match (&result, self.graph.tensors[out].dtype) {
             (Val::F(f), dt) if !dt.is_float() => Val::I(f.iter().map(|&x| x as i64).collect()),
             _ => result,
         };
-        self.set(out, result, vals);
+        self.set(out, Arc::new(result), vals);
+        Ok(())
+    }
+
+    /// `finish` for a value shared with its input (a reshape's, an updated cache's).
+    fn finish_shared(
+        &mut self,
+        out: TensorId,
+        v: Arc<Val>,
+        vals: &mut [Option<Arc<Val>>],
+    ) -> std::result::Result<(), String> {
+        if matches!(*v, Val::F(_)) && !self.graph.tensors[out].dtype.is_float() {
+            return self.finish(out, Val::clone(&v), vals);
+        }
+        self.set(out, v, vals);
         Ok(())
     }
 
@@ -768,7 +862,7 @@ impl CpuExecutor {
     fn shared_f32(
         &mut self,
         t: TensorId,
-        vals: &[Option<Val>],
+        vals: &[Option<Arc<Val>>],
     ) -> std::result::Result<F32s, String> {
         if let Some(v) = &self.shared[t] {
             return Ok(v.clone());
@@ -782,7 +876,7 @@ impl CpuExecutor {
                 return Ok(v);
             }
         }
-        let v = F32s::Decoded(Arc::new(self.get(t, vals)?.f()));
+        let v = F32s::Decoded(Arc::new(self.get(t, vals)?.f().into_vec()));
         if matches!(self.graph.tensors[t].role, Role::Constant(_)) {
             self.shared[t] = Some(v.clone());
             // The shared copy replaces the per-op one.
@@ -799,7 +893,7 @@ impl CpuExecutor {
         group: usize,
         ts: &[TensorId],
         [k, n]: [usize; 2],
-        vals: &[Option<Val>],
+        vals: &[Option<Arc<Val>>],
     ) -> std::result::Result<QuantWeight<'_>, String> {
         let (scales, biases) = (self.shared_f32(ts[1], vals)?, self.shared_f32(ts[2], vals)?);
         let raw = self.raw_const(ts[0])?;
@@ -838,7 +932,7 @@ impl CpuExecutor {
         ts: &[TensorId],
         x: &[f32],
         [m, k, n]: [usize; 3],
-        vals: &[Option<Val>],
+        vals: &[Option<Arc<Val>>],
     ) -> std::result::Result<Vec<f32>, String> {
         let short = |what: &str| format!("{what} is smaller than [{n}, {k}]");
         match w {
@@ -920,7 +1014,7 @@ impl CpuExecutor {
         xq: &[i32],
         params: &[(f32, i32)],
         [m, k, n]: [usize; 3],
-        vals: &[Option<Val>],
+        vals: &[Option<Arc<Val>>],
     ) -> std::result::Result<Vec<f32>, String> {
         let (Weight::Q4 { group } | Weight::Q8 { group }) = w else {
             return Err("an integer linear needs a quantized weight".into());
@@ -929,31 +1023,36 @@ impl CpuExecutor {
         let four = qw.four;
         // Symmetric weights (`bias = -zero * scale`, zero = 8 for 4 bits) take the zero out
         // in integers; any remaining bias multiplies the row's dequantized sum.
-        let zero = if four { 8 } else { 0 };
+        let zero: i16 = if four { 8 } else { 0 };
         // 4-bit: the kernels' unsigned activations; 8-bit: the stored signed ones.
         let shift = if four { 128 } else { 0 };
-        let xu: Vec<i32> = xq.iter().map(|&v| v + shift).collect();
+        // 16-bit operands (|x| <= 255, |w| <= 128): products summed in i32 as SSE2's pmaddwd
+        // does, so the dot products vectorise on any x86-64.
+        let xu: Vec<i16> = xq.iter().map(|&v| (v + shift) as i16).collect();
         // The packing sums 16 columns at a time (kr = 8, two nibble planes).
         let chunk = if four && group % 16 == 0 { 16 } else { group };
         Ok(by_weight_rows([m, k, n], |j, out, _| {
             let (q, s, b) = qw.row(j);
-            let mut wq = [0i32; 2048];
+            let mut wq = [0i16; 2048];
             let wq = if k <= 2048 {
                 &mut wq[..k]
             } else {
-                &mut vec![0i32; k][..]
+                &mut vec![0i16; k][..]
             };
-            for (c, v) in wq.iter_mut().enumerate() {
-                *v = if four {
-                    let b = q[c / 2];
-                    (if c % 2 == 0 { b & 0xF } else { b >> 4 }) as i32
-                } else {
-                    q[c] as i8 as i32
-                } - zero;
+            if four {
+                for (pair, &b) in wq.chunks_exact_mut(2).zip(q) {
+                    pair[0] = (b & 0xF) as i16 - zero;
+                    pair[1] = (b >> 4) as i16 - zero;
+                }
+                if k % 2 == 1 {
+                    wq[k - 1] = (q[k / 2] & 0xF) as i16 - zero;
+                }
+            } else {
+                wq.iter_mut().zip(q).for_each(|(v, &b)| *v = b as i8 as i16);
             }
             let mut ksum = 0f32;
             for (c, wc) in wq.chunks_exact(chunk).enumerate() {
-                ksum -= wc.iter().sum::<i32>() as f32 * s[c * chunk / group];
+                ksum -= wc.iter().map(|&v| v as i32).sum::<i32>() as f32 * s[c * chunk / group];
             }
             for (o, (xr, &(inv, zp))) in out.iter_mut().zip(xu.chunks_exact(k).zip(params)) {
                 let zp = zp + shift;
@@ -964,7 +1063,7 @@ impl CpuExecutor {
                     .zip(wq.chunks_exact(group))
                     .enumerate()
                 {
-                    let acc: i32 = xg.iter().zip(wg).map(|(a, b)| a * b).sum();
+                    let acc: i32 = xg.iter().zip(wg).map(|(&a, &b)| a as i32 * b as i32).sum();
                     y = if four {
                         (acc as f32).mul_add(s[g], y)
                     } else {
@@ -972,7 +1071,7 @@ impl CpuExecutor {
                     };
                     let rest = b[g] + zero as f32 * s[g];
                     if rest != 0.0 {
-                        rest_sum += rest * xg.iter().map(|&v| v - zp).sum::<i32>() as f32;
+                        rest_sum += rest * xg.iter().map(|&v| v as i32 - zp).sum::<i32>() as f32;
                     }
                 }
                 *o = (y + rest_sum) * inv;
@@ -986,7 +1085,7 @@ impl CpuExecutor {
         ts: &[TensorId],
         r: usize,
         cols: usize,
-        vals: &[Option<Val>],
+        vals: &[Option<Arc<Val>>],
     ) -> std::result::Result<Vec<f32>, String> {
         match w {
             Weight::F32 => {
@@ -1218,47 +1317,67 @@ fn rms_norm(x: &[f32], w: Option<&[f32]>, d: usize, eps: f32) -> Vec<f32> {
     y
 }
 
-/// An element-wise chain over inputs already broadcast to `n` elements: `v = ins[0]`, then each
-/// step as its own op computes it, so fusing changes no bit.
-fn chain(steps: &[ChainStep], ins: &[Vec<f32>], n: usize) -> std::result::Result<Val, String> {
-    let mut v = Val::F(ins.first().ok_or("a chain without inputs")?.clone());
+/// An element-wise chain over inputs already broadcast to the output's elements: `v = ins[0]`,
+/// then each step as its own op computes it, so fusing changes no bit.
+fn chain(steps: &[ChainStep], ins: &[Vec<f32>]) -> std::result::Result<Val, String> {
+    let mut v = ins.first().ok_or("a chain without inputs")?.clone();
+    let n = [v.len()];
     for st in steps {
-        v = match *st {
-            ChainStep::Unary(u) => Val::F(v.f().into_iter().map(|e| unary_f(u, e)).collect()),
+        match *st {
+            ChainStep::Unary(u) => v.iter_mut().for_each(|e| *e = unary_f(u, *e)),
             ChainStep::Binary {
                 op: b,
                 input,
                 operand_first,
             } => {
-                let w = Val::F(ins.get(input).ok_or("chain operand out of range")?.clone());
-                if operand_first {
-                    binary(b, &w, &v, Ix::Id, Ix::Id, n, true)
-                } else {
-                    binary(b, &v, &w, Ix::Id, Ix::Id, n, true)
-                }
+                let w = (
+                    Vs::F(ins.get(input).ok_or("chain operand out of range")?),
+                    &n[..],
+                );
+                let x = (Vs::F(&v), &n[..]);
+                let y = match operand_first {
+                    true => binary(b, w, x, &n, true),
+                    false => binary(b, x, w, &n, true),
+                };
+                v = match y {
+                    Val::F(y) => y,
+                    Val::I(y) => y.iter().map(|&e| e as f32).collect(),
+                };
             }
             ChainStep::Scalar {
                 op: b,
                 scalar,
                 scalar_first,
             } => {
-                let sv = Val::F(vec![scalar as f32]);
-                if scalar_first {
-                    binary(b, &sv, &v, Ix::Zero, Ix::Id, n, true)
-                } else {
-                    binary(b, &v, &sv, Ix::Id, Ix::Zero, n, true)
-                }
+                let sv = [scalar as f32];
+                let (x, s) = ((Vs::F(&v), &n[..]), (Vs::F(&sv), &[][..]));
+                let y = match scalar_first {
+                    true => binary(b, s, x, &n, true),
+                    false => binary(b, x, s, &n, true),
+                };
+                v = match y {
+                    Val::F(y) => y,
+                    Val::I(y) => y.iter().map(|&e| e as f32).collect(),
+                };
             }
             ChainStep::Clamp { min, max } => {
                 let (lo, hi) = (
                     min.unwrap_or(f64::NEG_INFINITY) as f32,
                     max.unwrap_or(f64::INFINITY) as f32,
                 );
-                Val::F(v.f().into_iter().map(|e| e.max(lo).min(hi)).collect())
+                v.iter_mut().for_each(|e| *e = e.max(lo).min(hi));
             }
-        };
+        }
     }
-    Ok(v)
+    Ok(Val::F(v))
+}
+
+/// `where`: `a` where `c` is non-zero, else `b`, all of one shape.
+fn pick<T: Copy>(c: &[i64], a: &[T], b: &[T]) -> Vec<T> {
+    c.iter()
+        .zip(a.iter().zip(b))
+        .map(|(&c, (&a, &b))| if c != 0 { a } else { b })
+        .collect()
 }
 
 /// XNNPACK's per-row dynamic int8 quantization: writes `q - zero_point` per element and
@@ -1323,36 +1442,6 @@ fn unary_i(u: UnaryOp, x: i64) -> i64 {
 }
 
 /// Where operand element k of a broadcast lives: itself, the only element, or a lookup.
-#[derive(Clone, Copy)]
-enum Ix<'a> {
-    Id,
-    Zero,
-    Map(&'a [usize]),
-}
-
-impl<'a> Ix<'a> {
-    fn of(m: &'a Option<Vec<usize>>) -> Self {
-        m.as_deref().map_or(Ix::Id, Ix::Map)
-    }
-    #[inline]
-    fn at(self, k: usize) -> usize {
-        match self {
-            Ix::Id => k,
-            Ix::Zero => 0,
-            Ix::Map(v) => v[k],
-        }
-    }
-}
-
-/// Broadcast lookup of an operand of shape `src` into `out`, or `None` when it is the identity
-/// (same element count and trailing dims: no index vector for the common case).
-fn ix_for(src: &[usize], out: &[usize]) -> Option<Vec<usize>> {
-    let same = src.iter().product::<usize>() == out.iter().product::<usize>()
-        && src.len() <= out.len()
-        && src.iter().rev().zip(out.iter().rev()).all(|(a, b)| a == b);
-    (!same).then(|| broadcast_indices(src, out))
-}
-
 /// `src` (row-major, shape `xs`) read at `out_strides[d]` per output dim into a new row-major
 /// tensor of shape `out`; permutes and broadcasts copy runs of the innermost dim at once.
 fn strided_copy<T: Copy>(src: &[T], out: &[usize], out_strides: &[usize]) -> Vec<T> {
@@ -1395,69 +1484,198 @@ fn strided(x: &Val, out: &[usize], out_strides: &[usize]) -> Val {
     }
 }
 
-fn binary(b: BinaryOp, x: &Val, y: &Val, xi: Ix, yi: Ix, n: usize, out_float: bool) -> Val {
+/// A value's elements, borrowed.
+#[derive(Clone, Copy)]
+enum Vs<'a> {
+    F(&'a [f32]),
+    I(&'a [i64]),
+}
+
+impl Val {
+    fn view(&self) -> Vs<'_> {
+        match self {
+            Val::F(v) => Vs::F(v),
+            Val::I(v) => Vs::I(v),
+        }
+    }
+}
+
+impl<'a> Vs<'a> {
+    fn f(self) -> Cow<'a, [f32]> {
+        match self {
+            Vs::F(v) => Cow::Borrowed(v),
+            Vs::I(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+        }
+    }
+}
+
+/// Strides of a row-major `src` read at each dim of `out` (0 where broadcast or absent).
+fn bcast_strides(src: &[usize], out: &[usize]) -> Vec<usize> {
+    let st = strides(src);
+    let off = out.len().saturating_sub(src.len());
+    (0..out.len())
+        .map(|d| match (d + src.len()).checked_sub(out.len()) {
+            Some(j) if d >= off && src[j] != 1 => st[j],
+            _ => 0,
+        })
+        .collect()
+}
+
+/// `out` and the operands' strides with neighbouring dims merged wherever every operand reads
+/// them as one (both contiguous, or both broadcast), so runs of the innermost dim are long.
+fn collapse(out: &[usize], sts: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut shape: Vec<usize> = Vec::new();
+    let mut cst: Vec<Vec<usize>> = vec![Vec::new(); sts.len()];
+    for d in (0..out.len()).rev() {
+        if out[d] == 1 {
+            continue;
+        }
+        let merge = shape.last().is_some_and(|&inner| {
+            sts.iter()
+                .zip(&cst)
+                .all(|(st, c)| st[d] == c.last().copied().unwrap_or(0) * inner)
+        });
+        if merge {
+            *shape.last_mut().unwrap_or(&mut 0) *= out[d];
+        } else {
+            shape.push(out[d]);
+            cst.iter_mut().zip(sts).for_each(|(c, st)| c.push(st[d]));
+        }
+    }
+    if shape.is_empty() {
+        shape.push(1);
+        cst.iter_mut().for_each(|c| c.push(0));
+    }
+    shape.reverse();
+    cst.iter_mut().for_each(|c| c.reverse());
+    (shape, cst)
+}
+
+/// `f` over `x` and `y` broadcast to `out`, walking runs of the (collapsed) innermost dim.
+fn zip_bcast<A: Copy, B: Copy, R>(
+    (x, xs): (&[A], &[usize]),
+    (y, ys): (&[B], &[usize]),
+    out: &[usize],
+    f: impl Fn(A, B) -> R,
+) -> Vec<R> {
+    let n: usize = out.iter().product();
+    let mut res = Vec::with_capacity(n);
+    if n == 0 {
+        return res;
+    }
+    let (shape, st) = collapse(out, &[bcast_strides(xs, out), bcast_strides(ys, out)]);
+    let r = shape.len();
+    let inner = shape[r - 1];
+    let (xi, yi) = (st[0][r - 1], st[1][r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let (mut xo, mut yo) = (0usize, 0usize);
+    for _ in 0..n / inner {
+        match (xi, yi) {
+            (1, 1) => res.extend(
+                x[xo..xo + inner]
+                    .iter()
+                    .zip(&y[yo..yo + inner])
+                    .map(|(&a, &b)| f(a, b)),
+            ),
+            (1, 0) => {
+                let b = y[yo];
+                res.extend(x[xo..xo + inner].iter().map(|&a| f(a, b)));
+            }
+            (0, 1) => {
+                let a = x[xo];
+                res.extend(y[yo..yo + inner].iter().map(|&b| f(a, b)));
+            }
+            _ => res.extend((0..inner).map(|i| f(x[xo + i * xi], y[yo + i * yi]))),
+        }
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            xo += st[0][d];
+            yo += st[1][d];
+            if idx[d] < shape[d] {
+                break;
+            }
+            xo -= st[0][d] * idx[d];
+            yo -= st[1][d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    res
+}
+
+/// `v` (shape `src`) broadcast to `out`: borrowed when that changes nothing.
+fn expand<'a, T: Copy>(v: &'a [T], src: &[usize], out: &[usize]) -> Cow<'a, [T]> {
+    let n: usize = out.iter().product();
+    let same = src.iter().product::<usize>() == n
+        && src.len() <= out.len()
+        && src.iter().rev().zip(out.iter().rev()).all(|(a, b)| a == b);
+    match same {
+        true => Cow::Borrowed(&v[..n]),
+        false => Cow::Owned(strided_copy(v, out, &bcast_strides(src, out))),
+    }
+}
+
+/// A binary op of `x` (shape `xs`) and `y` (shape `ys`) broadcast to `out`; each op's loop is
+/// its own instance, so the common ones vectorise.
+fn binary(
+    b: BinaryOp,
+    (x, xs): (Vs, &[usize]),
+    (y, ys): (Vs, &[usize]),
+    out: &[usize],
+    out_float: bool,
+) -> Val {
     use BinaryOp::*;
-    let both_int = matches!((x, y), (Val::I(_), Val::I(_)));
-    if both_int && (!out_float || b.is_comparison()) {
-        let (x, y) = (x.i(), y.i());
-        return Val::I(
-            (0..n)
-                .map(|k| (xi.at(k), yi.at(k)))
-                .map(|(i, j)| {
-                    let (p, q) = (x[i], y[j]);
-                    match b {
-                        Add => p.wrapping_add(q),
-                        Sub => p.wrapping_sub(q),
-                        Mul => p.wrapping_mul(q),
-                        Div => {
-                            if q == 0 {
-                                0
-                            } else {
-                                p / q
-                            }
-                        }
-                        Pow => p.wrapping_pow(q.max(0) as u32),
-                        Max => p.max(q),
-                        Min => p.min(q),
-                        Eq => (p == q) as i64,
-                        Ne => (p != q) as i64,
-                        Lt => (p < q) as i64,
-                        Le => (p <= q) as i64,
-                        Gt => (p > q) as i64,
-                        Ge => (p >= q) as i64,
-                        And => (p != 0 && q != 0) as i64,
-                        Or => (p != 0 || q != 0) as i64,
-                    }
-                })
-                .collect(),
-        );
+    if let (Vs::I(x), Vs::I(y)) = (x, y) {
+        if !out_float || b.is_comparison() {
+            macro_rules! z {
+                ($f:expr) => {
+                    zip_bcast((x, xs), (y, ys), out, $f)
+                };
+            }
+            return Val::I(match b {
+                Add => z!(|p, q| p.wrapping_add(q)),
+                Sub => z!(|p, q| p.wrapping_sub(q)),
+                Mul => z!(|p, q| p.wrapping_mul(q)),
+                Div => z!(|p, q| if q == 0 { 0 } else { p.wrapping_div(q) }),
+                Pow => z!(|p, q| p.wrapping_pow(q.max(0) as u32)),
+                Max => z!(|p, q| p.max(q)),
+                Min => z!(|p, q| p.min(q)),
+                Eq => z!(|p, q| (p == q) as i64),
+                Ne => z!(|p, q| (p != q) as i64),
+                Lt => z!(|p, q| (p < q) as i64),
+                Le => z!(|p, q| (p <= q) as i64),
+                Gt => z!(|p, q| (p > q) as i64),
+                Ge => z!(|p, q| (p >= q) as i64),
+                And => z!(|p, q| (p != 0 && q != 0) as i64),
+                Or => z!(|p, q| (p != 0 || q != 0) as i64),
+            });
+        }
     }
     let (x, y) = (x.f(), y.f());
-    Val::F(
-        (0..n)
-            .map(|k| (xi.at(k), yi.at(k)))
-            .map(|(i, j)| {
-                let (p, q) = (x[i], y[j]);
-                match b {
-                    Add => p + q,
-                    Sub => p - q,
-                    Mul => p * q,
-                    Div => p / q,
-                    Pow => p.powf(q),
-                    Max => p.max(q),
-                    Min => p.min(q),
-                    Eq => (p == q) as i32 as f32,
-                    Ne => (p != q) as i32 as f32,
-                    Lt => (p < q) as i32 as f32,
-                    Le => (p <= q) as i32 as f32,
-                    Gt => (p > q) as i32 as f32,
-                    Ge => (p >= q) as i32 as f32,
-                    And => (p != 0.0 && q != 0.0) as i32 as f32,
-                    Or => (p != 0.0 || q != 0.0) as i32 as f32,
-                }
-            })
-            .collect(),
-    )
+    macro_rules! z {
+        ($f:expr) => {
+            zip_bcast((&x[..], xs), (&y[..], ys), out, $f)
+        };
+    }
+    fn t(c: bool) -> f32 {
+        c as i32 as f32
+    }
+    Val::F(match b {
+        Add => z!(|p, q| p + q),
+        Sub => z!(|p, q| p - q),
+        Mul => z!(|p, q| p * q),
+        Div => z!(|p, q| p / q),
+        Pow => z!(|p, q| p.powf(q)),
+        Max => z!(|p, q| p.max(q)),
+        Min => z!(|p, q| p.min(q)),
+        Eq => z!(|p, q| t(p == q)),
+        Ne => z!(|p, q| t(p != q)),
+        Lt => z!(|p, q| t(p < q)),
+        Le => z!(|p, q| t(p <= q)),
+        Gt => z!(|p, q| t(p > q)),
+        Ge => z!(|p, q| t(p >= q)),
+        And => z!(|p, q| t(p != 0.0 && q != 0.0)),
+        Or => z!(|p, q| t(p != 0.0 || q != 0.0)),
+    })
 }
 
 /// Concatenation's layout: each of the `outer` blocks takes each part's slab (`slabs[i]` values

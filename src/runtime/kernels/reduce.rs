@@ -87,12 +87,33 @@ fn mean(k: &mut KernelCtx) -> KernelResult {
         let inner: usize = a.sizes[d + 1..].iter().product();
         let v = a.f32();
         let mut out = vec![0f32; outer * inner];
-        for (o, acc) in out.chunks_mut(inner.max(1)).enumerate().take(outer) {
-            for j in 0..n {
-                let row = &v[(o * n + j) * inner..][..inner];
-                acc.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
+        if inner == 1 && n > 0 {
+            // Rows of contiguous values (attention's dot products): each row summed in order,
+            // eight rows side by side so the additions do not wait on one another.
+            let mut rows = out.chunks_exact_mut(8);
+            for (c, acc) in rows.by_ref().enumerate() {
+                let block = &v[c * 8 * n..][..8 * n];
+                let mut s = [0f32; 8];
+                for j in 0..n {
+                    for (r, sr) in s.iter_mut().enumerate() {
+                        *sr += block[r * n + j];
+                    }
+                }
+                acc.iter_mut().zip(s).for_each(|(o, s)| *o = s / n as f32);
             }
-            acc.iter_mut().for_each(|s| *s /= n as f32);
+            let done = outer - rows.into_remainder().len();
+            for (o, acc) in out.iter_mut().enumerate().skip(done) {
+                let s = v[o * n..(o + 1) * n].iter().fold(0f32, |s, &x| s + x);
+                *acc = s / n as f32;
+            }
+        } else {
+            for (o, acc) in out.chunks_mut(inner.max(1)).enumerate().take(outer) {
+                for j in 0..n {
+                    let row = &v[(o * n + j) * inner..][..inner];
+                    acc.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
+                }
+                acc.iter_mut().for_each(|s| *s /= n as f32);
+            }
         }
         let mut shape = a.sizes.clone();
         if keep {
