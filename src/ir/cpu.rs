@@ -164,6 +164,7 @@ pub type Result<T> = std::result::Result<T, IrError>;
 
 impl CpuExecutor {
     pub fn new(graph: Graph) -> Result<Self> {
+        crate::runtime::tune_allocator();
         graph.validate()?;
         let n = graph.tensors.len();
         let states = graph
@@ -385,16 +386,12 @@ impl CpuExecutor {
                     max.unwrap_or(f64::INFINITY),
                 );
                 match &*x {
-                    Val::F(v) => Val::F(
-                        v.into_iter()
-                            .map(|e| e.max(lo as f32).min(hi as f32))
-                            .collect(),
-                    ),
-                    Val::I(v) => Val::I(
-                        v.into_iter()
-                            .map(|&e| (e as f64).clamp(lo, hi) as i64)
-                            .collect(),
-                    ),
+                    Val::F(v) => {
+                        Val::F(v.iter().map(|e| e.max(lo as f32).min(hi as f32)).collect())
+                    }
+                    Val::I(v) => {
+                        Val::I(v.iter().map(|&e| (e as f64).clamp(lo, hi) as i64).collect())
+                    }
                 }
             }
             OpKind::Cast | OpKind::Copy => {
@@ -1153,7 +1150,8 @@ pub(crate) fn threads() -> usize {
 
 /// `y [m, n]` where `f(j, y[.., j], scratch)` fills output column j (one weight row) for all m
 /// rows of x; scratch is a k-long buffer private to the calling thread. Weight rows are split
-/// into one contiguous range per thread.
+/// into one contiguous range per thread (rayon's persistent pool measured the same: a demo
+/// model step spends its time elsewhere).
 fn by_weight_rows(
     [m, k, n]: [usize; 3],
     f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
@@ -1852,6 +1850,157 @@ mod tests {
                 (*seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
             })
             .collect()
+    }
+
+    /// Offset in a row-major `src` of output element `k` of `out`, by NumPy broadcasting
+    /// (dims aligned from the right, size-1 and missing dims repeat): one element at a time.
+    fn naive_offset(src: &[usize], out: &[usize], mut k: usize) -> usize {
+        let (mut off, mut stride) = (0, 1);
+        for d in (0..out.len()).rev() {
+            let i = k % out[d];
+            k /= out[d];
+            if let Some(j) = (d + src.len()).checked_sub(out.len()) {
+                if src[j] != 1 {
+                    off += i * stride;
+                }
+                stride *= src[j];
+            }
+        }
+        off
+    }
+
+    fn int_bytes(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Runs one op of two or three inputs (given as dtype, shape, bytes) on the CPU executor.
+    fn run_op(
+        kind: OpKind,
+        ins: &[(DType, Vec<usize>, Vec<u8>)],
+        out: (DType, Vec<usize>),
+    ) -> HostTensor {
+        let mut g = Graph::default();
+        let ts: Vec<TensorId> = ins
+            .iter()
+            .enumerate()
+            .map(|(i, (dt, shape, _))| {
+                g.add_tensor(format!("in{i}"), *dt, shape.clone(), Role::Input(i))
+            })
+            .collect();
+        let y = g.add_tensor("y", out.0, out.1, Role::Activation);
+        g.op(kind, ts.clone(), vec![y]);
+        g.inputs.extend(ts.iter().map(|&t| Io::Tensor(t)));
+        g.outputs.push(y);
+        let inputs: Vec<InputValue> = ins
+            .iter()
+            .map(|(_, shape, data)| InputValue::Tensor {
+                shape: shape.clone(),
+                data,
+            })
+            .collect();
+        let mut got = CpuExecutor::new(g).unwrap().run(&inputs).unwrap();
+        got.remove(0)
+    }
+
+    /// Broadcast binary ops, walked by strides over merged dims, give every element what
+    /// indexing each operand by the broadcasting rule gives: contiguous, repeated, middle and
+    /// leading size-1 dims, both operands broadcast, float, integer and comparison forms.
+    #[test]
+    fn binary_ops_broadcast_as_indexing_each_element_does() {
+        use BinaryOp::*;
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let shapes: [(&[usize], &[usize]); 9] = [
+            (&[2, 3, 4], &[2, 3, 4]),
+            (&[2, 3, 4], &[4]),
+            (&[2, 3, 4], &[3, 1]),
+            (&[1, 3, 1, 5], &[2, 1, 4, 1]),
+            (&[1], &[3, 2]),
+            (&[6, 1], &[1, 7]),
+            (&[2, 1, 3], &[2, 5, 3]),
+            (&[1, 3, 1, 1, 8, 4], &[1, 3, 3, 1, 1, 4]),
+            (&[3, 1, 2, 1], &[3, 5, 2, 4]),
+        ];
+        for (xs, ys) in shapes {
+            let r = xs.len().max(ys.len());
+            let pad = |s: &[usize]| -> Vec<usize> {
+                let mut v = vec![1; r - s.len()];
+                v.extend_from_slice(s);
+                v
+            };
+            let (px, py) = (pad(xs), pad(ys));
+            let out: Vec<usize> = px.iter().zip(&py).map(|(a, b)| *a.max(b)).collect();
+            let n: usize = out.iter().product();
+            let x = rand(&mut seed, xs.iter().product());
+            let mut y = rand(&mut seed, ys.iter().product());
+            y.iter_mut().step_by(3).for_each(|v| *v = x[0]); // ties for the comparisons
+            let xi: Vec<i64> = x.iter().map(|v| (v * 9.0) as i64).collect();
+            let yi: Vec<i64> = y.iter().map(|v| (v * 5.0) as i64).collect();
+            let at = |k: usize| (naive_offset(xs, &out, k), naive_offset(ys, &out, k));
+            for (b, f) in [
+                (Sub, (|p, q| p - q) as fn(f32, f32) -> f32),
+                (Div, |p, q| p / q),
+                (Max, |p, q| p.max(q)),
+                (Le, |p, q| (p <= q) as i32 as f32),
+            ] {
+                let dt = if b.is_comparison() {
+                    DType::Bool
+                } else {
+                    DType::F32
+                };
+                let got = run_op(
+                    OpKind::Binary(b),
+                    &[
+                        (DType::F32, xs.to_vec(), f32s(&x)),
+                        (DType::F32, ys.to_vec(), f32s(&y)),
+                    ],
+                    (dt, out.clone()),
+                );
+                assert_eq!(got.sizes, out, "{b:?} {xs:?} {ys:?}");
+                let got = to_f32(dt, &got.data).into_owned();
+                let want: Vec<f32> = (0..n).map(at).map(|(i, j)| f(x[i], y[j])).collect();
+                assert_eq!(got, want, "{b:?} {xs:?} {ys:?}");
+            }
+            for (b, f) in [
+                (Sub, (|p: i64, q: i64| p - q) as fn(i64, i64) -> i64),
+                (Div, |p, q| if q == 0 { 0 } else { p / q }),
+                (Gt, |p, q| (p > q) as i64),
+            ] {
+                let got = run_op(
+                    OpKind::Binary(b),
+                    &[
+                        (DType::I64, xs.to_vec(), int_bytes(&xi)),
+                        (DType::I64, ys.to_vec(), int_bytes(&yi)),
+                    ],
+                    (DType::I64, out.clone()),
+                );
+                let got = to_i64(DType::I64, &got.data);
+                let want: Vec<i64> = (0..n).map(at).map(|(i, j)| f(xi[i], yi[j])).collect();
+                assert_eq!(got, want, "{b:?} {xs:?} {ys:?}");
+            }
+            let c: Vec<i64> = x.iter().map(|&v| (v > 0.0) as i64).collect();
+            let got = run_op(
+                OpKind::Where,
+                &[
+                    (
+                        DType::Bool,
+                        xs.to_vec(),
+                        c.iter().map(|&v| v as u8).collect(),
+                    ),
+                    (DType::F32, ys.to_vec(), f32s(&y)),
+                    (DType::F32, vec![1], f32s(&[-7.5])),
+                ],
+                (DType::F32, out.clone()),
+            );
+            let want: Vec<f32> = (0..n)
+                .map(at)
+                .map(|(i, j)| if c[i] != 0 { y[j] } else { -7.5 })
+                .collect();
+            assert_eq!(
+                to_f32(DType::F32, &got.data).into_owned(),
+                want,
+                "where {xs:?} {ys:?}"
+            );
+        }
     }
 
     /// Runs one bias-free `Linear` of `x` `[m, k]` on the CPU executor; `operands` are its

@@ -252,3 +252,89 @@ fn any_dims(k: &mut KernelCtx) -> KernelResult {
     let keep = k.boolean(2)?;
     any_impl(k, dims, keep)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::runtime::kernels::{lookup, KernelCtx};
+    use crate::runtime::tensor::{DType, Storage, Tensor};
+    use crate::runtime::{Memory, Value};
+
+    fn f32_tensor(storage: Storage, sizes: Vec<usize>) -> Value {
+        let n: usize = sizes.iter().product();
+        Value::Tensor(Tensor {
+            dtype: DType::F32,
+            dim_order: (0..sizes.len() as u8).collect(),
+            sizes,
+            max_bytes: 4 * n,
+            storage,
+        })
+    }
+
+    /// `aten::mean.out` of float32 over one dim sums each group in element order in float32
+    /// and then divides, as ExecuTorch's portable kernel does: the last dim (rows summed eight
+    /// at a time, with rows left over) and a leading dim, bit for bit.
+    #[test]
+    fn float32_mean_sums_in_element_order() {
+        let (a, b, c) = (3usize, 7usize, 67usize);
+        let xs: Vec<f32> = (0..a * b * c)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.013_7 + 1e-3 * i as f32)
+            .collect();
+        for (dim, out_sizes) in [(2i64, vec![a, b, 1]), (1, vec![a, 1, c])] {
+            let out_n: usize = out_sizes.iter().product();
+            let mut mem = Memory {
+                values: vec![
+                    f32_tensor(Storage::Input(0), vec![a, b, c]),
+                    Value::Int(dim),
+                    Value::IntList(vec![1]),
+                    Value::Bool(true),
+                    f32_tensor(
+                        Storage::Arena {
+                            arena: 0,
+                            offset: 0,
+                        },
+                        out_sizes.clone(),
+                    ),
+                ],
+                arenas: vec![vec![0u8; 4 * out_n]],
+                inputs: vec![xs.iter().flat_map(|x| x.to_le_bytes()).collect()],
+            };
+            let kernel = lookup("aten::mean.out").expect("mean is registered");
+            kernel(&mut KernelCtx::new(&mut mem, &[0, 2, 3, 4])).expect("mean runs");
+            let got: Vec<f32> = mem.arenas[0]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let n = if dim == 2 { c } else { b };
+            let want: Vec<f32> = (0..out_n)
+                .map(|o| {
+                    let (i, j) = if dim == 2 {
+                        (o / b, o % b)
+                    } else {
+                        (o / c, o % c)
+                    };
+                    let at = |t: usize| match dim {
+                        2 => xs[(i * b + j) * c + t],
+                        _ => xs[(i * b + t) * c + j],
+                    };
+                    (0..n).fold(0f32, |s, t| s + at(t)) / n as f32
+                })
+                .collect();
+            assert_eq!(got, want, "mean over dim {dim}");
+            let f64_form: Vec<f32> = (0..a * b)
+                .map(|r| {
+                    (xs[r * c..(r + 1) * c]
+                        .iter()
+                        .map(|&v| v as f64)
+                        .sum::<f64>()
+                        / c as f64) as f32
+                })
+                .collect();
+            if dim == 2 {
+                assert!(
+                    got != f64_form,
+                    "the inputs must tell the summation orders apart"
+                );
+            }
+        }
+    }
+}
