@@ -1028,6 +1028,9 @@ impl CpuExecutor {
         let xu: Vec<i16> = xq.iter().map(|&v| (v + shift) as i16).collect();
         // The packing sums 16 columns at a time (kr = 8, two nibble planes).
         let chunk = if four && group % 16 == 0 { 16 } else { group };
+        if four && group % 2 == 0 && chunk % 2 == 0 && k > 0 {
+            return Ok(linear_q4_pairs(&qw, &xu, params, [m, k, n], group, chunk));
+        }
         Ok(by_weight_rows([m, k, n], |j, out, _| {
             let (q, s, b) = qw.row(j);
             let mut wq = [0i16; 2048];
@@ -1135,6 +1138,122 @@ pub(crate) fn dequant_row<'a>(
                 s * n + b
             })
         })
+}
+
+/// `linear_qd8` for 4-bit weights in even groups, reading the packed bytes directly: each
+/// byte's low nibble multiplies an even column of x, its high nibble the odd one after it,
+/// and the zero of 8 comes out through each group's sum of x. The same integer sums, so
+/// the same bits, without unpacking every row first.
+fn linear_q4_pairs(
+    qw: &QuantWeight,
+    xu: &[i16],
+    params: &[(f32, i32)],
+    [m, k, n]: [usize; 3],
+    group: usize,
+    chunk: usize,
+) -> Vec<f32> {
+    let half = k / 2;
+    // Per row of x: its even and odd columns apart, and each group's sum.
+    let mut even: Vec<i16> = Vec::with_capacity(m * half);
+    let mut odd: Vec<i16> = Vec::with_capacity(m * half);
+    let mut gsum = Vec::with_capacity(m * (k / group));
+    for xr in xu.chunks_exact(k) {
+        even.extend(xr.iter().step_by(2));
+        odd.extend(xr.iter().skip(1).step_by(2));
+        gsum.extend(
+            xr.chunks_exact(group)
+                .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
+        );
+    }
+    let x = PairedX {
+        even: &even,
+        odd: &odd,
+        gsum: &gsum,
+        params,
+        half,
+        group,
+        chunk,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has both features, checked just above.
+        return by_weight_rows([m, k, n], |j, out, _| unsafe {
+            q4_pairs_row_avx2(&x, qw.row(j), out)
+        });
+    }
+    by_weight_rows([m, k, n], |j, out, _| q4_pairs_row(&x, qw.row(j), out))
+}
+
+/// x prepared for `linear_q4_pairs`: even and odd columns apart, each group's sum.
+struct PairedX<'a> {
+    even: &'a [i16],
+    odd: &'a [i16],
+    gsum: &'a [i32],
+    params: &'a [(f32, i32)],
+    half: usize,
+    group: usize,
+    chunk: usize,
+}
+
+/// `q4_pairs_row` compiled for AVX2 and FMA: 256-bit integer dot products, and the group
+/// sums' fused multiply-adds as one instruction (the baseline x86-64 build calls libm's
+/// `fmaf`). Both compute the same correctly rounded operations, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn q4_pairs_row_avx2(x: &PairedX, row: (&[u8], &[f32], &[f32]), out: &mut [f32]) {
+    q4_pairs_row(x, row, out)
+}
+
+/// One weight row of `linear_q4_pairs` for every row of x.
+#[inline(always)]
+fn q4_pairs_row(x: &PairedX, (q, s, b): (&[u8], &[f32], &[f32]), out: &mut [f32]) {
+    let PairedX {
+        even,
+        odd,
+        gsum,
+        params,
+        half,
+        group,
+        chunk,
+    } = *x;
+    let groups = 2 * half / group;
+    {
+        let q = &q[..half];
+        let mut ksum = 0f32;
+        for (c, bytes) in q.chunks_exact(chunk / 2).enumerate() {
+            let nib: i32 = bytes
+                .iter()
+                .map(|&v| (v & 0xF) as i32 + (v >> 4) as i32)
+                .sum();
+            ksum -= (nib - 8 * chunk as i32) as f32 * s[c * chunk / group];
+        }
+        for (r, (o, &(inv, zp))) in out.iter_mut().zip(params).enumerate() {
+            let zp = zp + 128;
+            let (xe, xo) = (&even[r * half..][..half], &odd[r * half..][..half]);
+            let gs = &gsum[r * groups..][..groups];
+            let mut y = ksum * zp as f32;
+            let mut rest_sum = 0f32;
+            for (g, ((bytes, ge), go)) in q
+                .chunks_exact(group / 2)
+                .zip(xe.chunks_exact(group / 2))
+                .zip(xo.chunks_exact(group / 2))
+                .enumerate()
+            {
+                let dot: i32 = bytes
+                    .iter()
+                    .zip(ge.iter().zip(go))
+                    .map(|(&v, (&a, &c))| a as i32 * (v & 0xF) as i32 + c as i32 * (v >> 4) as i32)
+                    .sum();
+                let acc = dot - 8 * gs[g];
+                y = (acc as f32).mul_add(s[g], y);
+                let rest = b[g] + 8.0 * s[g];
+                if rest != 0.0 {
+                    rest_sum += rest * (gs[g] - zp * group as i32) as f32;
+                }
+            }
+            *o = (y + rest_sum) * inv;
+        }
+    }
 }
 
 /// Multiply-adds below which a linear runs on the calling thread (spawning costs more).
@@ -2192,6 +2311,122 @@ mod tests {
             worst <= 2.0 * f32::EPSILON as f64,
             "error {worst:e} of the summed terms"
         );
+    }
+
+    /// The 4-bit linear that reads packed bytes in pairs (with and without AVX2/FMA) gives the
+    /// bits of unpacking every weight and summing column by column, the form it replaced (and
+    /// the one `tests/xnnpack_linear.rs` holds to ExecuTorch's own), with and without stored
+    /// biases beyond the symmetric zero, on groups of 32 and 64 and several rows of x.
+    #[test]
+    fn paired_nibble_linear_keeps_the_unpacked_bits() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        for (m, k, n, group, symmetric) in [
+            (1, 576, 67, 64, true),
+            (3, 576, 40, 32, true),
+            (2, 192, 33, 32, false),
+        ] {
+            let groups = k / group;
+            let raw: Vec<u8> = rand(&mut seed, n * k / 2)
+                .iter()
+                .map(|v| ((v + 1.0) * 127.9) as u8)
+                .collect();
+            let scales: Vec<f32> = rand(&mut seed, n * groups)
+                .iter()
+                .map(|v| 0.01 + v.abs() * 0.05)
+                .collect();
+            let mut biases: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
+            if !symmetric {
+                biases.iter_mut().step_by(3).for_each(|b| *b += 0.02);
+            }
+            let x = rand(&mut seed, m * k);
+            let mut xu = vec![0i16; m * k];
+            let params: Vec<(f32, i32)> = x
+                .chunks(k)
+                .zip(xu.chunks_mut(k))
+                .map(|(row, q)| {
+                    let mut r = vec![0i32; k];
+                    let (inv, zp) = quant_row_xnnpack(row, &mut r);
+                    q.iter_mut()
+                        .zip(&r)
+                        .for_each(|(u, &v)| *u = (v + zp + 128) as i16);
+                    (inv, zp)
+                })
+                .collect();
+            let qw = QuantWeight {
+                raw: &raw,
+                scales: F32s::Decoded(Arc::new(scales.clone())),
+                biases: F32s::Decoded(Arc::new(biases.clone())),
+                four: true,
+                row_bytes: k / 2,
+                groups,
+            };
+            let chunk = 16;
+            let got = linear_q4_pairs(&qw, &xu, &params, [m, k, n], group, chunk);
+            // The unpacking form, element by element.
+            let mut want = vec![0f32; m * n];
+            for j in 0..n {
+                let (q, s, b) = qw.row(j);
+                let wq: Vec<i32> = (0..k)
+                    .map(|c| {
+                        (if c % 2 == 0 {
+                            q[c / 2] & 0xF
+                        } else {
+                            q[c / 2] >> 4
+                        }) as i32
+                            - 8
+                    })
+                    .collect();
+                let mut ksum = 0f32;
+                for (c, wc) in wq.chunks_exact(chunk).enumerate() {
+                    ksum -= wc.iter().sum::<i32>() as f32 * s[c * chunk / group];
+                }
+                for (i, &(inv, zp)) in params.iter().enumerate() {
+                    let zp = zp + 128;
+                    let xr = &xu[i * k..(i + 1) * k];
+                    let (mut y, mut rest_sum) = (ksum * zp as f32, 0f32);
+                    for (g, (xg, wg)) in xr
+                        .chunks_exact(group)
+                        .zip(wq.chunks_exact(group))
+                        .enumerate()
+                    {
+                        let acc: i32 = xg.iter().zip(wg).map(|(&a, &w)| a as i32 * w).sum();
+                        y = (acc as f32).mul_add(s[g], y);
+                        let rest = b[g] + 8.0 * s[g];
+                        if rest != 0.0 {
+                            rest_sum +=
+                                rest * xg.iter().map(|&v| v as i32 - zp).sum::<i32>() as f32;
+                        }
+                    }
+                    want[i * n + j] = (y + rest_sum) * inv;
+                }
+            }
+            assert_eq!(got, want, "m {m} k {k} n {n} group {group}");
+            // The portable row kernel, whichever one `linear_q4_pairs` picked on this CPU.
+            let (mut even, mut odd, mut gsum) = (vec![], vec![], vec![]);
+            for xr in xu.chunks_exact(k) {
+                even.extend(xr.iter().step_by(2));
+                odd.extend(xr.iter().skip(1).step_by(2));
+                gsum.extend(
+                    xr.chunks_exact(group)
+                        .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
+                );
+            }
+            let px = PairedX {
+                even: &even,
+                odd: &odd,
+                gsum: &gsum,
+                params: &params,
+                half: k / 2,
+                group,
+                chunk,
+            };
+            for j in 0..n {
+                let mut col = vec![0f32; m];
+                q4_pairs_row(&px, qw.row(j), &mut col);
+                let want_col: Vec<f32> = (0..m).map(|i| want[i * n + j]).collect();
+                assert_eq!(col, want_col, "portable row {j}");
+            }
+        }
     }
 
     /// 15 · 255 / 34 = 112.5: torchao's `x / (range / 255)` lands just under the tie and

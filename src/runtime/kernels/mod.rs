@@ -215,6 +215,19 @@ impl<'a> KernelCtx<'a> {
             .map_err(|e| format!("argument {i}: {e}"))
     }
 
+    /// Argument `i`'s tensor and its bytes where they lie: no copy, for kernels that read all
+    /// of an input before writing (`input` copies, so a kernel may write while holding it).
+    pub fn input_ref(&self, i: usize) -> Result<(&Tensor, &[u8]), String> {
+        let t = self.mem.tensor(self.id(i)?)?;
+        if !t.is_contiguous() {
+            return Err(format!(
+                "argument {i}: tensor with dim order {:?} is not supported",
+                t.dim_order
+            ));
+        }
+        Ok((t, self.mem.bytes(t)?))
+    }
+
     pub fn opt_input(&self, i: usize) -> Result<Option<TensorIn>, String> {
         if self.is_none(i) {
             return Ok(None);

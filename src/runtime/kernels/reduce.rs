@@ -71,21 +71,21 @@ fn reduce(
 }
 
 fn mean(k: &mut KernelCtx) -> KernelResult {
-    let a = k.input(0)?;
     let dims = k.int_list(1)?;
     let keep = k.boolean(2)?;
     // ExecuTorch's portable mean.out sums in the output type, in element order, then divides:
     // float32 inputs are summed in float32 that way (a more exact sum differs in the last bits,
     // and an 8da4w model's int8 activation rounding turns such bits into whole quantization steps).
-    let f32_sum = a.dtype == DType::F32;
+    let f32_sum = k.input_ref(0)?.0.dtype == DType::F32;
     if f32_sum && dims.len() == 1 && k.out_dtype(k.last())? == DType::F32 {
         // One reduced dim (attention's dot products are means over 64 or 1024 elements): sum rows
-        // in place, same order, without the generic path's float64 copy of the input.
+        // in place, same order, reading the input where it lies (no copy, no float64 form).
+        let (a, bytes) = k.input_ref(0)?;
         let r = a.sizes.len();
         let d = norm_dim(dims[0], r)?;
         let (outer, n): (usize, usize) = (a.sizes[..d].iter().product(), a.sizes[d]);
         let inner: usize = a.sizes[d + 1..].iter().product();
-        let v = a.f32();
+        let v = crate::runtime::tensor::to_f32(DType::F32, bytes);
         let mut out = vec![0f32; outer * inner];
         if inner == 1 && n > 0 {
             // Rows of contiguous values (attention's dot products): each row summed in order,
@@ -124,6 +124,7 @@ fn mean(k: &mut KernelCtx) -> KernelResult {
         let o = k.last();
         return k.write_f32(o, &shape, &out);
     }
+    let a = k.input(0)?;
     let (shape, v) = reduce(&a, &dims, keep, |g| {
         if f32_sum {
             let s = g.iter().fold(0f32, |acc, &x| acc + x as f32);
