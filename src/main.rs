@@ -33,6 +33,7 @@ enum Command {
 }
 
 fn main() {
+    pteria::runtime::tune_allocator();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => cli::inspect::run(a),

@@ -210,6 +210,7 @@ fn assets_dir<R: Runtime>(app: &tauri::App<R>) -> PathBuf {
 
 #[cfg_attr(mobile, tauri::mobile_entry_point)]
 pub fn run() {
+    pteria::runtime::tune_allocator();
     let result = with_commands(tauri::Builder::default())
         .setup(|app| {
             let core = open_core(app)?;

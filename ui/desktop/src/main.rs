@@ -35,6 +35,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
+    pteria::runtime::tune_allocator();
     let args = Args::parse();
     let mut config = CoreConfig::desktop()?;
     if let Some(d) = args.data_dir {
