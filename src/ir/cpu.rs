@@ -116,6 +116,9 @@ pub struct CpuExecutor {
     consts: Vec<Option<Arc<Val>>>,
     /// Constants read as f32 on every call (quantization scales and biases), decoded once.
     shared: Vec<Option<F32s>>,
+    /// Per 4-bit weight (by its packed tensor), each row's zero-point term of the qd8 linear:
+    /// the same for every call, and most of a decode mat-vec's time when summed per call.
+    ksums: Vec<Option<Arc<Vec<f32>>>>,
 }
 
 /// A group-quantized weight checked against its linear's shape: 4-bit rows pack two values a
@@ -185,6 +188,7 @@ impl CpuExecutor {
             states,
             consts: vec![None; n],
             shared: vec![None; n],
+            ksums: vec![None; n],
         })
     }
 
@@ -1016,6 +1020,8 @@ impl CpuExecutor {
         let (Weight::Q4 { group } | Weight::Q8 { group }) = w else {
             return Err("an integer linear needs a quantized weight".into());
         };
+        // Taken out while `qw` borrows the executor; put back below.
+        let mut ksums = self.ksums[ts[0]].take();
         let qw = self.quant_weight(w, group, ts, [k, n], vals)?;
         let four = qw.four;
         // Symmetric weights (`bias = -zero * scale`, zero = 8 for 4 bits) take the zero out
@@ -1029,7 +1035,18 @@ impl CpuExecutor {
         // The packing sums 16 columns at a time (kr = 8, two nibble planes).
         let chunk = if four && group % 16 == 0 { 16 } else { group };
         if four && group % 2 == 0 && chunk % 2 == 0 && k > 0 {
-            return Ok(linear_q4_pairs(&qw, &xu, params, [m, k, n], group, chunk));
+            let ks = match &ksums {
+                Some(ks) if ks.len() == n => ks.clone(),
+                _ => Arc::new(q4_ksums(&qw, [k, n], group, chunk)),
+            };
+            let y = linear_q4_pairs(&qw, &xu, params, [m, k, n], group, &ks);
+            // Constant scales only: computed ones could change between calls.
+            let constant = ts
+                .iter()
+                .all(|&t| matches!(self.graph.tensors[t].role, Role::Constant(_)));
+            ksums = constant.then_some(ks);
+            self.ksums[ts[0]] = ksums;
+            return Ok(y);
         }
         Ok(by_weight_rows([m, k, n], |j, out, _| {
             let (q, s, b) = qw.row(j);
@@ -1150,7 +1167,7 @@ fn linear_q4_pairs(
     params: &[(f32, i32)],
     [m, k, n]: [usize; 3],
     group: usize,
-    chunk: usize,
+    ksums: &[f32],
 ) -> Vec<f32> {
     let half = k / 2;
     // Per row of x: its even and odd columns apart, and each group's sum.
@@ -1166,67 +1183,137 @@ fn linear_q4_pairs(
         );
     }
     let x = PairedX {
+        ksums,
         even: &even,
         odd: &odd,
         gsum: &gsum,
         params,
         half,
         group,
-        chunk,
     };
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has both features, checked just above.
         return by_weight_rows([m, k, n], |j, out, _| unsafe {
-            q4_pairs_row_avx2(&x, qw.row(j), out)
+            q4_pairs_row_avx2(&x, x.ksums[j], qw.row(j), out)
         });
     }
-    by_weight_rows([m, k, n], |j, out, _| q4_pairs_row(&x, qw.row(j), out))
+    by_weight_rows([m, k, n], |j, out, _| {
+        q4_pairs_row(&x, x.ksums[j], qw.row(j), out)
+    })
 }
 
-/// x prepared for `linear_q4_pairs`: even and odd columns apart, each group's sum.
-struct PairedX<'a> {
-    even: &'a [i16],
-    odd: &'a [i16],
-    gsum: &'a [i32],
-    params: &'a [(f32, i32)],
-    half: usize,
-    group: usize,
-    chunk: usize,
-}
-
-/// `q4_pairs_row` compiled for AVX2 and FMA: 256-bit integer dot products, and the group
-/// sums' fused multiply-adds as one instruction (the baseline x86-64 build calls libm's
-/// `fmaf`). Both compute the same correctly rounded operations, so the same bits.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn q4_pairs_row_avx2(x: &PairedX, row: (&[u8], &[f32], &[f32]), out: &mut [f32]) {
-    q4_pairs_row(x, row, out)
-}
-
-/// One weight row of `linear_q4_pairs` for every row of x.
-#[inline(always)]
-fn q4_pairs_row(x: &PairedX, (q, s, b): (&[u8], &[f32], &[f32]), out: &mut [f32]) {
-    let PairedX {
-        even,
-        odd,
-        gsum,
-        params,
-        half,
-        group,
-        chunk,
-    } = *x;
-    let groups = 2 * half / group;
-    {
-        let q = &q[..half];
+/// Each row's zero-point term of `linear_q4_pairs`: minus its weights' sums over the packing's
+/// chunks of 16 columns (`nibble - 8` each), each times its group's scale, summed in order.
+fn q4_ksums(qw: &QuantWeight, [k, n]: [usize; 2], group: usize, chunk: usize) -> Vec<f32> {
+    by_weight_rows([1, k, n], |j, out, _| {
+        let (q, s, _) = qw.row(j);
         let mut ksum = 0f32;
-        for (c, bytes) in q.chunks_exact(chunk / 2).enumerate() {
+        for (c, bytes) in q[..k / 2].chunks_exact(chunk / 2).enumerate() {
             let nib: i32 = bytes
                 .iter()
                 .map(|&v| (v & 0xF) as i32 + (v >> 4) as i32)
                 .sum();
             ksum -= (nib - 8 * chunk as i32) as f32 * s[c * chunk / group];
         }
+        out[0] = ksum;
+    })
+}
+
+/// x prepared for `linear_q4_pairs`: even and odd columns apart, each group's sum.
+struct PairedX<'a> {
+    ksums: &'a [f32],
+    even: &'a [i16],
+    odd: &'a [i16],
+    gsum: &'a [i32],
+    params: &'a [(f32, i32)],
+    half: usize,
+    group: usize,
+}
+
+/// `q4_pairs_row` compiled for AVX2 and FMA: the groups' dot products 32 nibbles at a time
+/// (`dot_pairs_avx2`), and their fused multiply-adds as one instruction (the baseline x86-64
+/// build calls libm's `fmaf`). The same integer sums and correctly rounded operations, so the
+/// same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn q4_pairs_row_avx2(x: &PairedX, ksum: f32, row: (&[u8], &[f32], &[f32]), out: &mut [f32]) {
+    if x.group % 32 == 0 {
+        // SAFETY: this function only runs where AVX2 was detected.
+        q4_pairs_row_with(x, ksum, row, out, |q, e, o| unsafe {
+            dot_pairs_avx2(q, e, o)
+        })
+    } else {
+        q4_pairs_row(x, ksum, row, out)
+    }
+}
+
+/// Σ e[i] · (q[i] & 15) + o[i] · (q[i] >> 4) over bytes `q` (a multiple of 16 long) with AVX2:
+/// 16 bytes widen to 16-bit lanes, their nibbles multiply x's even and odd columns in
+/// `vpmaddwd` pairs (at most 255 · 15 each, no overflow), and the lanes add up at the end.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_pairs_avx2(q: &[u8], e: &[i16], o: &[i16]) -> i32 {
+    use std::arch::x86_64::*;
+    debug_assert!(q.len() % 16 == 0 && e.len() >= q.len() && o.len() >= q.len());
+    let low = _mm256_set1_epi16(0x0F);
+    let mut acc = _mm256_setzero_si256();
+    for i in (0..q.len()).step_by(16) {
+        // SAFETY: i + 16 <= q.len() <= e.len(), o.len(); unaligned loads.
+        let (b, ev, od) = unsafe {
+            (
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(q.as_ptr().add(i).cast())),
+                _mm256_loadu_si256(e.as_ptr().add(i).cast()),
+                _mm256_loadu_si256(o.as_ptr().add(i).cast()),
+            )
+        };
+        let lo = _mm256_and_si256(b, low);
+        let hi = _mm256_srli_epi16::<4>(b);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(lo, ev));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(hi, od));
+    }
+    let s = _mm_add_epi32(
+        _mm256_castsi256_si128(acc),
+        _mm256_extracti128_si256::<1>(acc),
+    );
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// One weight row of `linear_q4_pairs` for every row of x.
+#[inline(always)]
+fn q4_pairs_row(x: &PairedX, ksum: f32, row: (&[u8], &[f32], &[f32]), out: &mut [f32]) {
+    q4_pairs_row_with(x, ksum, row, out, |bytes, ge, go| {
+        bytes
+            .iter()
+            .zip(ge.iter().zip(go))
+            .map(|(&v, (&a, &c))| a as i32 * (v & 0xF) as i32 + c as i32 * (v >> 4) as i32)
+            .sum()
+    })
+}
+
+/// `q4_pairs_row` with the groups' integer dot product `dot(bytes, even, odd)` given.
+#[inline(always)]
+fn q4_pairs_row_with(
+    x: &PairedX,
+    ksum: f32,
+    (q, s, b): (&[u8], &[f32], &[f32]),
+    out: &mut [f32],
+    dot: impl Fn(&[u8], &[i16], &[i16]) -> i32,
+) {
+    let PairedX {
+        ksums: _,
+        even,
+        odd,
+        gsum,
+        params,
+        half,
+        group,
+    } = *x;
+    let groups = 2 * half / group;
+    {
+        let q = &q[..half];
         for (r, (o, &(inv, zp))) in out.iter_mut().zip(params).enumerate() {
             let zp = zp + 128;
             let (xe, xo) = (&even[r * half..][..half], &odd[r * half..][..half]);
@@ -1239,12 +1326,7 @@ fn q4_pairs_row(x: &PairedX, (q, s, b): (&[u8], &[f32], &[f32]), out: &mut [f32]
                 .zip(xo.chunks_exact(group / 2))
                 .enumerate()
             {
-                let dot: i32 = bytes
-                    .iter()
-                    .zip(ge.iter().zip(go))
-                    .map(|(&v, (&a, &c))| a as i32 * (v & 0xF) as i32 + c as i32 * (v >> 4) as i32)
-                    .sum();
-                let acc = dot - 8 * gs[g];
+                let acc = dot(bytes, ge, go) - 8 * gs[g];
                 y = (acc as f32).mul_add(s[g], y);
                 let rest = b[g] + 8.0 * s[g];
                 if rest != 0.0 {
@@ -2361,7 +2443,8 @@ mod tests {
                 groups,
             };
             let chunk = 16;
-            let got = linear_q4_pairs(&qw, &xu, &params, [m, k, n], group, chunk);
+            let ks = q4_ksums(&qw, [k, n], group, chunk);
+            let got = linear_q4_pairs(&qw, &xu, &params, [m, k, n], group, &ks);
             // The unpacking form, element by element.
             let mut want = vec![0f32; m * n];
             for j in 0..n {
@@ -2412,17 +2495,17 @@ mod tests {
                 );
             }
             let px = PairedX {
+                ksums: &ks,
                 even: &even,
                 odd: &odd,
                 gsum: &gsum,
                 params: &params,
                 half: k / 2,
                 group,
-                chunk,
             };
             for j in 0..n {
                 let mut col = vec![0f32; m];
-                q4_pairs_row(&px, qw.row(j), &mut col);
+                q4_pairs_row(&px, ks[j], qw.row(j), &mut col);
                 let want_col: Vec<f32> = (0..m).map(|i| want[i * n + j]).collect();
                 assert_eq!(col, want_col, "portable row {j}");
             }
