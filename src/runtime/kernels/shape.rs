@@ -53,10 +53,23 @@ fn esz(t: &TensorIn) -> usize {
     t.dtype.size()
 }
 
+/// Elements `idx` of `src` (each `esz` bytes), copied a run of consecutive indices at a time:
+/// slices of KV caches are long runs, and one copy per element was most of their time.
 fn gather(src: &[u8], esz: usize, idx: impl Iterator<Item = usize>) -> Vec<u8> {
     let mut out = Vec::new();
+    let mut run: Option<(usize, usize)> = None;
     for i in idx {
-        out.extend_from_slice(&src[i * esz..(i + 1) * esz]);
+        run = match run {
+            Some((start, len)) if start + len == i => Some((start, len + 1)),
+            Some((start, len)) => {
+                out.extend_from_slice(&src[start * esz..(start + len) * esz]);
+                Some((i, 1))
+            }
+            None => Some((i, 1)),
+        };
+    }
+    if let Some((start, len)) = run {
+        out.extend_from_slice(&src[start * esz..(start + len) * esz]);
     }
     out
 }
@@ -833,4 +846,30 @@ fn split_copy(k: &mut KernelCtx) -> KernelResult {
         .map(|i| chunk.min(n - i * chunk))
         .collect();
     split_into(k, a, sizes, d, outs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gather;
+
+    /// Runs of consecutive indices are copied whole, and every element still lands where the
+    /// indices put it: runs broken by jumps back, forward, repeats, and at either end.
+    #[test]
+    fn gather_copies_runs_and_keeps_every_element_in_place() {
+        let esz = 3;
+        let src: Vec<u8> = (0..60).collect();
+        for idx in [
+            vec![0, 1, 2, 5, 6, 9, 3, 4, 4, 19],
+            vec![19],
+            vec![],
+            (0..20).collect(),
+            (0..20).rev().collect(),
+        ] {
+            let want: Vec<u8> = idx
+                .iter()
+                .flat_map(|&i| src[i * esz..(i + 1) * esz].to_vec())
+                .collect();
+            assert_eq!(gather(&src, esz, idx.iter().copied()), want, "{idx:?}");
+        }
+    }
 }
