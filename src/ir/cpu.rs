@@ -1170,18 +1170,7 @@ fn linear_q4_pairs(
     ksums: &[f32],
 ) -> Vec<f32> {
     let half = k / 2;
-    // Per row of x: its even and odd columns apart, and each group's sum.
-    let mut even: Vec<i16> = Vec::with_capacity(m * half);
-    let mut odd: Vec<i16> = Vec::with_capacity(m * half);
-    let mut gsum = Vec::with_capacity(m * (k / group));
-    for xr in xu.chunks_exact(k) {
-        even.extend(xr.iter().step_by(2));
-        odd.extend(xr.iter().skip(1).step_by(2));
-        gsum.extend(
-            xr.chunks_exact(group)
-                .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
-        );
-    }
+    let (even, odd, gsum) = pair_columns(xu, k, group);
     let x = PairedX {
         ksums,
         even: &even,
@@ -1218,6 +1207,23 @@ fn q4_ksums(qw: &QuantWeight, [k, n]: [usize; 2], group: usize, chunk: usize) ->
         }
         out[0] = ksum;
     })
+}
+
+/// Per row of x (`k` wide): its even and odd columns apart, and each group's sum.
+fn pair_columns(xu: &[i16], k: usize, group: usize) -> (Vec<i16>, Vec<i16>, Vec<i32>) {
+    let rows = xu.len() / k;
+    let mut even = Vec::with_capacity(rows * k / 2);
+    let mut odd = Vec::with_capacity(rows * k / 2);
+    let mut gsum = Vec::with_capacity(rows * (k / group));
+    for xr in xu.chunks_exact(k) {
+        even.extend(xr.iter().step_by(2));
+        odd.extend(xr.iter().skip(1).step_by(2));
+        gsum.extend(
+            xr.chunks_exact(group)
+                .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
+        );
+    }
+    (even, odd, gsum)
 }
 
 /// x prepared for `linear_q4_pairs`: even and odd columns apart, each group's sum.
@@ -2204,6 +2210,25 @@ mod tests {
         }
     }
 
+    /// Random packed 4-bit weights `[n, k]` with positive group scales and the symmetric biases
+    /// (-8 · scale) the exports store.
+    fn q4_symmetric(
+        seed: &mut u64,
+        [k, n]: [usize; 2],
+        group: usize,
+    ) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+        let raw: Vec<u8> = rand(seed, n * k / 2)
+            .iter()
+            .map(|v| ((v + 1.0) * 127.9) as u8)
+            .collect();
+        let scales: Vec<f32> = rand(seed, n * (k / group))
+            .iter()
+            .map(|v| 0.01 + v.abs() * 0.05)
+            .collect();
+        let biases = scales.iter().map(|s| -8.0 * s).collect();
+        (raw, scales, biases)
+    }
+
     /// Runs one bias-free `Linear` of `x` `[m, k]` on the CPU executor; `operands` are its
     /// weight constants after `x` as (dtype, shape, bytes): `w`, or `w`, scales, biases.
     fn run_linear(
@@ -2338,15 +2363,7 @@ mod tests {
         let (m, k, n, group) = (3, 576, 256, 32);
         let groups = k / group;
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let raw: Vec<u8> = rand(&mut seed, n * k / 2)
-            .iter()
-            .map(|v| ((v + 1.0) * 127.9) as u8)
-            .collect();
-        let scales: Vec<f32> = rand(&mut seed, n * groups)
-            .iter()
-            .map(|v| 0.01 + v.abs() * 0.05)
-            .collect();
-        let biases: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
+        let (raw, scales, biases) = q4_symmetric(&mut seed, [k, n], group);
         let mut x = rand(&mut seed, m * k);
         x[7] = 40.0; // a massive activation, as real residual streams have
         let operands = vec![
@@ -2408,15 +2425,7 @@ mod tests {
             (2, 192, 33, 32, false),
         ] {
             let groups = k / group;
-            let raw: Vec<u8> = rand(&mut seed, n * k / 2)
-                .iter()
-                .map(|v| ((v + 1.0) * 127.9) as u8)
-                .collect();
-            let scales: Vec<f32> = rand(&mut seed, n * groups)
-                .iter()
-                .map(|v| 0.01 + v.abs() * 0.05)
-                .collect();
-            let mut biases: Vec<f32> = scales.iter().map(|s| -8.0 * s).collect();
+            let (raw, scales, mut biases) = q4_symmetric(&mut seed, [k, n], group);
             if !symmetric {
                 biases.iter_mut().step_by(3).for_each(|b| *b += 0.02);
             }
@@ -2485,15 +2494,7 @@ mod tests {
             }
             assert_eq!(got, want, "m {m} k {k} n {n} group {group}");
             // The portable row kernel, whichever one `linear_q4_pairs` picked on this CPU.
-            let (mut even, mut odd, mut gsum) = (vec![], vec![], vec![]);
-            for xr in xu.chunks_exact(k) {
-                even.extend(xr.iter().step_by(2));
-                odd.extend(xr.iter().skip(1).step_by(2));
-                gsum.extend(
-                    xr.chunks_exact(group)
-                        .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
-                );
-            }
+            let (even, odd, gsum) = pair_columns(&xu, k, group);
             let px = PairedX {
                 ksums: &ks,
                 even: &even,
