@@ -3,7 +3,7 @@
 
 use super::infer::{infer_shapes, InputValue, Plan};
 use super::*;
-use crate::runtime::kernels::{broadcast_indices, strides};
+use crate::runtime::kernels::{bcast_strides, broadcast_indices, expand, strided_copy, strides};
 use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
 use crate::runtime::HostTensor;
 use std::borrow::Cow;
@@ -16,34 +16,73 @@ enum Val {
     I(Vec<i64>),
 }
 
-/// A value as read by an op: shared with the call's table (no copy) where it already has the
-/// requested element type, converted otherwise.
-enum Read<T: 'static> {
-    Shared(Arc<Val>, fn(&Val) -> &[T]),
+/// The element types values are read as.
+trait Elem: Copy + 'static {
+    /// `v`'s elements where it holds this type.
+    fn of(v: &Val) -> Option<&[Self]>;
+    /// `v`'s elements converted to this type.
+    fn convert(v: &Val) -> Vec<Self>;
+}
+
+impl Elem for f32 {
+    fn of(v: &Val) -> Option<&[f32]> {
+        match v {
+            Val::F(f) => Some(f),
+            Val::I(_) => None,
+        }
+    }
+    fn convert(v: &Val) -> Vec<f32> {
+        v.f()
+    }
+}
+
+impl Elem for i64 {
+    fn of(v: &Val) -> Option<&[i64]> {
+        match v {
+            Val::I(i) => Some(i),
+            Val::F(_) => None,
+        }
+    }
+    fn convert(v: &Val) -> Vec<i64> {
+        v.i()
+    }
+}
+
+/// A value as read by an op: shared with the call's table (no copy) where it already holds the
+/// requested element type (`read` checked that), converted otherwise.
+enum Read<T> {
+    Shared(Arc<Val>),
     Owned(Vec<T>),
 }
 
-impl<T: Clone> Read<T> {
-    /// The values as a vector of their own: moved out when nothing else holds them.
+impl<T: Elem> Read<T> {
+    fn new(v: Arc<Val>) -> Self {
+        match T::of(&v) {
+            Some(_) => Read::Shared(v),
+            None => Read::Owned(T::convert(&v)),
+        }
+    }
+
+    /// The values as a vector of their own (a copy when shared).
     fn into_vec(self) -> Vec<T> {
         match self {
             Read::Owned(v) => v,
-            Read::Shared(a, get) => get(&a).to_vec(),
+            Read::Shared(_) => self.to_vec(),
         }
     }
 }
 
-impl<T> std::ops::Deref for Read<T> {
+impl<T: Elem> std::ops::Deref for Read<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         match self {
-            Read::Shared(a, get) => get(a),
+            Read::Shared(a) => T::of(a).unwrap_or_default(),
             Read::Owned(v) => v,
         }
     }
 }
 
-impl<'a, T> IntoIterator for &'a Read<T> {
+impl<'a, T: Elem> IntoIterator for &'a Read<T> {
     type Item = &'a T;
     type IntoIter = std::slice::Iter<'a, T>;
     fn into_iter(self) -> Self::IntoIter {
@@ -59,22 +98,10 @@ trait ReadVal {
 
 impl ReadVal for Arc<Val> {
     fn f(self) -> Read<f32> {
-        match &*self {
-            Val::F(_) => Read::Shared(self, |v| match v {
-                Val::F(f) => f,
-                Val::I(_) => &[],
-            }),
-            Val::I(v) => Read::Owned(v.iter().map(|&x| x as f32).collect()),
-        }
+        Read::new(self)
     }
     fn i(self) -> Read<i64> {
-        match &*self {
-            Val::I(_) => Read::Shared(self, |v| match v {
-                Val::I(i) => i,
-                Val::F(_) => &[],
-            }),
-            Val::F(v) => Read::Owned(v.iter().map(|&x| x as i64).collect()),
-        }
+        Read::new(self)
     }
 }
 
@@ -357,11 +384,14 @@ impl CpuExecutor {
                 }
             }
             OpKind::ElementwiseChain { steps } => {
-                let mut ins = Vec::with_capacity(op.inputs.len());
-                for &t in &op.inputs {
-                    let v = self.get(t, vals)?.f();
-                    ins.push(expand(&v, &sh(t), &out_shape).into_owned());
-                }
+                let reads = op
+                    .inputs
+                    .iter()
+                    .map(|&t| Ok(self.get(t, vals)?.f()))
+                    .collect::<std::result::Result<Vec<_>, String>>()?;
+                let ins: Vec<Cow<[f32]>> = (reads.iter().zip(&op.inputs))
+                    .map(|(v, &t)| expand(v, &sh(t), &out_shape))
+                    .collect();
                 chain(steps, &ins)?
             }
             OpKind::RmsNormChain {
@@ -372,15 +402,18 @@ impl CpuExecutor {
             } => {
                 let d = *out_shape.last().ok_or("rms_norm of a scalar")?;
                 let normed = self.normed(op, *weighted, d, *eps, vals)?;
-                let mut ins = Vec::with_capacity(op.inputs.len());
-                for &t in &op.inputs[1 + *weighted as usize..] {
-                    let v = self.get(t, vals)?.f();
-                    ins.push(expand(&v, &sh(t), &out_shape).into_owned());
-                }
+                let rest = &op.inputs[1 + *weighted as usize..];
+                let reads = rest
+                    .iter()
+                    .map(|&t| Ok(self.get(t, vals)?.f()))
+                    .collect::<std::result::Result<Vec<_>, String>>()?;
+                let mut ins: Vec<Cow<[f32]>> = (reads.iter().zip(rest))
+                    .map(|(v, &t)| expand(v, &sh(t), &out_shape))
+                    .collect();
                 if *norm_input > ins.len() {
                     return Err("norm input out of range".into());
                 }
-                ins.insert(*norm_input, normed);
+                ins.insert(*norm_input, Cow::Owned(normed));
                 chain(steps, &ins)?
             }
             OpKind::Clamp { min, max } => {
@@ -786,19 +819,9 @@ impl CpuExecutor {
                 }
             }
             OpKind::Expand { .. } => {
-                let shape = &out_shape;
                 let x = self.get(op.inputs[0], vals)?;
-                let xs = sh(op.inputs[0]);
-                let st = strides(&xs);
-                // Stride per output dim: 0 where broadcast or added.
-                let off = shape.len() - xs.len().min(shape.len());
-                let ost: Vec<usize> = (0..shape.len())
-                    .map(|d| match d.checked_sub(off) {
-                        Some(j) if xs[j] != 1 => st[j],
-                        _ => 0,
-                    })
-                    .collect();
-                strided(&x, shape, &ost)
+                let ost = bcast_strides(&sh(op.inputs[0]), &out_shape);
+                strided(&x, &out_shape, &ost)
             }
             OpKind::IndexSelect { dim } => {
                 let xs = sh(op.inputs[0]);
@@ -1021,7 +1044,7 @@ impl CpuExecutor {
             return Err("an integer linear needs a quantized weight".into());
         };
         // Taken out while `qw` borrows the executor; put back below.
-        let mut ksums = self.ksums[ts[0]].take();
+        let ksums = self.ksums[ts[0]].take();
         let qw = self.quant_weight(w, group, ts, [k, n], vals)?;
         let four = qw.four;
         // Symmetric weights (`bias = -zero * scale`, zero = 8 for 4 bits) take the zero out
@@ -1034,7 +1057,7 @@ impl CpuExecutor {
         let xu: Vec<i16> = xq.iter().map(|&v| (v + shift) as i16).collect();
         // The packing sums 16 columns at a time (kr = 8, two nibble planes).
         let chunk = if four && group % 16 == 0 { 16 } else { group };
-        if four && group % 2 == 0 && chunk % 2 == 0 && k > 0 {
+        if four && group % 2 == 0 && k > 0 {
             let ks = match &ksums {
                 Some(ks) if ks.len() == n => ks.clone(),
                 _ => Arc::new(q4_ksums(&qw, [k, n], group, chunk)),
@@ -1044,8 +1067,7 @@ impl CpuExecutor {
             let constant = ts
                 .iter()
                 .all(|&t| matches!(self.graph.tensors[t].role, Role::Constant(_)));
-            ksums = constant.then_some(ks);
-            self.ksums[ts[0]] = ksums;
+            self.ksums[ts[0]] = constant.then_some(ks);
             return Ok(y);
         }
         Ok(by_weight_rows([m, k, n], |j, out, _| {
@@ -1318,29 +1340,27 @@ fn q4_pairs_row_with(
         group,
     } = *x;
     let groups = 2 * half / group;
-    {
-        let q = &q[..half];
-        for (r, (o, &(inv, zp))) in out.iter_mut().zip(params).enumerate() {
-            let zp = zp + 128;
-            let (xe, xo) = (&even[r * half..][..half], &odd[r * half..][..half]);
-            let gs = &gsum[r * groups..][..groups];
-            let mut y = ksum * zp as f32;
-            let mut rest_sum = 0f32;
-            for (g, ((bytes, ge), go)) in q
-                .chunks_exact(group / 2)
-                .zip(xe.chunks_exact(group / 2))
-                .zip(xo.chunks_exact(group / 2))
-                .enumerate()
-            {
-                let acc = dot(bytes, ge, go) - 8 * gs[g];
-                y = (acc as f32).mul_add(s[g], y);
-                let rest = b[g] + 8.0 * s[g];
-                if rest != 0.0 {
-                    rest_sum += rest * (gs[g] - zp * group as i32) as f32;
-                }
+    let q = &q[..half];
+    for (r, (o, &(inv, zp))) in out.iter_mut().zip(params).enumerate() {
+        let zp = zp + 128;
+        let (xe, xo) = (&even[r * half..][..half], &odd[r * half..][..half]);
+        let gs = &gsum[r * groups..][..groups];
+        let mut y = ksum * zp as f32;
+        let mut rest_sum = 0f32;
+        for (g, ((bytes, ge), go)) in q
+            .chunks_exact(group / 2)
+            .zip(xe.chunks_exact(group / 2))
+            .zip(xo.chunks_exact(group / 2))
+            .enumerate()
+        {
+            let acc = dot(bytes, ge, go) - 8 * gs[g];
+            y = (acc as f32).mul_add(s[g], y);
+            let rest = b[g] + 8.0 * s[g];
+            if rest != 0.0 {
+                rest_sum += rest * (gs[g] - zp * group as i32) as f32;
             }
-            *o = (y + rest_sum) * inv;
         }
+        *o = (y + rest_sum) * inv;
     }
 }
 
@@ -1524,8 +1544,8 @@ fn rms_norm(x: &[f32], w: Option<&[f32]>, d: usize, eps: f32) -> Vec<f32> {
 
 /// An element-wise chain over inputs already broadcast to the output's elements: `v = ins[0]`,
 /// then each step as its own op computes it, so fusing changes no bit.
-fn chain(steps: &[ChainStep], ins: &[Vec<f32>]) -> std::result::Result<Val, String> {
-    let mut v = ins.first().ok_or("a chain without inputs")?.clone();
+fn chain(steps: &[ChainStep], ins: &[Cow<[f32]>]) -> std::result::Result<Val, String> {
+    let mut v = ins.first().ok_or("a chain without inputs")?.to_vec();
     let n = [v.len()];
     for st in steps {
         match *st {
@@ -1646,42 +1666,6 @@ fn unary_i(u: UnaryOp, x: i64) -> i64 {
     }
 }
 
-/// Where operand element k of a broadcast lives: itself, the only element, or a lookup.
-/// `src` (row-major, shape `xs`) read at `out_strides[d]` per output dim into a new row-major
-/// tensor of shape `out`; permutes and broadcasts copy runs of the innermost dim at once.
-fn strided_copy<T: Copy>(src: &[T], out: &[usize], out_strides: &[usize]) -> Vec<T> {
-    let n: usize = out.iter().product();
-    let mut res = Vec::with_capacity(n);
-    if n == 0 {
-        return res;
-    }
-    let r = out.len();
-    if r == 0 {
-        res.push(src[0]);
-        return res;
-    }
-    let (inner, ist) = (out[r - 1], out_strides[r - 1]);
-    let mut idx = vec![0usize; r - 1];
-    let mut off = 0usize;
-    for _ in 0..n / inner {
-        match ist {
-            1 => res.extend_from_slice(&src[off..off + inner]),
-            0 => res.extend(std::iter::repeat_n(src[off], inner)),
-            _ => res.extend((0..inner).map(|i| src[off + i * ist])),
-        }
-        for d in (0..r - 1).rev() {
-            idx[d] += 1;
-            off += out_strides[d];
-            if idx[d] < out[d] {
-                break;
-            }
-            off -= out_strides[d] * idx[d];
-            idx[d] = 0;
-        }
-    }
-    res
-}
-
 fn strided(x: &Val, out: &[usize], out_strides: &[usize]) -> Val {
     match x {
         Val::F(v) => Val::F(strided_copy(v, out, out_strides)),
@@ -1714,18 +1698,6 @@ impl<'a> Vs<'a> {
     }
 }
 
-/// Strides of a row-major `src` read at each dim of `out` (0 where broadcast or absent).
-fn bcast_strides(src: &[usize], out: &[usize]) -> Vec<usize> {
-    let st = strides(src);
-    let off = out.len().saturating_sub(src.len());
-    (0..out.len())
-        .map(|d| match (d + src.len()).checked_sub(out.len()) {
-            Some(j) if d >= off && src[j] != 1 => st[j],
-            _ => 0,
-        })
-        .collect()
-}
-
 /// `out` and the operands' strides with neighbouring dims merged wherever every operand reads
 /// them as one (both contiguous, or both broadcast), so runs of the innermost dim are long.
 fn collapse(out: &[usize], sts: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usize>>) {
@@ -1735,16 +1707,20 @@ fn collapse(out: &[usize], sts: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usize>>) 
         if out[d] == 1 {
             continue;
         }
-        let merge = shape.last().is_some_and(|&inner| {
-            sts.iter()
-                .zip(&cst)
-                .all(|(st, c)| st[d] == c.last().copied().unwrap_or(0) * inner)
-        });
-        if merge {
-            *shape.last_mut().unwrap_or(&mut 0) *= out[d];
-        } else {
-            shape.push(out[d]);
-            cst.iter_mut().zip(sts).for_each(|(c, st)| c.push(st[d]));
+        match shape.last_mut() {
+            // Dim d steps every operand by its inner run's whole extent: one longer run.
+            Some(inner)
+                if sts
+                    .iter()
+                    .zip(&cst)
+                    .all(|(st, c)| Some(st[d]) == c.last().map(|&s| s * *inner)) =>
+            {
+                *inner *= out[d]
+            }
+            _ => {
+                shape.push(out[d]);
+                cst.iter_mut().zip(sts).for_each(|(c, st)| c.push(st[d]));
+            }
         }
     }
     if shape.is_empty() {
@@ -1805,18 +1781,6 @@ fn zip_bcast<A: Copy, B: Copy, R>(
         }
     }
     res
-}
-
-/// `v` (shape `src`) broadcast to `out`: borrowed when that changes nothing.
-fn expand<'a, T: Copy>(v: &'a [T], src: &[usize], out: &[usize]) -> Cow<'a, [T]> {
-    let n: usize = out.iter().product();
-    let same = src.iter().product::<usize>() == n
-        && src.len() <= out.len()
-        && src.iter().rev().zip(out.iter().rev()).all(|(a, b)| a == b);
-    match same {
-        true => Cow::Borrowed(&v[..n]),
-        false => Cow::Owned(strided_copy(v, out, &bcast_strides(src, out))),
-    }
 }
 
 /// A binary op of `x` (shape `xs`) and `y` (shape `ys`) broadcast to `out`; each op's loop is

@@ -2,7 +2,7 @@
 //! constructors. Floats compute in f64 and round once into the out dtype, which for + - * / is
 //! bit-identical to computing in the out dtype.
 
-use super::{broadcast_indices, broadcast_shape, KernelCtx, KernelFn, KernelResult, Scalar};
+use super::{broadcast_shape, expand, KernelCtx, KernelFn, KernelResult, Scalar};
 use crate::runtime::tensor::{DType, TensorIn};
 
 pub const KERNELS: &[(&str, KernelFn)] = &[
@@ -89,10 +89,7 @@ impl Operand {
         match self {
             Operand::T(t) => {
                 let v = t.f64();
-                broadcast_indices(&t.sizes, shape)
-                    .iter()
-                    .map(|&i| v[i])
-                    .collect()
+                expand(&v, &t.sizes, shape).into_owned()
             }
             Operand::S(s) => vec![s.f64(); shape.iter().product()],
         }
@@ -101,10 +98,7 @@ impl Operand {
         match self {
             Operand::T(t) => {
                 let v = t.i64();
-                broadcast_indices(&t.sizes, shape)
-                    .iter()
-                    .map(|&i| v[i])
-                    .collect()
+                expand(&v, &t.sizes, shape).into_owned()
             }
             Operand::S(s) => vec![s.f64() as i64; shape.iter().product()],
         }
@@ -494,23 +488,21 @@ fn where_self(k: &mut KernelCtx) -> KernelResult {
     let o = k.last();
     let shape = broadcast_shape(&broadcast_shape(&c.sizes, &a.sizes)?, &b.sizes)?;
     let cv = c.bools();
-    let ci = broadcast_indices(&c.sizes, &shape);
-    let (ai, bi) = (
-        broadcast_indices(&a.sizes, &shape),
-        broadcast_indices(&b.sizes, &shape),
-    );
+    let cv = expand(&cv, &c.sizes, &shape);
+    fn pick<T: Copy>(c: &[bool], a: &[T], b: &[T]) -> Vec<T> {
+        c.iter()
+            .zip(a.iter().zip(b))
+            .map(|(&c, (&a, &b))| if c { a } else { b })
+            .collect()
+    }
     if a.dtype.is_float() || b.dtype.is_float() || k.out_dtype(o)?.is_float() {
         let (av, bv) = (a.f64(), b.f64());
-        let r: Vec<f64> = (0..ci.len())
-            .map(|j| if cv[ci[j]] { av[ai[j]] } else { bv[bi[j]] })
-            .collect();
-        k.write_f64(o, &shape, &r)
+        let (av, bv) = (expand(&av, &a.sizes, &shape), expand(&bv, &b.sizes, &shape));
+        k.write_f64(o, &shape, &pick(&cv, &av, &bv))
     } else {
         let (av, bv) = (a.i64(), b.i64());
-        let r: Vec<i64> = (0..ci.len())
-            .map(|j| if cv[ci[j]] { av[ai[j]] } else { bv[bi[j]] })
-            .collect();
-        k.write_i64(o, &shape, &r)
+        let (av, bv) = (expand(&av, &a.sizes, &shape), expand(&bv, &b.sizes, &shape));
+        k.write_i64(o, &shape, &pick(&cv, &av, &bv))
     }
 }
 
@@ -545,13 +537,13 @@ fn clamp(k: &mut KernelCtx) -> KernelResult {
 fn masked_fill(k: &mut KernelCtx) -> KernelResult {
     let (a, m, v) = (k.input(0)?, k.input(1)?, k.scalar(2)?.f64());
     let o = k.last();
-    let mi = broadcast_indices(&m.sizes, &a.sizes);
     let mv = m.bools();
+    let mv = expand(&mv, &m.sizes, &a.sizes);
     let r: Vec<f64> = a
         .f64()
         .iter()
-        .enumerate()
-        .map(|(j, &x)| if mv[mi[j]] { v } else { x })
+        .zip(mv.iter())
+        .map(|(&x, &m)| if m { v } else { x })
         .collect();
     k.write_f64(o, &a.sizes, &r)
 }
@@ -611,19 +603,9 @@ fn arange_start(k: &mut KernelCtx) -> KernelResult {
 #[cfg(test)]
 mod tests {
     use super::erf;
-    use crate::runtime::kernels::{lookup, KernelCtx};
-    use crate::runtime::tensor::{DType, Storage, Tensor};
-    use crate::runtime::{Memory, Value};
-
-    fn f32_tensor(storage: Storage, n: usize) -> Value {
-        Value::Tensor(Tensor {
-            dtype: DType::F32,
-            sizes: vec![n],
-            max_bytes: 4 * n,
-            dim_order: vec![0],
-            storage,
-        })
-    }
+    use crate::runtime::kernels::{f32_tensor, lookup, KernelCtx};
+    use crate::runtime::tensor::Storage;
+    use crate::runtime::Memory;
 
     /// `aten::rsqrt.out` on float32 rounds twice as ExecuTorch's portable kernel does
     /// (`1.0f / std::sqrt(x)`); the float64 form rounded once differs on some of these inputs.
@@ -633,13 +615,13 @@ mod tests {
         let n = xs.len();
         let mut mem = Memory {
             values: vec![
-                f32_tensor(Storage::Input(0), n),
+                f32_tensor(Storage::Input(0), vec![n]),
                 f32_tensor(
                     Storage::Arena {
                         arena: 0,
                         offset: 0,
                     },
-                    n,
+                    vec![n],
                 ),
             ],
             arenas: vec![vec![0u8; 4 * n]],

@@ -15,6 +15,7 @@ mod shape;
 
 use super::tensor::{from_f32, from_f64, from_i64, DType, Storage, Tensor, TensorIn};
 use super::{Memory, Value};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -354,6 +355,66 @@ pub fn strides(sizes: &[usize]) -> Vec<usize> {
     s
 }
 
+/// Strides of a row-major `src` read at each dim of `out` (0 where `src` repeats: a size-1
+/// dim, or one `out` adds on the left).
+pub fn bcast_strides(src: &[usize], out: &[usize]) -> Vec<usize> {
+    let st = strides(src);
+    (0..out.len())
+        .map(|d| match (d + src.len()).checked_sub(out.len()) {
+            Some(j) if src[j] != 1 => st[j],
+            _ => 0,
+        })
+        .collect()
+}
+
+/// `src` (row-major) read at `out_strides[d]` per output dim into a new row-major tensor of
+/// shape `out`; permutes and broadcasts copy runs of the innermost dim at once.
+pub fn strided_copy<T: Copy>(src: &[T], out: &[usize], out_strides: &[usize]) -> Vec<T> {
+    let n: usize = out.iter().product();
+    let mut res = Vec::with_capacity(n);
+    if n == 0 {
+        return res;
+    }
+    let r = out.len();
+    if r == 0 {
+        res.push(src[0]);
+        return res;
+    }
+    let (inner, ist) = (out[r - 1], out_strides[r - 1]);
+    let mut idx = vec![0usize; r - 1];
+    let mut off = 0usize;
+    for _ in 0..n / inner {
+        match ist {
+            1 => res.extend_from_slice(&src[off..off + inner]),
+            0 => res.extend(std::iter::repeat_n(src[off], inner)),
+            _ => res.extend((0..inner).map(|i| src[off + i * ist])),
+        }
+        for d in (0..r - 1).rev() {
+            idx[d] += 1;
+            off += out_strides[d];
+            if idx[d] < out[d] {
+                break;
+            }
+            off -= out_strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    res
+}
+
+/// `v` (shape `src`) broadcast to `out` (NumPy rules): borrowed when that changes nothing, else
+/// copied by strides (no index per element, unlike `broadcast_indices`).
+pub fn expand<'a, T: Copy>(v: &'a [T], src: &[usize], out: &[usize]) -> Cow<'a, [T]> {
+    let n: usize = out.iter().product();
+    let same = src.iter().product::<usize>() == n
+        && src.len() <= out.len()
+        && src.iter().rev().zip(out.iter().rev()).all(|(a, b)| a == b);
+    match same {
+        true => Cow::Borrowed(&v[..n]),
+        false => Cow::Owned(strided_copy(v, out, &bcast_strides(src, out))),
+    }
+}
+
 /// Broadcast result shape of two shapes (NumPy rules).
 pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
     let n = a.len().max(b.len());
@@ -415,4 +476,17 @@ pub fn broadcast_indices(src: &[usize], out: &[usize]) -> Vec<usize> {
         }
     }
     res
+}
+
+/// A contiguous float32 tensor value of `sizes` in `storage`, for kernel tests.
+#[cfg(test)]
+pub(crate) fn f32_tensor(storage: Storage, sizes: Vec<usize>) -> Value {
+    let n: usize = sizes.iter().product();
+    Value::Tensor(Tensor {
+        dtype: DType::F32,
+        dim_order: (0..sizes.len() as u8).collect(),
+        sizes,
+        max_bytes: 4 * n,
+        storage,
+    })
 }

@@ -256,20 +256,9 @@ fn any_dims(k: &mut KernelCtx) -> KernelResult {
 
 #[cfg(test)]
 mod tests {
-    use crate::runtime::kernels::{lookup, KernelCtx};
-    use crate::runtime::tensor::{DType, Storage, Tensor};
+    use crate::runtime::kernels::{f32_tensor, lookup, KernelCtx};
+    use crate::runtime::tensor::Storage;
     use crate::runtime::{Memory, Value};
-
-    fn f32_tensor(storage: Storage, sizes: Vec<usize>) -> Value {
-        let n: usize = sizes.iter().product();
-        Value::Tensor(Tensor {
-            dtype: DType::F32,
-            dim_order: (0..sizes.len() as u8).collect(),
-            sizes,
-            max_bytes: 4 * n,
-            storage,
-        })
-    }
 
     /// `aten::mean.out` of float32 over one dim sums each group in element order in float32
     /// and then divides, as ExecuTorch's portable kernel does: the last dim (rows summed eight
@@ -321,16 +310,16 @@ mod tests {
                 })
                 .collect();
             assert_eq!(got, want, "mean over dim {dim}");
-            let f64_form: Vec<f32> = (0..a * b)
-                .map(|r| {
-                    (xs[r * c..(r + 1) * c]
-                        .iter()
-                        .map(|&v| v as f64)
-                        .sum::<f64>()
-                        / c as f64) as f32
-                })
-                .collect();
             if dim == 2 {
+                let f64_form: Vec<f32> = (0..a * b)
+                    .map(|r| {
+                        (xs[r * c..(r + 1) * c]
+                            .iter()
+                            .map(|&v| v as f64)
+                            .sum::<f64>()
+                            / c as f64) as f32
+                    })
+                    .collect();
                 assert!(
                     got != f64_form,
                     "the inputs must tell the summation orders apart"
