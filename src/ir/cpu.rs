@@ -3,7 +3,9 @@
 
 use super::infer::{infer_shapes, InputValue, Plan};
 use super::*;
-use crate::runtime::kernels::{bcast_strides, broadcast_indices, expand, strided_copy, strides};
+use crate::runtime::kernels::{
+    bcast_strides, broadcast_indices, expand, next_index, strided_copy, strides,
+};
 use crate::runtime::tensor::{from_f32, from_i64, to_f32, to_i64};
 use crate::runtime::HostTensor;
 use std::borrow::Cow;
@@ -1768,17 +1770,9 @@ fn zip_bcast<A: Copy, B: Copy, R>(
             }
             _ => res.extend((0..inner).map(|i| f(x[xo + i * xi], y[yo + i * yi]))),
         }
-        for d in (0..r - 1).rev() {
-            idx[d] += 1;
-            xo += st[0][d];
-            yo += st[1][d];
-            if idx[d] < shape[d] {
-                break;
-            }
-            xo -= st[0][d] * idx[d];
-            yo -= st[1][d] * idx[d];
-            idx[d] = 0;
-        }
+        let mut offs = [xo, yo];
+        next_index(&mut idx, &shape[..r - 1], &[&st[0], &st[1]], &mut offs);
+        [xo, yo] = offs;
     }
     res
 }

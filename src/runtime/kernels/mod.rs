@@ -382,24 +382,33 @@ pub fn strided_copy<T: Copy>(src: &[T], out: &[usize], out_strides: &[usize]) ->
     }
     let (inner, ist) = (out[r - 1], out_strides[r - 1]);
     let mut idx = vec![0usize; r - 1];
-    let mut off = 0usize;
+    let mut offs = [0usize];
     for _ in 0..n / inner {
+        let off = offs[0];
         match ist {
             1 => res.extend_from_slice(&src[off..off + inner]),
             0 => res.extend(std::iter::repeat_n(src[off], inner)),
             _ => res.extend((0..inner).map(|i| src[off + i * ist])),
         }
-        for d in (0..r - 1).rev() {
-            idx[d] += 1;
-            off += out_strides[d];
-            if idx[d] < out[d] {
-                break;
-            }
-            off -= out_strides[d] * idx[d];
-            idx[d] = 0;
-        }
+        next_index(&mut idx, &out[..r - 1], &[&out_strides[..r - 1]], &mut offs);
     }
     res
+}
+
+/// Advances `idx` to the next index of `shape` in row-major order, moving each operand's offset
+/// `offs[i]` by its strides `strides[i]` (back to its start where a dim wraps).
+pub fn next_index(idx: &mut [usize], shape: &[usize], strides: &[&[usize]], offs: &mut [usize]) {
+    for d in (0..shape.len()).rev() {
+        idx[d] += 1;
+        offs.iter_mut().zip(strides).for_each(|(o, st)| *o += st[d]);
+        if idx[d] < shape[d] {
+            return;
+        }
+        offs.iter_mut()
+            .zip(strides)
+            .for_each(|(o, st)| *o -= st[d] * idx[d]);
+        idx[d] = 0;
+    }
 }
 
 /// `v` (shape `src`) broadcast to `out` (NumPy rules): borrowed when that changes nothing, else
@@ -441,7 +450,6 @@ pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
 }
 
 /// For each element of `out` (row-major), the index into a tensor of shape `src` broadcast to it.
-#[allow(clippy::needless_range_loop)] // dims index three arrays in step
 pub fn broadcast_indices(src: &[usize], out: &[usize]) -> Vec<usize> {
     let n = out.len();
     let numel: usize = out.iter().product();
@@ -451,29 +459,13 @@ pub fn broadcast_indices(src: &[usize], out: &[usize]) -> Vec<usize> {
             return (0..numel).collect();
         }
     }
-    let sstr = strides(src);
-    // Stride per output dim (0 where broadcast).
-    let mut bs = vec![0usize; n];
-    for i in 0..n {
-        if i + src.len() >= n {
-            let j = i + src.len() - n;
-            bs[i] = if src[j] == 1 { 0 } else { sstr[j] };
-        }
-    }
+    let bs = bcast_strides(src, out);
     let mut idx = vec![0usize; n];
     let mut res = Vec::with_capacity(numel);
-    let mut off = 0usize;
+    let mut off = [0usize];
     for _ in 0..numel {
-        res.push(off);
-        for d in (0..n).rev() {
-            idx[d] += 1;
-            off += bs[d];
-            if idx[d] < out[d] {
-                break;
-            }
-            off -= bs[d] * idx[d];
-            idx[d] = 0;
-        }
+        res.push(off[0]);
+        next_index(&mut idx, out, &[&bs], &mut off);
     }
     res
 }
