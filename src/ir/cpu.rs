@@ -1059,7 +1059,7 @@ impl CpuExecutor {
         let xu: Vec<i16> = xq.iter().map(|&v| (v + shift) as i16).collect();
         // The packing sums 16 columns at a time (kr = 8, two nibble planes).
         let chunk = if four && group % 16 == 0 { 16 } else { group };
-        if four && group % 2 == 0 && k > 0 {
+        if four && group % 32 == 0 && k > 0 {
             let ks = match &ksums {
                 Some(ks) if ks.len() == n => ks.clone(),
                 _ => Arc::new(q4_ksums(&qw, [k, n], group, chunk)),
@@ -1181,10 +1181,10 @@ pub(crate) fn dequant_row<'a>(
         })
 }
 
-/// `linear_qd8` for 4-bit weights in even groups, reading the packed bytes directly: each
+/// `linear_qd8` for 4-bit weights in groups of 32s, reading the packed bytes directly: each
 /// byte's low nibble multiplies an even column of x, its high nibble the odd one after it,
-/// and the zero of 8 comes out through each group's sum of x. The same integer sums, so
-/// the same bits, without unpacking every row first.
+/// both less the zero of 8. The same integer sums, so the same bits, without unpacking every
+/// row first; a weight row's bytes are read once for up to `X_BLOCK` rows of x.
 fn linear_q4_pairs(
     qw: &QuantWeight,
     xu: &[i16],
@@ -1193,26 +1193,24 @@ fn linear_q4_pairs(
     group: usize,
     ksums: &[f32],
 ) -> Vec<f32> {
-    let half = k / 2;
-    let (even, odd, gsum) = pair_columns(xu, k, group);
+    debug_assert!(group % 32 == 0 && k % group == 0);
+    let (cols, gsum) = pair_columns(xu, k, group);
     let x = PairedX {
-        ksums,
-        even: &even,
-        odd: &odd,
+        cols: &cols,
         gsum: &gsum,
         params,
-        half,
+        k,
         group,
     };
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has both features, checked just above.
         return by_weight_rows([m, k, n], |j, out, _| unsafe {
-            q4_pairs_row_avx2(&x, x.ksums[j], qw.row(j), out)
+            q4_pairs_row_avx2(&x, ksums[j], qw.row(j), out)
         });
     }
     by_weight_rows([m, k, n], |j, out, _| {
-        q4_pairs_row(&x, x.ksums[j], qw.row(j), out)
+        q4_pairs_row_with(&x, ksums[j], qw.row(j), out, &Portable)
     })
 }
 
@@ -1233,136 +1231,172 @@ fn q4_ksums(qw: &QuantWeight, [k, n]: [usize; 2], group: usize, chunk: usize) ->
     })
 }
 
-/// Per row of x (`k` wide): its even and odd columns apart, and each group's sum.
-fn pair_columns(xu: &[i16], k: usize, group: usize) -> (Vec<i16>, Vec<i16>, Vec<i32>) {
+/// Per row of x (`k` wide, unsigned 8-bit values): each 32 columns as their 16 even then their
+/// 16 odd ones, beside the 16 packed bytes whose low and high nibbles they meet; and each
+/// group's sum.
+fn pair_columns(xu: &[i16], k: usize, group: usize) -> (Vec<u8>, Vec<i32>) {
     let rows = xu.len() / k;
-    let mut even = Vec::with_capacity(rows * k / 2);
-    let mut odd = Vec::with_capacity(rows * k / 2);
+    let mut cols = Vec::with_capacity(rows * k);
     let mut gsum = Vec::with_capacity(rows * (k / group));
     for xr in xu.chunks_exact(k) {
-        even.extend(xr.iter().step_by(2));
-        odd.extend(xr.iter().skip(1).step_by(2));
+        for c in xr.chunks_exact(32) {
+            cols.extend(c.iter().step_by(2).map(|&v| v as u8));
+            cols.extend(c.iter().skip(1).step_by(2).map(|&v| v as u8));
+        }
         gsum.extend(
             xr.chunks_exact(group)
                 .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
         );
     }
-    (even, odd, gsum)
+    (cols, gsum)
 }
 
-/// x prepared for `linear_q4_pairs`: even and odd columns apart, each group's sum.
+/// x prepared for `linear_q4_pairs` (`pair_columns`).
 struct PairedX<'a> {
-    ksums: &'a [f32],
-    even: &'a [i16],
-    odd: &'a [i16],
+    cols: &'a [u8],
     gsum: &'a [i32],
     params: &'a [(f32, i32)],
-    half: usize,
+    k: usize,
     group: usize,
 }
 
-/// `q4_pairs_row` compiled for AVX2 and FMA: the groups' dot products 32 nibbles at a time
-/// (`dot_pairs_avx2`), and their fused multiply-adds as one instruction (the baseline x86-64
-/// build calls libm's `fmaf`). The same integer sums and correctly rounded operations, so the
-/// same bits.
+/// Rows of x a weight row's nibbles are unpacked for at once.
+const X_BLOCK: usize = 4;
+
+/// A group's integer dot products, Σ x[c] · (nibble[c] - 8), of one weight row's packed bytes
+/// (16 per 32 columns) with `R` rows of x laid out by `pair_columns`.
+trait GroupDot {
+    fn dot<const R: usize>(&self, q: &[u8], xs: [&[u8]; R]) -> [i32; R];
+}
+
+/// Any CPU: the sums column by column.
+struct Portable;
+
+impl GroupDot for Portable {
+    #[inline(always)]
+    fn dot<const R: usize>(&self, q: &[u8], xs: [&[u8]; R]) -> [i32; R] {
+        xs.map(|x| {
+            q.chunks_exact(16)
+                .zip(x.chunks_exact(32))
+                .map(|(b, xc)| {
+                    b.iter()
+                        .zip(xc[..16].iter().zip(&xc[16..]))
+                        .map(|(&v, (&e, &o))| {
+                            e as i32 * ((v & 0xF) as i32 - 8) + o as i32 * ((v >> 4) as i32 - 8)
+                        })
+                        .sum::<i32>()
+                })
+                .sum()
+        })
+    }
+}
+
+/// AVX2: 16 packed bytes become 32 signed weights (low nibbles, then high ones, less 8) in one
+/// register, once for all R rows of x; `vpmaddubsw` multiplies them with x's unsigned bytes
+/// (pairs at most 2 · 255 · 8, no saturation) and `vpmaddwd` widens the pairs to 32 bits.
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl GroupDot for Avx2 {
+    #[inline(always)]
+    fn dot<const R: usize>(&self, q: &[u8], xs: [&[u8]; R]) -> [i32; R] {
+        use std::arch::x86_64::*;
+        debug_assert!(q.len() % 16 == 0 && xs.iter().all(|x| x.len() == 2 * q.len()));
+        // SAFETY: an `Avx2` is only used where AVX2 was detected (`q4_pairs_row_avx2`); every
+        // load is unaligned and within `q` (16 bytes at 16c) or an x row (32 bytes at 32c).
+        unsafe {
+            let low = _mm256_set1_epi8(0x0F);
+            let eight = _mm256_set1_epi8(8);
+            let ones = _mm256_set1_epi16(1);
+            // The upper half's bytes shifted down a nibble: their high nibbles.
+            let shifts = _mm256_setr_epi64x(0, 0, 4, 4);
+            let mut acc = [_mm256_setzero_si256(); R];
+            for c in 0..q.len() / 16 {
+                let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(q.as_ptr().add(16 * c).cast()));
+                let w = _mm256_sub_epi8(_mm256_and_si256(_mm256_srlv_epi64(b, shifts), low), eight);
+                for (a, x) in acc.iter_mut().zip(&xs) {
+                    let xv = _mm256_loadu_si256(x.as_ptr().add(32 * c).cast());
+                    let pairs = _mm256_maddubs_epi16(xv, w);
+                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(pairs, ones));
+                }
+            }
+            acc.map(|a| {
+                let s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+                _mm_cvtsi128_si32(s)
+            })
+        }
+    }
+}
+
+/// `q4_pairs_row_with` compiled for AVX2 and FMA: the groups' dot products by `Avx2`, and their
+/// fused multiply-adds as one instruction (the baseline x86-64 build calls libm's `fmaf`). The
+/// same integer sums and correctly rounded operations, so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn q4_pairs_row_avx2(x: &PairedX, ksum: f32, row: (&[u8], &[f32], &[f32]), out: &mut [f32]) {
-    if x.group % 32 == 0 {
-        // SAFETY: this function only runs where AVX2 was detected.
-        q4_pairs_row_with(x, ksum, row, out, |q, e, o| unsafe {
-            dot_pairs_avx2(q, e, o)
-        })
-    } else {
-        q4_pairs_row(x, ksum, row, out)
-    }
+    q4_pairs_row_with(x, ksum, row, out, &Avx2)
 }
 
-/// Σ e[i] · (q[i] & 15) + o[i] · (q[i] >> 4) over bytes `q` (a multiple of 16 long) with AVX2:
-/// 16 bytes widen to 16-bit lanes, their nibbles multiply x's even and odd columns in
-/// `vpmaddwd` pairs (at most 255 · 15 each, no overflow), and the lanes add up at the end.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_pairs_avx2(q: &[u8], e: &[i16], o: &[i16]) -> i32 {
-    use std::arch::x86_64::*;
-    debug_assert!(q.len() % 16 == 0 && e.len() >= q.len() && o.len() >= q.len());
-    let low = _mm256_set1_epi16(0x0F);
-    let mut acc = _mm256_setzero_si256();
-    for i in (0..q.len()).step_by(16) {
-        // SAFETY: i + 16 <= q.len() <= e.len(), o.len(); unaligned loads.
-        let (b, ev, od) = unsafe {
-            (
-                _mm256_cvtepu8_epi16(_mm_loadu_si128(q.as_ptr().add(i).cast())),
-                _mm256_loadu_si256(e.as_ptr().add(i).cast()),
-                _mm256_loadu_si256(o.as_ptr().add(i).cast()),
-            )
-        };
-        let lo = _mm256_and_si256(b, low);
-        let hi = _mm256_srli_epi16::<4>(b);
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(lo, ev));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(hi, od));
-    }
-    let s = _mm_add_epi32(
-        _mm256_castsi256_si128(acc),
-        _mm256_extracti128_si256::<1>(acc),
-    );
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
-}
-
-/// One weight row of `linear_q4_pairs` for every row of x.
-#[inline(always)]
-fn q4_pairs_row(x: &PairedX, ksum: f32, row: (&[u8], &[f32], &[f32]), out: &mut [f32]) {
-    q4_pairs_row_with(x, ksum, row, out, |bytes, ge, go| {
-        bytes
-            .iter()
-            .zip(ge.iter().zip(go))
-            .map(|(&v, (&a, &c))| a as i32 * (v & 0xF) as i32 + c as i32 * (v >> 4) as i32)
-            .sum()
-    })
-}
-
-/// `q4_pairs_row` with the groups' integer dot product `dot(bytes, even, odd)` given.
+/// One weight row of `linear_q4_pairs` for every row of x, `X_BLOCK` rows at a time.
 #[inline(always)]
 fn q4_pairs_row_with(
     x: &PairedX,
     ksum: f32,
+    row: (&[u8], &[f32], &[f32]),
+    out: &mut [f32],
+    d: &impl GroupDot,
+) {
+    let mut r = 0;
+    while r < out.len() {
+        match out.len() - r {
+            1 => q4_pairs_block::<1>(x, ksum, row, &mut out[r..], r, d),
+            2 => q4_pairs_block::<2>(x, ksum, row, &mut out[r..], r, d),
+            3 => q4_pairs_block::<3>(x, ksum, row, &mut out[r..], r, d),
+            _ => q4_pairs_block::<X_BLOCK>(x, ksum, row, &mut out[r..], r, d),
+        }
+        r += X_BLOCK;
+    }
+}
+
+/// Rows `r0..r0 + R` of x against one weight row: per row, y starts at the zero point's term,
+/// each group's sum is fused in with its scale, in group order, and a stored bias beyond the
+/// symmetric zero adds `(bias + 8·s) · Σ (u - zp)` per group before the row's scale.
+#[inline(always)]
+fn q4_pairs_block<const R: usize>(
+    x: &PairedX,
+    ksum: f32,
     (q, s, b): (&[u8], &[f32], &[f32]),
     out: &mut [f32],
-    dot: impl Fn(&[u8], &[i16], &[i16]) -> i32,
+    r0: usize,
+    d: &impl GroupDot,
 ) {
     let PairedX {
-        ksums: _,
-        even,
-        odd,
+        cols,
         gsum,
         params,
-        half,
+        k,
         group,
     } = *x;
-    let groups = 2 * half / group;
-    let q = &q[..half];
-    for (r, (o, &(inv, zp))) in out.iter_mut().zip(params).enumerate() {
-        let zp = zp + 128;
-        let (xe, xo) = (&even[r * half..][..half], &odd[r * half..][..half]);
-        let gs = &gsum[r * groups..][..groups];
-        let mut y = ksum * zp as f32;
-        let mut rest_sum = 0f32;
-        for (g, ((bytes, ge), go)) in q
-            .chunks_exact(group / 2)
-            .zip(xe.chunks_exact(group / 2))
-            .zip(xo.chunks_exact(group / 2))
-            .enumerate()
-        {
-            let acc = dot(bytes, ge, go) - 8 * gs[g];
-            y = (acc as f32).mul_add(s[g], y);
-            let rest = b[g] + 8.0 * s[g];
+    let groups = k / group;
+    let zps: [i32; R] = std::array::from_fn(|i| params[r0 + i].1 + 128);
+    let mut y = zps.map(|zp| ksum * zp as f32);
+    let mut rest_sum = [0f32; R];
+    for (g, qg) in q[..k / 2].chunks_exact(group / 2).enumerate() {
+        let xs = std::array::from_fn(|i| &cols[(r0 + i) * k + g * group..][..group]);
+        let acc = d.dot::<R>(qg, xs);
+        let rest = b[g] + 8.0 * s[g];
+        for i in 0..R {
+            y[i] = (acc[i] as f32).mul_add(s[g], y[i]);
             if rest != 0.0 {
-                rest_sum += rest * (gs[g] - zp * group as i32) as f32;
+                rest_sum[i] += rest * (gsum[(r0 + i) * groups + g] - zps[i] * group as i32) as f32;
             }
         }
-        *o = (y + rest_sum) * inv;
+    }
+    for i in 0..R {
+        out[i] = (y[i] + rest_sum[i]) * params[r0 + i].0;
     }
 }
 
@@ -2381,6 +2415,9 @@ mod tests {
             (1, 576, 67, 64, true),
             (3, 576, 40, 32, true),
             (2, 192, 33, 32, false),
+            // A block of four rows of x and the rest, group 128 as the E2B exports use.
+            (7, 256, 19, 128, true),
+            (5, 192, 9, 64, false),
         ] {
             let groups = k / group;
             let (raw, scales, mut biases) = q4_symmetric(&mut seed, [k, n], group);
@@ -2452,19 +2489,17 @@ mod tests {
             }
             assert_eq!(got, want, "m {m} k {k} n {n} group {group}");
             // The portable row kernel, whichever one `linear_q4_pairs` picked on this CPU.
-            let (even, odd, gsum) = pair_columns(&xu, k, group);
+            let (cols, gsum) = pair_columns(&xu, k, group);
             let px = PairedX {
-                ksums: &ks,
-                even: &even,
-                odd: &odd,
+                cols: &cols,
                 gsum: &gsum,
                 params: &params,
-                half: k / 2,
+                k,
                 group,
             };
             for j in 0..n {
                 let mut col = vec![0f32; m];
-                q4_pairs_row(&px, ks[j], qw.row(j), &mut col);
+                q4_pairs_row_with(&px, ks[j], qw.row(j), &mut col, &Portable);
                 let want_col: Vec<f32> = (0..m).map(|i| want[i * n + j]).collect();
                 assert_eq!(col, want_col, "portable row {j}");
             }
