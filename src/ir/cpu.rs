@@ -137,6 +137,38 @@ fn encode(dtype: DType, v: &Val) -> Vec<u8> {
     }
 }
 
+/// An output of a CPU call, its value shared with the executor's last call.
+pub struct CpuOutput {
+    pub dtype: DType,
+    pub sizes: Vec<usize>,
+    val: Arc<Val>,
+}
+
+impl CpuOutput {
+    /// The output's bytes: lent where the value is stored in the output's own dtype (f32,
+    /// i64), encoded otherwise.
+    pub fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        let n: usize = self.sizes.iter().product();
+        match (&*self.val, self.dtype) {
+            (Val::F(f), DType::F32) if f.len() >= n => bytemuck::cast_slice(&f[..n]).into(),
+            (Val::I(i), DType::I64) if i.len() >= n => bytemuck::cast_slice(&i[..n]).into(),
+            (v, dtype) => {
+                let mut data = encode(dtype, v);
+                data.truncate(n * dtype.size());
+                data.into()
+            }
+        }
+    }
+
+    pub fn into_host(self) -> HostTensor {
+        HostTensor {
+            data: self.bytes().into_owned(),
+            dtype: self.dtype,
+            sizes: self.sizes,
+        }
+    }
+}
+
 /// Runs an IR graph on the CPU; State tensors (KV caches) persist across calls.
 pub struct CpuExecutor {
     graph: Graph,
@@ -227,6 +259,16 @@ impl CpuExecutor {
 
     /// Runs one call; returns the graph outputs.
     pub fn run(&mut self, inputs: &[InputValue]) -> Result<Vec<HostTensor>> {
+        Ok(self
+            .run_shared(inputs)?
+            .into_iter()
+            .map(CpuOutput::into_host)
+            .collect())
+    }
+
+    /// `run` with the outputs' values shared rather than encoded into new buffers: a caller
+    /// that copies them elsewhere anyway (a delegate writing the method's memory) copies once.
+    pub fn run_shared(&mut self, inputs: &[InputValue]) -> Result<Vec<CpuOutput>> {
         let plan = infer_shapes(&self.graph, inputs)?;
         let mut vals: Vec<Option<Arc<Val>>> = vec![None; self.graph.tensors.len()];
         for (io, v) in self.graph.inputs.iter().zip(inputs) {
@@ -250,16 +292,10 @@ impl CpuExecutor {
         let outs = self.graph.outputs.clone();
         outs.iter()
             .map(|&t| {
-                let v = self.get(t, &vals).map_err(IrError::Invalid)?;
-                let dtype = self.graph.tensors[t].dtype;
-                let shape = plan.shapes[t].clone();
-                let n: usize = shape.iter().product();
-                let mut data = encode(dtype, &v);
-                data.truncate(n * dtype.size());
-                Ok(HostTensor {
-                    dtype,
-                    sizes: shape,
-                    data,
+                Ok(CpuOutput {
+                    val: self.get(t, &vals).map_err(IrError::Invalid)?,
+                    dtype: self.graph.tensors[t].dtype,
+                    sizes: plan.shapes[t].clone(),
                 })
             })
             .collect()
@@ -2037,6 +2073,28 @@ mod tests {
 
     fn f32s(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// A shared output's bytes are its shape's elements in its own dtype: lent (f32, i64) or
+    /// encoded (narrower types), never the value's spare tail.
+    #[test]
+    fn shared_outputs_give_their_shapes_bytes() {
+        let out = |dtype, sizes: Vec<usize>, val| CpuOutput {
+            dtype,
+            sizes,
+            val: Arc::new(val),
+        };
+        let f = vec![1.5f32, -2.0, 3.25, 7.0, 9.0];
+        let o = out(DType::F32, vec![2, 2], Val::F(f.clone()));
+        assert!(matches!(o.bytes(), Cow::Borrowed(_)));
+        assert_eq!(o.bytes().as_ref(), f32s(&f[..4]));
+        let o = out(DType::F16, vec![3], Val::F(f.clone()));
+        assert_eq!(o.bytes().as_ref(), from_f32(DType::F16, &f[..3]));
+        let o = out(DType::I64, vec![2], Val::I(vec![5, -6, 7]));
+        assert_eq!(o.into_host().data, from_i64(DType::I64, &[5, -6]));
+        let o = out(DType::I32, vec![3], Val::I(vec![5, -6, 7]));
+        assert_eq!(o.bytes().as_ref(), from_i64(DType::I32, &[5, -6, 7]));
+        assert_eq!(o.bytes().len(), 12);
     }
 
     /// xorshift, so failures reproduce.

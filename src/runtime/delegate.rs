@@ -24,6 +24,13 @@ pub trait FrontEnd: Send + Sync {
 pub trait IrExecutor: Send {
     fn run(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<HostTensor>, String>;
 
+    /// `run` for a caller that copies the outputs on: the CPU executor lends its values
+    /// instead of encoding each into a new buffer first (a demo model prefill's attention
+    /// products are 72 MiB a layer).
+    fn run_outputs(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<RunOutput>, String> {
+        Ok(self.run(inputs)?.into_iter().map(RunOutput::Host).collect())
+    }
+
     /// Whether `run_candidates` can reduce output `output`.
     fn candidates_supported(&self, _output: usize) -> bool {
         false
@@ -75,6 +82,26 @@ pub trait IrExecutor: Send {
 impl IrExecutor for ir::cpu::CpuExecutor {
     fn run(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<HostTensor>, String> {
         ir::cpu::CpuExecutor::run(self, inputs).map_err(|e| e.to_string())
+    }
+
+    fn run_outputs(&mut self, inputs: &[ir::InputValue]) -> Result<Vec<RunOutput>, String> {
+        let outs = self.run_shared(inputs).map_err(|e| e.to_string())?;
+        Ok(outs.into_iter().map(RunOutput::Cpu).collect())
+    }
+}
+
+/// An output of `IrExecutor::run_outputs`.
+pub enum RunOutput {
+    Host(HostTensor),
+    Cpu(ir::cpu::CpuOutput),
+}
+
+impl RunOutput {
+    fn parts(&self) -> (ir::DType, &[usize], std::borrow::Cow<'_, [u8]>) {
+        match self {
+            RunOutput::Host(h) => (h.dtype, &h.sizes, h.data.as_slice().into()),
+            RunOutput::Cpu(c) => (c.dtype, &c.sizes, c.bytes()),
+        }
     }
 }
 
@@ -247,7 +274,7 @@ impl DelegateExecutor for IrDelegate {
                 },
             })
             .collect();
-        let outs = self.exec.run(&inputs)?;
+        let outs = self.exec.run_outputs(&inputs)?;
         let sym_plan = match &self.sym_graph {
             Some(g) => Some(ir::infer_shapes(g, &inputs).map_err(|e| e.to_string())?),
             None => None,
@@ -266,11 +293,12 @@ impl DelegateExecutor for IrDelegate {
                 .map(|k| out_ids[k])
                 .collect();
         }
-        for (host, &id) in outs.iter().zip(&out_ids) {
+        for (out, &id) in outs.iter().zip(&out_ids) {
             let t = mem.tensor(id)?.clone();
-            let data = convert(&host.data, host.dtype, t.dtype);
+            let (dtype, sizes, bytes) = out.parts();
+            let data = convert(&bytes, dtype, t.dtype);
             let mut ctx = super::kernels::KernelCtx::new(mem, std::slice::from_ref(&id));
-            ctx.write(0, &host.sizes, &data)?;
+            ctx.write(0, sizes, &data)?;
         }
         Ok(())
     }
