@@ -232,6 +232,110 @@ enum Step {
     Free,
 }
 
+/// Kernels that read their argument 0 into a new tensor (no view of it) and write only their
+/// last arguments.
+const COPYING_READS: &[&str] = &[
+    "aten::slice_copy.Tensor_out",
+    "aten::select_copy.int_out",
+    "aten::permute_copy.out",
+    "aten::index_select.out",
+    "aten::clone.out",
+];
+
+/// Functionalised exports update a KV cache as `new = slice_scatter(cache, src, ..)`, read
+/// `new`, and `copy_(cache, new)` at the end: two copies of the cache a layer and step. Where
+/// nothing else can see the difference, the scatter writes the cache in place (its out value
+/// becomes the cache) and the copy-back goes: the cache is referenced only by that pair and by
+/// copying reads before it, `new` by copying reads between them and nothing after (nor is it
+/// an output), and the method has no control flow.
+fn scatter_in_place(steps: &mut [Step], mem: &Memory, outputs: &[usize]) -> usize {
+    if steps
+        .iter()
+        .any(|s| matches!(s, Step::Move(..) | Step::JumpFalse(..)))
+    {
+        return 0;
+    }
+    let args = |s: &Step| -> Vec<usize> {
+        match s {
+            Step::Kernel(_, _, a) | Step::Delegate(_, a) => a.clone(),
+            _ => vec![],
+        }
+    };
+    let op = |s: &Step| -> Option<String> {
+        match s {
+            Step::Kernel(_, op, _) => Some(op.clone()),
+            _ => None,
+        }
+    };
+    let copying_read = |s: &Step, v: usize| {
+        let (Some(op), a) = (op(s), args(s)) else {
+            return false;
+        };
+        COPYING_READS.contains(&op.as_str())
+            && a.first() == Some(&v)
+            && a.iter().skip(1).all(|&x| x != v)
+    };
+    let same_layout = |a: usize, b: usize| match (mem.values.get(a), mem.values.get(b)) {
+        (Some(Value::Tensor(x)), Some(Value::Tensor(y))) => {
+            x.dtype == y.dtype
+                && x.max_bytes == y.max_bytes
+                && x.is_contiguous()
+                && y.is_contiguous()
+                && matches!(x.storage, tensor::Storage::Arena { .. })
+        }
+        _ => false,
+    };
+    let mut rewrites = Vec::new();
+    for i in 0..steps.len() {
+        let a = args(&steps[i]);
+        if op(&steps[i]).as_deref() != Some("aten::slice_scatter.out") || a.len() != 8 {
+            continue;
+        }
+        let (cache, out) = (a[0], a[6]);
+        if a[7] != out
+            || a[1] == cache
+            || a[1] == out
+            || outputs.contains(&out)
+            || !same_layout(cache, out)
+        {
+            continue;
+        }
+        let Some(c) = (i + 1..steps.len()).find(|&j| args(&steps[j]).contains(&cache)) else {
+            continue;
+        };
+        let ca = args(&steps[c]);
+        if op(&steps[c]).as_deref() != Some("aten::copy_")
+            || ca.len() != 4
+            || ca[0] != cache
+            || ca[1] != out
+            || ca[3] != cache
+        {
+            continue;
+        }
+        let ok = steps.iter().enumerate().all(|(j, s)| {
+            let a = args(s);
+            let (has_cache, has_out) = (a.contains(&cache), a.contains(&out));
+            match j {
+                _ if j == i || j == c => true,
+                _ if j < i => !has_out && (!has_cache || copying_read(s, cache)),
+                _ if j < c => !has_cache && (!has_out || copying_read(s, out)),
+                _ => !has_cache && !has_out,
+            }
+        });
+        if ok {
+            rewrites.push((i, c));
+        }
+    }
+    for &(i, c) in &rewrites {
+        if let Step::Kernel(f, op, _) = &mut steps[i] {
+            *f = kernels::slice_scatter_in_place;
+            op.push_str(" (in place)");
+        }
+        steps[c] = Step::Free;
+    }
+    rewrites.len()
+}
+
 /// A loaded method: its memory persists across `execute` calls.
 pub struct Method {
     pub plan: ExecutionPlan,
@@ -243,6 +347,8 @@ pub struct Method {
     /// Why the method runs delegate by delegate although whole-method execution was asked for.
     whole_note: Option<String>,
     trace: Option<TraceHook>,
+    /// Cache writes (`slice_scatter` + `copy_`) done in place (`scatter_in_place`).
+    scatters_in_place: usize,
 }
 
 /// Called after each instruction with (instruction index, operator key, memory, args); used by
@@ -423,7 +529,7 @@ impl Method {
             mem.values.push(val);
         }
 
-        let steps = plan
+        let mut steps: Vec<Step> = plan
             .instructions
             .iter()
             .map(|i| match i {
@@ -438,6 +544,7 @@ impl Method {
                 Instruction::Free { .. } => Step::Free,
             })
             .collect();
+        let scatters_in_place = scatter_in_place(&mut steps, &mem, &plan.outputs);
 
         Ok(Method {
             plan,
@@ -447,11 +554,17 @@ impl Method {
             whole,
             whole_note,
             trace: None,
+            scatters_in_place,
         })
     }
 
     pub fn name(&self) -> &str {
         &self.plan.name
+    }
+
+    /// Buffer updates (`slice_scatter` then `copy_` back) the CPU runtime does in place.
+    pub fn scatters_in_place(&self) -> usize {
+        self.scatters_in_place
     }
 
     /// Whether a call runs as one IR graph (all delegates and the ops between them).
@@ -839,4 +952,94 @@ pub fn constant_method(program: &Program, name: &str) -> Result<Option<Vec<Outpu
     }
     let mut m = Method::load(program, name, &BackendRegistry::default())?;
     Ok(Some(m.execute(&[])?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nop(_: &mut kernels::KernelCtx) -> kernels::KernelResult {
+        Ok(())
+    }
+
+    fn k(op: &str, args: &[usize]) -> Step {
+        Step::Kernel(nop, op.to_string(), args.to_vec())
+    }
+
+    /// Values 0 (cache) and 1 (the scatter's out) alike in planned memory; 2.. small tensors.
+    fn memory() -> Memory {
+        let t = |offset| {
+            Value::Tensor(Tensor {
+                dtype: DType::F32,
+                sizes: vec![1, 4, 8],
+                max_bytes: 128,
+                dim_order: vec![0, 1, 2],
+                storage: tensor::Storage::Arena { arena: 0, offset },
+            })
+        };
+        Memory {
+            values: (0..8).map(|v| t(v * 128)).collect(),
+            arenas: vec![vec![0; 8 * 128]],
+            inputs: vec![],
+        }
+    }
+
+    /// cache 0, src 2, out 1, a read 3 of out, the copy back: how functionalised exports
+    /// update a KV cache. `extra` goes in at `at`.
+    fn program(extra: Option<(usize, Step)>) -> Vec<Step> {
+        let mut steps = vec![
+            k("aten::slice_copy.Tensor_out", &[0, 7, 7, 7, 7, 5, 5]),
+            k("aten::slice_scatter.out", &[0, 2, 7, 7, 7, 7, 1, 1]),
+            k("aten::slice_copy.Tensor_out", &[1, 7, 7, 7, 7, 3, 3]),
+            k("aten::copy_", &[0, 1, 7, 0]),
+        ];
+        if let Some((at, s)) = extra {
+            steps.insert(at, s);
+        }
+        steps
+    }
+
+    fn rewritten(steps: &mut [Step]) -> bool {
+        let n = scatter_in_place(steps, &memory(), &[3]);
+        let free = steps.iter().filter(|s| matches!(s, Step::Free)).count();
+        assert_eq!(n, free, "one copy-back dropped per scatter");
+        n == 1
+    }
+
+    #[test]
+    fn cache_writes_go_in_place_only_where_nothing_else_sees_the_cache() {
+        let mut steps = program(None);
+        assert!(rewritten(&mut steps));
+        assert!(matches!(&steps[1], Step::Kernel(_, op, _) if op.ends_with("(in place)")));
+        assert!(matches!(steps[3], Step::Free));
+        for (why, at, step) in [
+            ("cache read between", 2, k("aten::mul.out", &[0, 6, 6])),
+            (
+                "out read after the copy",
+                4,
+                k("aten::slice_copy.Tensor_out", &[1, 7, 7, 7, 7, 6, 6]),
+            ),
+            (
+                "cache viewed before",
+                0,
+                k("executorch_prim::et_view.default", &[0, 7, 6]),
+            ),
+            ("out written between", 2, k("aten::copy_", &[1, 6, 7, 1])),
+            ("out read by a delegate", 2, Step::Delegate(0, vec![1, 6])),
+            ("control flow", 4, Step::JumpFalse(6, 0)),
+        ] {
+            let mut steps = program(Some((at, step)));
+            assert!(!rewritten(&mut steps), "{why}");
+        }
+        // An out the method returns stays apart from the cache.
+        let mut steps = program(None);
+        assert_eq!(scatter_in_place(&mut steps, &memory(), &[1]), 0);
+        // A cache in another dtype than the out is converted, not aliased.
+        let mut mem = memory();
+        if let Value::Tensor(t) = &mut mem.values[1] {
+            t.dtype = DType::F16;
+            t.max_bytes = 64;
+        }
+        assert_eq!(scatter_in_place(&mut program(None), &mem, &[]), 0);
+    }
 }

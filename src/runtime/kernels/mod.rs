@@ -12,6 +12,7 @@ mod llm;
 mod prim;
 mod reduce;
 mod shape;
+pub(crate) use shape::slice_scatter_in_place;
 
 use super::tensor::{from_f32, from_f64, from_i64, DType, Storage, Tensor, TensorIn};
 use super::{Memory, Value};

@@ -1,7 +1,10 @@
 //! Layout kernels: views, permutes, slices, concatenation, gathers and scatters. They move bytes
 //! without looking at values, so one implementation serves every dtype.
 
-use super::{broadcast_indices, norm_dim, strides, KernelCtx, KernelFn, KernelResult};
+use super::{
+    bcast_strides, broadcast_indices, broadcast_shape, norm_dim, strided_copy, strides, KernelCtx,
+    KernelFn, KernelResult,
+};
 use crate::runtime::tensor::{DType, Tensor, TensorIn};
 use crate::runtime::Value;
 
@@ -145,70 +148,80 @@ fn et_view(k: &mut KernelCtx) -> KernelResult {
     Ok(())
 }
 
-fn permute_bytes(a: &TensorIn, perm: &[usize]) -> (Vec<usize>, Vec<u8>) {
-    let n = a.sizes.len();
-    let out_sizes: Vec<usize> = perm.iter().map(|&p| a.sizes[p]).collect();
-    let st = strides(&a.sizes);
-    let total = a.numel();
-    let mut idx = vec![0usize; n];
-    let mut res = Vec::with_capacity(total * esz(a));
-    let src = a.bytes();
-    let e = esz(a);
-    for _ in 0..total {
-        let off: usize = (0..n).map(|d| idx[d] * st[perm[d]]).sum();
-        res.extend_from_slice(&src[off * e..(off + 1) * e]);
-        for d in (0..n).rev() {
-            idx[d] += 1;
-            if idx[d] < out_sizes[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
-    (out_sizes, res)
+/// A row-major tensor of `sizes` (elements `esz` bytes) permuted by `perm` (validated): copied by
+/// strides, a run of the innermost dim at a time where it stays innermost.
+fn permute_bytes(sizes: &[usize], src: &[u8], esz: usize, perm: &[usize]) -> (Vec<usize>, Vec<u8>) {
+    let out: Vec<usize> = perm.iter().map(|&p| sizes[p]).collect();
+    let st = strides(sizes);
+    let out_st: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    (out.clone(), strided_bytes(src, esz, &out, &out_st))
 }
 
-fn permute_into(k: &mut KernelCtx, a: TensorIn, perm: Vec<usize>) -> KernelResult {
-    let mut seen = vec![false; a.sizes.len()];
-    if perm.len() != a.sizes.len()
-        || perm
-            .iter()
-            .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
-    {
-        return Err(format!(
-            "{perm:?} is not a permutation of rank {}",
-            a.sizes.len()
-        ));
+/// `strided_copy` of elements `esz` bytes wide.
+fn strided_bytes(src: &[u8], esz: usize, out: &[usize], out_st: &[usize]) -> Vec<u8> {
+    fn typed<const E: usize>(src: &[u8], out: &[usize], st: &[usize]) -> Vec<u8> {
+        let s: &[[u8; E]] = bytemuck::cast_slice(&src[..src.len() / E * E]);
+        strided_copy(s, out, st).into_flattened()
     }
-    let (sizes, bytes) = permute_bytes(&a, &perm);
+    match esz {
+        1 => typed::<1>(src, out, out_st),
+        2 => typed::<2>(src, out, out_st),
+        4 => typed::<4>(src, out, out_st),
+        8 => typed::<8>(src, out, out_st),
+        _ => {
+            let idx: Vec<usize> = strided_copy(
+                &(0..src.len() / esz.max(1)).collect::<Vec<_>>(),
+                out,
+                out_st,
+            );
+            gather(src, esz, idx.into_iter())
+        }
+    }
+}
+
+/// Argument 0 permuted by `perm` into the out argument, read where it lies.
+fn permute_into(k: &mut KernelCtx, perm: Vec<usize>) -> KernelResult {
+    let (dtype, sizes, bytes) = {
+        let (a, ab) = k.input_ref(0)?;
+        let mut seen = vec![false; a.sizes.len()];
+        if perm.len() != a.sizes.len()
+            || perm
+                .iter()
+                .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
+        {
+            return Err(format!(
+                "{perm:?} is not a permutation of rank {}",
+                a.sizes.len()
+            ));
+        }
+        let (sizes, bytes) = permute_bytes(&a.sizes, ab, a.dtype.size(), &perm);
+        (a.dtype, sizes, bytes)
+    };
     let o = k.last();
-    k.write_like(o, &TensorIn::owned(a.dtype, sizes, bytes))
+    k.write_like(o, &TensorIn::owned(dtype, sizes, bytes))
 }
 
 fn permute_copy(k: &mut KernelCtx) -> KernelResult {
-    let a = k.input(0)?;
-    let r = a.sizes.len();
+    let r = k.meta(0)?.sizes.len();
     let perm = k
         .int_list(1)?
         .into_iter()
         .map(|d| norm_dim(d, r))
         .collect::<Result<Vec<_>, _>>()?;
-    permute_into(k, a, perm)
+    permute_into(k, perm)
 }
 
 fn transpose_copy(k: &mut KernelCtx) -> KernelResult {
-    let a = k.input(0)?;
-    let r = a.sizes.len();
+    let r = k.meta(0)?.sizes.len();
     let (d0, d1) = (norm_dim(k.int(1)?, r)?, norm_dim(k.int(2)?, r)?);
     let mut perm: Vec<usize> = (0..r).collect();
     perm.swap(d0, d1);
-    permute_into(k, a, perm)
+    permute_into(k, perm)
 }
 
 fn t_copy(k: &mut KernelCtx) -> KernelResult {
-    let a = k.input(0)?;
-    let perm: Vec<usize> = (0..a.sizes.len()).rev().collect();
-    permute_into(k, a, perm)
+    let r = k.meta(0)?.sizes.len();
+    permute_into(k, (0..r).rev().collect())
 }
 
 fn unsqueeze_copy(k: &mut KernelCtx) -> KernelResult {
@@ -251,10 +264,8 @@ fn expand_copy(k: &mut KernelCtx) -> KernelResult {
         let cur = if i >= off { a.sizes[i - off] } else { 1 };
         sizes.push(if r == -1 { cur } else { r.max(0) as usize });
     }
-    let idx = broadcast_indices(&a.sizes, &sizes);
-    let bytes = gather(a.bytes(), esz(&a), idx.into_iter());
     let o = k.last();
-    k.write_like(o, &TensorIn::owned(a.dtype, sizes, bytes))
+    k.write_like(o, &broadcast_to(a, &sizes)?)
 }
 
 fn repeat(k: &mut KernelCtx) -> KernelResult {
@@ -392,48 +403,55 @@ fn slice_bounds(start: Option<i64>, end: Option<i64>, size: usize) -> (usize, us
 }
 
 fn slice_copy(k: &mut KernelCtx) -> KernelResult {
-    let a = k.input(0)?;
-    let d = norm_dim(k.int(1)?, a.sizes.len())?;
-    let (s, e) = slice_bounds(k.opt_int(2)?, k.opt_int(3)?, a.sizes[d]);
-    let step = k.int(4)?;
-    if step <= 0 {
-        return Err(format!("slice step {step} must be positive"));
-    }
-    let step = step as usize;
-    let len = (e - s).div_ceil(step);
-    let (outer, n, inner) = split3(&a.sizes, d);
-    let idx = (0..outer).flat_map(|ob| {
-        (0..len).flat_map(move |j| (0..inner).map(move |i| (ob * n + s + j * step) * inner + i))
-    });
-    let bytes = gather(a.bytes(), esz(&a), idx);
-    let mut sizes = a.sizes.clone();
-    sizes[d] = len;
+    // Read where it lies: the slices of a KV cache are a few rows of a megabyte or more.
+    let (dtype, sizes, bytes) = {
+        let (a, ab) = k.input_ref(0)?;
+        let d = norm_dim(k.int(1)?, a.sizes.len())?;
+        let (s, e) = slice_bounds(k.opt_int(2)?, k.opt_int(3)?, a.sizes[d]);
+        let step = k.int(4)?;
+        if step <= 0 {
+            return Err(format!("slice step {step} must be positive"));
+        }
+        let step = step as usize;
+        let len = (e - s).div_ceil(step);
+        let (outer, n, inner) = split3(&a.sizes, d);
+        let idx = (0..outer).flat_map(|ob| {
+            (0..len).flat_map(move |j| (0..inner).map(move |i| (ob * n + s + j * step) * inner + i))
+        });
+        let bytes = gather(ab, a.dtype.size(), idx);
+        let mut sizes = a.sizes.clone();
+        sizes[d] = len;
+        (a.dtype, sizes, bytes)
+    };
     let o = k.last();
-    k.write_like(o, &TensorIn::owned(a.dtype, sizes, bytes))
+    k.write_like(o, &TensorIn::owned(dtype, sizes, bytes))
 }
 
 fn select_copy(k: &mut KernelCtx) -> KernelResult {
-    let a = k.input(0)?;
-    let d = norm_dim(k.int(1)?, a.sizes.len())?;
-    let n = a.sizes[d] as i64;
-    let mut i = k.int(2)?;
-    if i < 0 {
-        i += n;
-    }
-    if i < 0 || i >= n {
-        return Err(format!(
-            "select index {} out of range for size {n}",
-            k.int(2)?
-        ));
-    }
-    let (outer, _, inner) = split3(&a.sizes, d);
-    let idx = (0..outer)
-        .flat_map(|ob| (0..inner).map(move |j| (ob * n as usize + i as usize) * inner + j));
-    let bytes = gather(a.bytes(), esz(&a), idx);
-    let mut sizes = a.sizes.clone();
-    sizes.remove(d);
+    let (dtype, sizes, bytes) = {
+        let (a, ab) = k.input_ref(0)?;
+        let d = norm_dim(k.int(1)?, a.sizes.len())?;
+        let n = a.sizes[d] as i64;
+        let mut i = k.int(2)?;
+        if i < 0 {
+            i += n;
+        }
+        if i < 0 || i >= n {
+            return Err(format!(
+                "select index {} out of range for size {n}",
+                k.int(2)?
+            ));
+        }
+        let (outer, _, inner) = split3(&a.sizes, d);
+        let idx = (0..outer)
+            .flat_map(|ob| (0..inner).map(move |j| (ob * n as usize + i as usize) * inner + j));
+        let bytes = gather(ab, a.dtype.size(), idx);
+        let mut sizes = a.sizes.clone();
+        sizes.remove(d);
+        (a.dtype, sizes, bytes)
+    };
     let o = k.last();
-    k.write_like(o, &TensorIn::owned(a.dtype, sizes, bytes))
+    k.write_like(o, &TensorIn::owned(dtype, sizes, bytes))
 }
 
 /// Converts `src` to `dt` bytes.
@@ -447,14 +465,18 @@ fn bytes_as(src: &TensorIn, dt: crate::runtime::tensor::DType) -> Vec<u8> {
     }
 }
 
-fn slice_scatter(k: &mut KernelCtx) -> KernelResult {
-    let a = k.input(0)?;
+/// `slice_scatter`'s arguments 1-5 checked against `self`'s shape: (dim, start, step, slice
+/// length) and `src`.
+fn scatter_args(
+    k: &KernelCtx,
+    a_sizes: &[usize],
+) -> Result<(usize, usize, usize, usize, TensorIn), String> {
     let src = k.input(1)?;
-    let d = norm_dim(k.int(2)?, a.sizes.len())?;
-    let (s, e) = slice_bounds(k.opt_int(3)?, k.opt_int(4)?, a.sizes[d]);
+    let d = norm_dim(k.int(2)?, a_sizes.len())?;
+    let (s, e) = slice_bounds(k.opt_int(3)?, k.opt_int(4)?, a_sizes[d]);
     let step = k.int(5)?.max(1) as usize;
     let len = (e - s).div_ceil(step);
-    let mut want = a.sizes.clone();
+    let mut want = a_sizes.to_vec();
     want[d] = len;
     if src.sizes != want {
         return Err(format!(
@@ -462,12 +484,22 @@ fn slice_scatter(k: &mut KernelCtx) -> KernelResult {
             src.sizes
         ));
     }
-    let o = k.last();
-    let dt = k.out_dtype(o)?;
-    let ee = dt.size();
-    let mut out = bytes_as(&a, dt);
-    let sb = bytes_as(&src, dt);
-    let (outer, n, inner) = split3(&a.sizes, d);
+    Ok((d, s, step, len, src))
+}
+
+/// `src` (already in `out`'s dtype, `ee` bytes an element) written over the slice of `out`.
+#[allow(clippy::too_many_arguments)]
+fn scatter_rows(
+    out: &mut [u8],
+    sb: &[u8],
+    sizes: &[usize],
+    d: usize,
+    s: usize,
+    step: usize,
+    len: usize,
+    ee: usize,
+) {
+    let (outer, n, inner) = split3(sizes, d);
     let mut si = 0;
     for ob in 0..outer {
         for j in 0..len {
@@ -476,7 +508,46 @@ fn slice_scatter(k: &mut KernelCtx) -> KernelResult {
             si += inner * ee;
         }
     }
+}
+
+fn slice_scatter(k: &mut KernelCtx) -> KernelResult {
+    let a = k.input(0)?;
+    let (d, s, step, len, src) = scatter_args(k, &a.sizes)?;
+    let o = k.last();
+    let dt = k.out_dtype(o)?;
+    let mut out = bytes_as(&a, dt);
+    scatter_rows(
+        &mut out,
+        &bytes_as(&src, dt),
+        &a.sizes,
+        d,
+        s,
+        step,
+        len,
+        dt.size(),
+    );
     k.write(o, &a.sizes.clone(), &out)
+}
+
+/// `slice_scatter.out` whose result the method copies back into `self` and nothing else reads
+/// `self` meanwhile (`runtime::scatter_in_place` checks): `src` goes into `self`'s slice where
+/// it lies, and the out value becomes `self`, storage and all. A KV cache update without
+/// copying the cache twice.
+pub(crate) fn slice_scatter_in_place(k: &mut KernelCtx) -> KernelResult {
+    let t = k.meta(0)?.clone();
+    if !t.is_contiguous() {
+        return Err(format!(
+            "tensor with dim order {:?} is not supported",
+            t.dim_order
+        ));
+    }
+    let (d, s, step, len, src) = scatter_args(k, &t.sizes)?;
+    let sb = bytes_as(&src, t.dtype);
+    let dst = k.mem.bytes_mut(&t)?;
+    scatter_rows(dst, &sb, &t.sizes, d, s, step, len, t.dtype.size());
+    let o = k.id(k.last())?;
+    k.mem.values[o] = Value::Tensor(t);
+    Ok(())
 }
 
 fn check_index(i: i64, n: usize) -> Result<usize, String> {
@@ -749,23 +820,34 @@ fn index_copy(k: &mut KernelCtx) -> KernelResult {
     k.write(o, &a.sizes.clone(), &out)
 }
 
+/// `t` broadcast to `shape` (NumPy rules), copied by strides; itself where the shape is its own.
+fn broadcast_to(t: TensorIn, shape: &[usize]) -> Result<TensorIn, String> {
+    if t.sizes == shape {
+        return Ok(t);
+    }
+    if broadcast_shape(&t.sizes, shape)? != shape {
+        return Err(format!(
+            "a {:?} tensor does not broadcast to {shape:?}",
+            t.sizes
+        ));
+    }
+    let bytes = strided_bytes(t.bytes(), esz(&t), shape, &bcast_strides(&t.sizes, shape));
+    Ok(TensorIn::owned(t.dtype, shape.to_vec(), bytes))
+}
+
 /// `copy(self, src, non_blocking) -> out`: src broadcast into self's shape.
 fn copy_out(k: &mut KernelCtx) -> KernelResult {
     let a = k.meta(0)?.sizes.clone();
-    let src = k.input(1)?;
-    let idx = broadcast_indices(&src.sizes, &a);
-    let bytes = gather(src.bytes(), esz(&src), idx.into_iter());
+    let src = broadcast_to(k.input(1)?, &a)?;
     let o = k.last();
-    k.write_like(o, &TensorIn::owned(src.dtype, a, bytes))
+    k.write_like(o, &src)
 }
 
 /// `copy_(self, src, non_blocking) -> self`: writes src into self in place.
 fn copy_inplace(k: &mut KernelCtx) -> KernelResult {
     let a = k.meta(0)?.sizes.clone();
-    let src = k.input(1)?;
-    let idx = broadcast_indices(&src.sizes, &a);
-    let bytes = gather(src.bytes(), esz(&src), idx.into_iter());
-    k.write_like(0, &TensorIn::owned(src.dtype, a, bytes))?;
+    let src = broadcast_to(k.input(1)?, &a)?;
+    k.write_like(0, &src)?;
     let (self_id, ret) = (k.id(0)?, k.id(k.last())?);
     if ret != self_id {
         let t = k.mem.values[self_id].clone();
@@ -850,7 +932,8 @@ fn split_copy(k: &mut KernelCtx) -> KernelResult {
 
 #[cfg(test)]
 mod tests {
-    use super::gather;
+    use super::{broadcast_indices, broadcast_to, gather, permute_bytes, strides};
+    use crate::runtime::tensor::{DType, TensorIn};
 
     /// Runs of consecutive indices are copied whole, and every element still lands where the
     /// indices put it: runs broken by jumps back, forward, repeats, and at either end.
@@ -870,6 +953,70 @@ mod tests {
                 .flat_map(|&i| src[i * esz..(i + 1) * esz].to_vec())
                 .collect();
             assert_eq!(gather(&src, esz, idx.iter().copied()), want, "{idx:?}");
+        }
+    }
+
+    /// Permutes copied by strides put every element where per-element indexing does, for each
+    /// element width (the odd one gathered), including ones that keep the innermost dim.
+    #[test]
+    fn permutes_by_strides_match_per_element_indexing() {
+        let sizes = [2, 3, 1, 4];
+        for esz in [1, 2, 3, 4, 8] {
+            let n: usize = sizes.iter().product();
+            let src: Vec<u8> = (0..n * esz).map(|b| (b * 7 % 251) as u8).collect();
+            for perm in [
+                [0, 1, 2, 3],
+                [3, 2, 1, 0],
+                [1, 0, 2, 3],
+                [0, 2, 1, 3],
+                [2, 3, 0, 1],
+            ] {
+                let out: Vec<usize> = perm.iter().map(|&p| sizes[p]).collect();
+                let (st, ost) = (strides(&sizes), strides(&out));
+                let mut want = vec![0u8; n * esz];
+                for i in 0..n {
+                    // Output index i, dim by dim, read at the source's strides.
+                    let from: usize = (0..4).map(|d| (i / ost[d] % out[d]) * st[perm[d]]).sum();
+                    want[i * esz..(i + 1) * esz]
+                        .copy_from_slice(&src[from * esz..(from + 1) * esz]);
+                }
+                let (got_sizes, got) = permute_bytes(&sizes, &src, esz, &perm);
+                assert_eq!((got_sizes, got), (out, want), "esz {esz} perm {perm:?}");
+            }
+        }
+    }
+
+    /// Broadcasts by strides agree with `broadcast_indices`; a shape that does not broadcast is
+    /// an error, not an out-of-range read.
+    #[test]
+    fn broadcasts_by_strides_match_the_index_form() {
+        let bytes = |n: usize| {
+            (0..n as u32)
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+        };
+        for (from, to) in [
+            (vec![3], vec![2, 3]),
+            (vec![2, 1], vec![2, 4]),
+            (vec![1, 3, 1], vec![2, 3, 5]),
+            (vec![], vec![2, 2]),
+            (vec![2, 3], vec![2, 3]),
+        ] {
+            let src = bytes(from.iter().product());
+            let want: Vec<u8> = broadcast_indices(&from, &to)
+                .into_iter()
+                .flat_map(|i| src[i * 4..i * 4 + 4].to_vec())
+                .collect();
+            let got = broadcast_to(TensorIn::owned(DType::F32, from.clone(), src), &to).unwrap();
+            assert_eq!(
+                (got.sizes.clone(), got.bytes().to_vec()),
+                (to, want),
+                "{from:?}"
+            );
+        }
+        for (from, to) in [(vec![3], vec![2, 4]), (vec![2, 3], vec![3])] {
+            let t = TensorIn::owned(DType::F32, from.clone(), bytes(from.iter().product()));
+            assert!(broadcast_to(t, &to).is_err(), "{from:?} -> {to:?}");
         }
     }
 }
