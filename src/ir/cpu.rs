@@ -1348,14 +1348,43 @@ impl GroupDot for Avx2 {
             // The upper half's bytes shifted down a nibble: their high nibbles.
             let shifts = _mm256_setr_epi64x(0, 0, 4, 4);
             let mut acc = [_mm256_setzero_si256(); R];
-            for c in 0..q.len() / 16 {
+            let weights = |c: usize| {
                 let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(q.as_ptr().add(16 * c).cast()));
-                let w = _mm256_sub_epi8(_mm256_and_si256(_mm256_srlv_epi64(b, shifts), low), eight);
+                _mm256_sub_epi8(_mm256_and_si256(_mm256_srlv_epi64(b, shifts), low), eight)
+            };
+            let chunks = q.len() / 16;
+            // Two chunks' pairs add in 16 bits (at most 4 · 255 · 8) before widening.
+            for c in (0..chunks - chunks % 2).step_by(2) {
+                let (w0, w1) = (weights(c), weights(c + 1));
                 for (a, x) in acc.iter_mut().zip(&xs) {
-                    let xv = _mm256_loadu_si256(x.as_ptr().add(32 * c).cast());
-                    let pairs = _mm256_maddubs_epi16(xv, w);
+                    let x0 = _mm256_loadu_si256(x.as_ptr().add(32 * c).cast());
+                    let x1 = _mm256_loadu_si256(x.as_ptr().add(32 * c + 32).cast());
+                    let pairs = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(x0, w0),
+                        _mm256_maddubs_epi16(x1, w1),
+                    );
                     *a = _mm256_add_epi32(*a, _mm256_madd_epi16(pairs, ones));
                 }
+            }
+            if chunks % 2 == 1 {
+                let c = chunks - 1;
+                let w = weights(c);
+                for (a, x) in acc.iter_mut().zip(&xs) {
+                    let xv = _mm256_loadu_si256(x.as_ptr().add(32 * c).cast());
+                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(_mm256_maddubs_epi16(xv, w), ones));
+                }
+            }
+            if R == 4 {
+                // Four rows' lanes summed together: three horizontal adds leave each row's
+                // halves side by side, then the halves add.
+                let h = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(acc[0], acc[1]),
+                    _mm256_hadd_epi32(acc[2], acc[3]),
+                );
+                let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let mut out = [0i32; R];
+                _mm_storeu_si128(out.as_mut_ptr().cast(), s);
+                return out;
             }
             acc.map(|a| {
                 let s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
@@ -2476,6 +2505,8 @@ mod tests {
             // A block of four rows of x and the rest, group 128 as the E2B exports use.
             (7, 256, 19, 128, true),
             (5, 192, 9, 64, false),
+            // Three chunks a group: a pair, then one alone.
+            (4, 192, 11, 96, true),
         ] {
             let groups = k / group;
             let (raw, scales, mut biases) = q4_symmetric(&mut seed, [k, n], group);
