@@ -19,8 +19,9 @@ use pteria_desktop::shell::{self, Post};
 use pteria_desktop::{AppWindow, MessageRow, VariantRow};
 use slint::{ComponentHandle, Model};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -70,17 +71,49 @@ type Job = Box<dyn FnOnce() + Send>;
 /// A headless window on `core`. The core's events reach the window through a queue the test
 /// drains on this thread (the testing backend's per-thread platform has no event loop).
 fn window(core: &ChatCore) -> (AppWindow, Receiver<Job>) {
+    let (ui, rx, _) = window_gated(core);
+    (ui, rx)
+}
+
+/// Holds the engine's thread after each piece of UI work it posts while `hold` is set, until
+/// the UI thread hands out a permit: a test can act between two streamed pieces however
+/// fast the engine is (the tiny fixture writes its 25 tokens in milliseconds).
+struct Gate {
+    hold: AtomicBool,
+    permits: Mutex<Receiver<()>>,
+    permit: mpsc::Sender<()>,
+}
+
+impl Gate {
+    fn release(&self) {
+        let _ = self.permit.send(());
+    }
+}
+
+fn window_gated(core: &ChatCore) -> (AppWindow, Receiver<Job>, Arc<Gate>) {
     // Each test thread gets its own headless platform.
     thread_local!(static INIT: Once = const { Once::new() });
     INIT.with(|o| o.call_once(i_slint_backend_testing::init_no_event_loop));
     let (tx, rx) = mpsc::channel::<Job>();
+    let (permit, permits) = mpsc::channel();
+    let gate = Arc::new(Gate {
+        hold: AtomicBool::new(false),
+        permits: Mutex::new(permits),
+        permit,
+    });
+    let g = gate.clone();
     let post: Post = Arc::new(move |f| {
         let _ = tx.send(f);
+        // Only the engine's thread: another's post (a model load finishing) could take the
+        // engine's permit.
+        if g.hold.load(Ordering::SeqCst) && std::thread::current().name() == Some("pteria-engine") {
+            let _ = g.permits.lock().unwrap().recv_timeout(TIMEOUT);
+        }
     });
     let ui = AppWindow::new().unwrap();
     shell::attach(&ui, core.clone(), post, true);
     ui.show().unwrap();
-    (ui, rx)
+    (ui, rx, gate)
 }
 
 /// Runs queued UI work until `done` holds, calling `each` after every piece.
@@ -217,19 +250,24 @@ fn stop_ends_the_reply_and_the_window_shows_it_stopped() {
         ..core.settings()
     })
     .unwrap();
-    let (ui, rx) = window(&core);
+    let (ui, rx, gate) = window_gated(&core);
     loaded(&ui, &rx);
+    // The engine waits after each piece it posts until this thread lets it go on.
+    gate.hold.store(true, Ordering::SeqCst);
     type_into(&ui, "ChatPage::message-input", "hi");
     click(&ui, "Send");
     // Stop once the first text is on screen, with the Stop button that replaced Send.
-    pump(
-        &rx,
-        || rows(&ui).last().is_some_and(|r| !r.text.is_empty()),
-        || {},
-    );
+    let text = || rows(&ui).last().is_some_and(|r| !r.text.is_empty());
+    pump(&rx, text, || {
+        if !text() {
+            gate.release();
+        }
+    });
     assert!(ElementHandle::find_by_accessible_label(&ui, "Send")
         .all(|e| e.accessible_role() == Some(AccessibleRole::Text)));
     click(&ui, "Stop");
+    gate.hold.store(false, Ordering::SeqCst);
+    gate.release();
     pump(&rx, || !ui.get_replying(), || {});
     let reply = rows(&ui).pop().unwrap();
     assert!(reply.stats.ends_with(" · stopped"), "{}", reply.stats);
@@ -237,10 +275,9 @@ fn stop_ends_the_reply_and_the_window_shows_it_stopped() {
     let last = saved.messages.last().unwrap();
     assert!(last.stopped);
     assert_eq!(reply.text, last.content.as_str());
-    // Without the stop the never-ending fixture fills the 25 positions left. (How many tokens
-    // come before the stop lands depends on how fast this thread drains the queue: no tighter
-    // bound holds on a loaded machine.)
-    assert!(last.stats.as_ref().unwrap().generated_tokens < 25);
+    // Without the stop the never-ending fixture fills the 25 positions left; the engine waited
+    // at the first text until the stop was in.
+    assert!(last.stats.as_ref().unwrap().generated_tokens < 5);
 }
 
 #[test]
