@@ -1088,19 +1088,12 @@ impl CpuExecutor {
         // Symmetric weights (`bias = -zero * scale`, zero = 8 for 4 bits) take the zero out
         // in integers; any remaining bias multiplies the row's dequantized sum.
         let zero: i16 = if four { 8 } else { 0 };
-        // 4-bit: the kernels' unsigned activations; 8-bit: the stored signed ones.
-        let shift = if four { 128 } else { 0 };
-        // 16-bit operands (|x| <= 255, |w| <= 128): products summed in i32 as SSE2's pmaddwd
-        // does, so the dot products vectorise on any x86-64.
-        let xu: Vec<i16> = xq.iter().map(|&v| (v + shift) as i16).collect();
-        // The packing sums 16 columns at a time (kr = 8, two nibble planes).
-        let chunk = if four && group % 16 == 0 { 16 } else { group };
         if four && group % 32 == 0 && k > 0 {
             let ks = match &ksums {
                 Some(ks) if ks.len() == n => ks.clone(),
-                _ => Arc::new(q4_ksums(&qw, [k, n], group, chunk)),
+                _ => Arc::new(q4_ksums(&qw, [k, n], group)),
             };
-            let y = linear_q4_pairs(&qw, &xu, params, [m, k, n], group, &ks);
+            let y = linear_q4_pairs(&qw, xq, params, [m, k, n], group, &ks);
             // Constant scales only: computed ones could change between calls.
             let constant = ts
                 .iter()
@@ -1108,6 +1101,13 @@ impl CpuExecutor {
             self.ksums[ts[0]] = constant.then_some(ks);
             return Ok(y);
         }
+        // 4-bit: the kernels' unsigned activations; 8-bit: the stored signed ones.
+        let shift = if four { 128 } else { 0 };
+        // 16-bit operands (|x| <= 255, |w| <= 128): products summed in i32 as SSE2's pmaddwd
+        // does, so the dot products vectorise on any x86-64.
+        let xu: Vec<i16> = xq.iter().map(|&v| (v + shift) as i16).collect();
+        // The packing sums 16 columns at a time (kr = 8, two nibble planes).
+        let chunk = if four && group % 16 == 0 { 16 } else { group };
         Ok(by_weight_rows([m, k, n], |j, out, _| {
             let (q, s, b) = qw.row(j);
             let mut wq = [0i16; 2048];
@@ -1223,14 +1223,14 @@ pub(crate) fn dequant_row<'a>(
 /// row first; a weight row's bytes are read once for up to `X_BLOCK` rows of x.
 fn linear_q4_pairs(
     qw: &QuantWeight,
-    xu: &[i16],
+    xq: &[i32],
     params: &[(f32, i32)],
     [m, k, n]: [usize; 3],
     group: usize,
     ksums: &[f32],
 ) -> Vec<f32> {
     debug_assert!(group % 32 == 0 && k % group == 0);
-    let (cols, gsum) = pair_columns(xu, k, group);
+    let (cols, gsum) = pair_columns(xq, k, group);
     let x = PairedX {
         cols: &cols,
         gsum: &gsum,
@@ -1251,37 +1251,40 @@ fn linear_q4_pairs(
 }
 
 /// Each row's zero-point term of `linear_q4_pairs`: minus its weights' sums over the packing's
-/// chunks of 16 columns (`nibble - 8` each), each times its group's scale, summed in order.
-fn q4_ksums(qw: &QuantWeight, [k, n]: [usize; 2], group: usize, chunk: usize) -> Vec<f32> {
+/// chunks of 16 columns (`nibble - 8` each; kr = 8, two nibble planes), each times its group's
+/// scale, summed in order.
+fn q4_ksums(qw: &QuantWeight, [k, n]: [usize; 2], group: usize) -> Vec<f32> {
+    const CHUNK: usize = 16;
     by_weight_rows([1, k, n], |j, out, _| {
         let (q, s, _) = qw.row(j);
         let mut ksum = 0f32;
-        for (c, bytes) in q[..k / 2].chunks_exact(chunk / 2).enumerate() {
+        for (c, bytes) in q[..k / 2].chunks_exact(CHUNK / 2).enumerate() {
             let nib: i32 = bytes
                 .iter()
                 .map(|&v| (v & 0xF) as i32 + (v >> 4) as i32)
                 .sum();
-            ksum -= (nib - 8 * chunk as i32) as f32 * s[c * chunk / group];
+            ksum -= (nib - 8 * CHUNK as i32) as f32 * s[c * CHUNK / group];
         }
         out[0] = ksum;
     })
 }
 
-/// Per row of x (`k` wide, unsigned 8-bit values): each 32 columns as their 16 even then their
-/// 16 odd ones, beside the 16 packed bytes whose low and high nibbles they meet; and each
-/// group's sum.
-fn pair_columns(xu: &[i16], k: usize, group: usize) -> (Vec<u8>, Vec<i32>) {
-    let rows = xu.len() / k;
+/// Per row of x (`k` wide, quantized with its zero point; the kernels' unsigned bytes are
+/// each value + 128): each 32 columns as their 16 even then their 16 odd ones, beside the 16
+/// packed bytes whose low and high nibbles they meet; and each group's sum.
+fn pair_columns(xq: &[i32], k: usize, group: usize) -> (Vec<u8>, Vec<i32>) {
+    let rows = xq.len() / k;
     let mut cols = Vec::with_capacity(rows * k);
     let mut gsum = Vec::with_capacity(rows * (k / group));
-    for xr in xu.chunks_exact(k) {
+    let u = |&v: &i32| (v + 128) as u8;
+    for xr in xq.chunks_exact(k) {
         for c in xr.chunks_exact(32) {
-            cols.extend(c.iter().step_by(2).map(|&v| v as u8));
-            cols.extend(c.iter().skip(1).step_by(2).map(|&v| v as u8));
+            cols.extend(c.iter().step_by(2).map(u));
+            cols.extend(c.iter().skip(1).step_by(2).map(u));
         }
         gsum.extend(
             xr.chunks_exact(group)
-                .map(|g| g.iter().map(|&v| v as i32).sum::<i32>()),
+                .map(|g| g.iter().map(|&v| v + 128).sum::<i32>()),
         );
     }
     (cols, gsum)
@@ -2514,19 +2517,18 @@ mod tests {
                 biases.iter_mut().step_by(3).for_each(|b| *b += 0.02);
             }
             let x = rand(&mut seed, m * k);
-            let mut xu = vec![0i16; m * k];
+            let mut xq = vec![0i32; m * k];
             let params: Vec<(f32, i32)> = x
                 .chunks(k)
-                .zip(xu.chunks_mut(k))
+                .zip(xq.chunks_mut(k))
                 .map(|(row, q)| {
-                    let mut r = vec![0i32; k];
-                    let (inv, zp) = quant_row_xnnpack(row, &mut r);
-                    q.iter_mut()
-                        .zip(&r)
-                        .for_each(|(u, &v)| *u = (v + zp + 128) as i16);
+                    let (inv, zp) = quant_row_xnnpack(row, q);
+                    q.iter_mut().for_each(|v| *v += zp);
                     (inv, zp)
                 })
                 .collect();
+            // The kernels' unsigned activations.
+            let xu: Vec<i32> = xq.iter().map(|&v| v + 128).collect();
             let qw = QuantWeight {
                 raw: &raw,
                 scales: F32s::Decoded(Arc::new(scales.clone())),
@@ -2536,8 +2538,8 @@ mod tests {
                 groups,
             };
             let chunk = 16;
-            let ks = q4_ksums(&qw, [k, n], group, chunk);
-            let got = linear_q4_pairs(&qw, &xu, &params, [m, k, n], group, &ks);
+            let ks = q4_ksums(&qw, [k, n], group);
+            let got = linear_q4_pairs(&qw, &xq, &params, [m, k, n], group, &ks);
             // The unpacking form, element by element.
             let mut want = vec![0f32; m * n];
             for j in 0..n {
@@ -2565,12 +2567,11 @@ mod tests {
                         .zip(wq.chunks_exact(group))
                         .enumerate()
                     {
-                        let acc: i32 = xg.iter().zip(wg).map(|(&a, &w)| a as i32 * w).sum();
+                        let acc: i32 = xg.iter().zip(wg).map(|(&a, &w)| a * w).sum();
                         y = (acc as f32).mul_add(s[g], y);
                         let rest = b[g] + 8.0 * s[g];
                         if rest != 0.0 {
-                            rest_sum +=
-                                rest * xg.iter().map(|&v| v as i32 - zp).sum::<i32>() as f32;
+                            rest_sum += rest * xg.iter().map(|&v| v - zp).sum::<i32>() as f32;
                         }
                     }
                     want[i * n + j] = (y + rest_sum) * inv;
@@ -2578,7 +2579,7 @@ mod tests {
             }
             assert_eq!(got, want, "m {m} k {k} n {n} group {group}");
             // The portable row kernel, whichever one `linear_q4_pairs` picked on this CPU.
-            let (cols, gsum) = pair_columns(&xu, k, group);
+            let (cols, gsum) = pair_columns(&xq, k, group);
             let px = PairedX {
                 cols: &cols,
                 gsum: &gsum,

@@ -255,25 +255,23 @@ fn scatter_in_place(steps: &mut [Step], mem: &Memory, outputs: &[usize]) -> usiz
     {
         return 0;
     }
-    let args = |s: &Step| -> Vec<usize> {
+    fn args(s: &Step) -> &[usize] {
         match s {
-            Step::Kernel(_, _, a) | Step::Delegate(_, a) => a.clone(),
-            _ => vec![],
+            Step::Kernel(_, _, a) | Step::Delegate(_, a) => a,
+            _ => &[],
         }
-    };
-    let op = |s: &Step| -> Option<String> {
+    }
+    fn op(s: &Step) -> Option<&str> {
         match s {
-            Step::Kernel(_, op, _) => Some(op.clone()),
+            Step::Kernel(_, op, _) => Some(op),
             _ => None,
         }
-    };
+    }
     let copying_read = |s: &Step, v: usize| {
         let (Some(op), a) = (op(s), args(s)) else {
             return false;
         };
-        COPYING_READS.contains(&op.as_str())
-            && a.first() == Some(&v)
-            && a.iter().skip(1).all(|&x| x != v)
+        COPYING_READS.contains(&op) && a.first() == Some(&v) && a.iter().skip(1).all(|&x| x != v)
     };
     let same_layout = |a: usize, b: usize| match (mem.values.get(a), mem.values.get(b)) {
         (Some(Value::Tensor(x)), Some(Value::Tensor(y))) => {
@@ -288,7 +286,7 @@ fn scatter_in_place(steps: &mut [Step], mem: &Memory, outputs: &[usize]) -> usiz
     let mut rewrites = Vec::new();
     for i in 0..steps.len() {
         let a = args(&steps[i]);
-        if op(&steps[i]).as_deref() != Some("aten::slice_scatter.out") || a.len() != 8 {
+        if op(&steps[i]) != Some("aten::slice_scatter.out") || a.len() != 8 {
             continue;
         }
         let (cache, out) = (a[0], a[6]);
@@ -304,7 +302,7 @@ fn scatter_in_place(steps: &mut [Step], mem: &Memory, outputs: &[usize]) -> usiz
             continue;
         };
         let ca = args(&steps[c]);
-        if op(&steps[c]).as_deref() != Some("aten::copy_")
+        if op(&steps[c]) != Some("aten::copy_")
             || ca.len() != 4
             || ca[0] != cache
             || ca[1] != out

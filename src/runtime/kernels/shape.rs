@@ -402,6 +402,17 @@ fn slice_bounds(start: Option<i64>, end: Option<i64>, size: usize) -> (usize, us
     (s, e.max(s))
 }
 
+/// Elements `s, s + step, ..` (`len` of them) along dim `d` of a row-major tensor of `sizes`:
+/// a strided view of it, copied by strides like a permute.
+fn slice_bytes(sizes: &[usize], src: &[u8], esz: usize, [d, s, step, len]: [usize; 4]) -> Vec<u8> {
+    let mut st = strides(sizes);
+    let base = s * st[d] * esz;
+    st[d] *= step;
+    let mut out = sizes.to_vec();
+    out[d] = len;
+    strided_bytes(&src[base.min(src.len())..], esz, &out, &st)
+}
+
 fn slice_copy(k: &mut KernelCtx) -> KernelResult {
     // Read where it lies: the slices of a KV cache are a few rows of a megabyte or more.
     let (dtype, sizes, bytes) = {
@@ -414,11 +425,7 @@ fn slice_copy(k: &mut KernelCtx) -> KernelResult {
         }
         let step = step as usize;
         let len = (e - s).div_ceil(step);
-        let (outer, n, inner) = split3(&a.sizes, d);
-        let idx = (0..outer).flat_map(|ob| {
-            (0..len).flat_map(move |j| (0..inner).map(move |i| (ob * n + s + j * step) * inner + i))
-        });
-        let bytes = gather(ab, a.dtype.size(), idx);
+        let bytes = slice_bytes(&a.sizes, ab, a.dtype.size(), [d, s, step, len]);
         let mut sizes = a.sizes.clone();
         sizes[d] = len;
         (a.dtype, sizes, bytes)
@@ -442,10 +449,8 @@ fn select_copy(k: &mut KernelCtx) -> KernelResult {
                 k.int(2)?
             ));
         }
-        let (outer, _, inner) = split3(&a.sizes, d);
-        let idx = (0..outer)
-            .flat_map(|ob| (0..inner).map(move |j| (ob * n as usize + i as usize) * inner + j));
-        let bytes = gather(ab, a.dtype.size(), idx);
+        // A slice of one, without its dim.
+        let bytes = slice_bytes(&a.sizes, ab, a.dtype.size(), [d, i as usize, 1, 1]);
         let mut sizes = a.sizes.clone();
         sizes.remove(d);
         (a.dtype, sizes, bytes)
@@ -932,7 +937,7 @@ fn split_copy(k: &mut KernelCtx) -> KernelResult {
 
 #[cfg(test)]
 mod tests {
-    use super::{broadcast_indices, broadcast_to, gather, permute_bytes, strides};
+    use super::{broadcast_indices, broadcast_to, gather, permute_bytes, slice_bytes, strides};
     use crate::runtime::tensor::{DType, TensorIn};
 
     /// Runs of consecutive indices are copied whole, and every element still lands where the
@@ -1017,6 +1022,42 @@ mod tests {
         for (from, to) in [(vec![3], vec![2, 4]), (vec![2, 3], vec![3])] {
             let t = TensorIn::owned(DType::F32, from.clone(), bytes(from.iter().product()));
             assert!(broadcast_to(t, &to).is_err(), "{from:?} -> {to:?}");
+        }
+    }
+
+    /// Slices by strides (any step, any dim, empty ones, element widths with and without a
+    /// typed copy) hold the elements per-element indexing picks.
+    #[test]
+    fn slices_by_strides_match_per_element_indexing() {
+        let sizes = [3, 5, 4];
+        let st = strides(&sizes);
+        for esz in [1, 3, 4, 8] {
+            let n: usize = sizes.iter().product();
+            let src: Vec<u8> = (0..n * esz).map(|b| (b * 11 % 253) as u8).collect();
+            for [d, s, step, len] in [
+                [0, 1, 1, 2],
+                [1, 0, 2, 3],
+                [1, 4, 1, 1],
+                [2, 1, 3, 1],
+                [2, 0, 1, 4],
+                [1, 5, 1, 0],
+            ] {
+                let mut out = sizes.to_vec();
+                out[d] = len;
+                let mut want = Vec::new();
+                for i in 0..out[0] {
+                    for j in 0..out[1] {
+                        for l in 0..out[2] {
+                            let mut idx = [i, j, l];
+                            idx[d] = s + idx[d] * step;
+                            let from: usize = (0..3).map(|x| idx[x] * st[x]).sum();
+                            want.extend_from_slice(&src[from * esz..(from + 1) * esz]);
+                        }
+                    }
+                }
+                let got = slice_bytes(&sizes, &src, esz, [d, s, step, len]);
+                assert_eq!(got, want, "esz {esz} slice {:?}", [d, s, step, len]);
+            }
         }
     }
 }
