@@ -19,7 +19,7 @@ use pteria_desktop::shell::{self, Post};
 use pteria_desktop::{AppWindow, MessageRow, VariantRow};
 use slint::{ComponentHandle, Model};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
@@ -80,6 +80,8 @@ fn window(core: &ChatCore) -> (AppWindow, Receiver<Job>) {
 /// fast the engine is (the tiny fixture writes its 25 tokens in milliseconds).
 struct Gate {
     hold: AtomicBool,
+    /// Posts held so far: the test checks its premise (the engine's thread was held).
+    held: AtomicUsize,
     permits: Mutex<Receiver<()>>,
     permit: mpsc::Sender<()>,
 }
@@ -98,6 +100,7 @@ fn window_gated(core: &ChatCore) -> (AppWindow, Receiver<Job>, Arc<Gate>) {
     let (permit, permits) = mpsc::channel();
     let gate = Arc::new(Gate {
         hold: AtomicBool::new(false),
+        held: AtomicUsize::new(0),
         permits: Mutex::new(permits),
         permit,
     });
@@ -107,6 +110,7 @@ fn window_gated(core: &ChatCore) -> (AppWindow, Receiver<Job>, Arc<Gate>) {
         // Only the engine's thread: another's post (a model load finishing) could take the
         // engine's permit.
         if g.hold.load(Ordering::SeqCst) && std::thread::current().name() == Some("pteria-engine") {
+            g.held.fetch_add(1, Ordering::SeqCst);
             let _ = g.permits.lock().unwrap().recv_timeout(TIMEOUT);
         }
     });
@@ -266,6 +270,10 @@ fn stop_ends_the_reply_and_the_window_shows_it_stopped() {
     assert!(ElementHandle::find_by_accessible_label(&ui, "Send")
         .all(|e| e.accessible_role() == Some(AccessibleRole::Text)));
     click(&ui, "Stop");
+    assert!(
+        gate.held.load(Ordering::SeqCst) > 0,
+        "the engine's thread was never held at a post"
+    );
     gate.hold.store(false, Ordering::SeqCst);
     gate.release();
     pump(&rx, || !ui.get_replying(), || {});
