@@ -188,6 +188,18 @@ fn demo_model_greedy_ids_match_the_golden_on_the_cpu_executor() {
     check_device(Device::Cpu, &[0, 1, 2]);
 }
 
+/// The export's 121 means (60 of attention's dot products, 61 of RMSNorm's squares) all run
+/// inside the delegates that make their products (`runtime::absorb`), so the goldens above check
+/// the fused `MulMean` on every call.
+#[test]
+fn the_demo_programs_means_run_inside_their_delegates() {
+    let program = pteria::pte::Program::open(&demo_dir().join("model.pte"), &[]).expect("program");
+    let backends = pteria::frontend::backends(pteria::runtime::delegate::cpu_executor());
+    let method = pteria::runtime::Method::load(&program, "forward", &backends).expect("loads");
+    assert!(!method.runs_whole());
+    assert_eq!(method.means_absorbed(), 121);
+}
+
 /// The GPU executor runs the XNNPACK delegates (its bit-exact `xnn_gemm` for the 8da4w linears)
 /// with the portable kernels between them on the CPU: the same ids. On lavapipe (CI) it takes
 /// ~11 min on 2 busy cores: each layer's ExactSDPA products are 9x32x1024x64 broadcast multiplies.

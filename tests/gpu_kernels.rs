@@ -618,6 +618,57 @@ fn norms_and_reductions_match_cpu() {
     check("mean and sum", &t, TOL, 1e-2);
 }
 
+/// `MulMean` (a mean of broadcast products, each rounded before it is added) has the CPU's bits
+/// wherever the count is a power of two (a division by it is exact everywhere): the demo
+/// export's q·k and p·v at decode and prompt sizes, output counts off the workgroup size, and
+/// several reduced dims; within TOL elsewhere (a GPU's division may round differently).
+#[test]
+fn mul_means_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(21);
+    let cases: &[(&[usize], &[usize], &[usize])] = &[
+        (&[1, 3, 3, 1, 1, 64], &[1, 3, 1, 1, 1024, 64], &[5]),
+        (&[1, 3, 3, 1, 1024, 1], &[1, 3, 1, 1, 1024, 64], &[4]),
+        (&[1, 3, 3, 7, 1, 64], &[1, 3, 1, 1, 256, 64], &[5]),
+        (&[1, 3, 3, 7, 256, 1], &[1, 3, 1, 1, 256, 64], &[4]),
+        (&[5, 576], &[5, 576], &[1]),
+        (&[4, 6, 16], &[6, 16], &[0, 2]),
+        (&[3, 100, 7], &[3, 100, 7], &[1]),
+    ];
+    for &(ash, bsh, dims) in cases {
+        let mut t = T::default();
+        let a = t.input_f(ash, &rng.floats(ash.iter().product(), 2.0));
+        let b = t.input_f(bsh, &rng.floats(bsh.iter().product(), 2.0));
+        let kind = OpKind::MulMean {
+            dims: dims.to_vec(),
+            keepdim: false,
+        };
+        let shape = pteria::ir::op_shapes(&kind, &[ash, bsh], &[])
+            .unwrap()
+            .remove(0);
+        let y = t.op(kind, vec![a, b], DType::F32, &shape);
+        t.out(y);
+        let what = format!("mul_mean {ash:?} * {bsh:?} over {dims:?}");
+        let n: usize = dims
+            .iter()
+            .map(|&d| ash.len().max(bsh.len()) - 1 - d)
+            .map(|back| {
+                let at = |s: &[usize]| s.iter().rev().nth(back).copied().unwrap_or(1);
+                at(ash).max(at(bsh))
+            })
+            .product();
+        let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+        let mut gpu = GpuExecutor::new(ctx.clone(), t.g.clone()).unwrap();
+        let vals = values(&t.inputs);
+        let (want, got) = (cpu.run(&vals).unwrap(), gpu.run(&vals).unwrap());
+        if n.is_power_of_two() {
+            assert_eq!(got[0].data, want[0].data, "{what}: not the CPU's bits");
+        } else {
+            compare(&what, &got, &want, TOL, 1e-3);
+        }
+    }
+}
+
 /// Packs a `[rows, cols]` quantized weight as the IR stores it, with random scales and biases.
 fn quant_weight(t: &mut T, rng: &mut Rng, w: Weight, rows: usize, cols: usize) -> Vec<TensorId> {
     match w {

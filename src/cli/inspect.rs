@@ -139,11 +139,21 @@ pub fn describe(p: &Program) -> Result<String> {
                         )?;
                     }
                 }
-                Err(why) => writeln!(
-                    s,
-                    "    execution: delegate by delegate, CPU kernels between them (not one \
-                     graph: {why})"
-                )?,
+                Err(why) => {
+                    writeln!(
+                        s,
+                        "    execution: delegate by delegate, CPU kernels between them (not one \
+                         graph: {why})"
+                    )?;
+                    let n = pteria::runtime::means_absorbed(m, &p.named_data, &backends);
+                    if n > 0 {
+                        writeln!(
+                            s,
+                            "    {n} x aten::mean.out run inside the delegate whose products \
+                             they average (no products tensor)"
+                        )?;
+                    }
+                }
             }
         }
         let arena: usize = m.arena_sizes.iter().sum();

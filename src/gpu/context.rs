@@ -44,6 +44,7 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         "embedding" => include_str!("../../kernels/embedding.wgsl"),
         "softmax" => include_str!("../../kernels/softmax.wgsl"),
         "reduce" => include_str!("../../kernels/reduce.wgsl"),
+        "mul_mean" => include_str!("../../kernels/mul_mean.wgsl"),
         "rope" => include_str!("../../kernels/rope.wgsl"),
         // Attention may norm its q as rms_norm does (norm_sum.wgsl, `split_normed`), and with
         // `sdpa_kv` (the variant writing the caches) the step's new k and v (`split_kv`).

@@ -518,6 +518,13 @@ pub(crate) fn check(g: &Graph, mem: &MemoryPlan, op: &Op) -> Option<String> {
         OpKind::Softmax | OpKind::Mean { .. } | OpKind::Sum { .. } => {
             n_in(1).or_else(|| float_in(&[0])).or_else(float_out)
         }
+        OpKind::MulMean { .. } => n_in(2)
+            .or_else(|| {
+                (op.inputs[..2].iter())
+                    .find(|&&i| mem.repr[i] != Repr::F32)
+                    .map(|&i| format!("input `{}` is not f32", g.tensors[i].name))
+            })
+            .or_else(float_out),
         OpKind::Rope { .. } => n_in(3).or_else(|| float_in(&[0, 1, 2])).or_else(float_out),
         OpKind::Sdpa { .. } => n_in(3)
             .or_else(|| float_in(&[0, 1, 2, 3]))
@@ -965,6 +972,42 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
                 Res::Tensor(out),
                 vec![Res::Tensor(x)],
                 env.grid(n_out, 1),
+            )]
+        }
+        OpKind::MulMean { dims, .. } => {
+            let (a, bb) = (op.inputs[0], op.inputs[1]);
+            let full = crate::ir::broadcast(env.shape(a), env.shape(bb))?;
+            let (sa, sb) = (
+                broadcast_strides(env.shape(a), &full),
+                broadcast_strides(env.shape(bb), &full),
+            );
+            let kept: Vec<usize> = (0..full.len()).filter(|d| !dims.contains(d)).collect();
+            let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
+            let n_out: usize = kept.iter().map(|&d| full[d]).product();
+            let n_red: usize = dims.iter().map(|&d| full[d]).product();
+            if n_out == 0 {
+                return Ok(Vec::new());
+            }
+            let p = P::default()
+                .u(n_out)
+                .u(n_red)
+                .u(kept.len())
+                .u(dims.len())
+                .u(0)
+                .arr(&pick(&kept, &full), 8)
+                .arr(&pick(&kept, &sa), 8)
+                .arr(&pick(&kept, &sb), 8)
+                .arr(&pick(dims, &full), 8)
+                .arr(&pick(dims, &sa), 8)
+                .arr(&pick(dims, &sb), 8);
+            vec![step(
+                "mul_mean",
+                "main",
+                vec![],
+                p,
+                Res::Tensor(out),
+                vec![Res::Tensor(a), Res::Tensor(bb)],
+                env.grid(n_out.div_ceil(64), 1),
             )]
         }
         OpKind::Linear {

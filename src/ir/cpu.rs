@@ -655,6 +655,18 @@ impl CpuExecutor {
                 }
                 Val::F(y)
             }
+            OpKind::MulMean { dims, .. } => {
+                let (a, b) = (self.get(op.inputs[0], vals)?, self.get(op.inputs[1], vals)?);
+                let (ash, bsh) = (sh(op.inputs[0]), sh(op.inputs[1]));
+                let full = super::infer::broadcast(&ash, &bsh)?;
+                let (a, b) = (a.f(), b.f());
+                Val::F(super::mul_mean::mul_mean(
+                    (&a, &ash),
+                    (&b, &bsh),
+                    &full,
+                    dims,
+                ))
+            }
             OpKind::Rope {
                 style,
                 rotary,

@@ -22,7 +22,7 @@ fn numel(s: &[usize]) -> usize {
     s.iter().product()
 }
 
-fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+pub(crate) fn broadcast(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
     crate::runtime::kernels::broadcast_shape(a, b)
 }
 
@@ -119,8 +119,16 @@ pub fn op_shapes(kind: &OpKind, ins: &[&[usize]], syms: &[i64]) -> Result<Vec<Ve
             let n = (b - a + step - step.signum()) / step;
             vec![n.max(0) as usize]
         }
-        OpKind::Mean { dims, keepdim } | OpKind::Sum { dims, keepdim } => {
-            let x = arg(0)?;
+        OpKind::Mean { dims, keepdim }
+        | OpKind::Sum { dims, keepdim }
+        | OpKind::MulMean { dims, keepdim } => {
+            let x = match kind {
+                OpKind::MulMean { .. } => broadcast(arg(0)?, arg(1)?)?,
+                _ => arg(0)?.to_vec(),
+            };
+            if let Some(d) = dims.iter().find(|&&d| d >= x.len()) {
+                return Err(format!("reduced dim {d} of a rank-{} tensor", x.len()));
+            }
             x.iter()
                 .enumerate()
                 .filter_map(|(i, &d)| {

@@ -8,9 +8,11 @@
 
 pub mod cpu;
 mod infer;
+mod mul_mean;
 pub mod passes;
 
 pub use crate::runtime::DType;
+pub(crate) use infer::broadcast;
 pub use infer::{infer_shapes, op_shapes, shape_syms, InputValue, Plan, PlanCache};
 
 use crate::pte::Blob;
@@ -296,6 +298,14 @@ pub enum OpKind {
         dims: Vec<usize>,
         keepdim: bool,
     },
+    /// `Mean` of `inputs[0] * inputs[1]` (broadcast together) without the products' tensor:
+    /// each product rounded to f32, summed in f32 in index order, then divided by the count, so
+    /// the bits are those of `Binary(Mul)` then `Mean` on the CPU (what `fuse_mul_mean` makes of
+    /// the pair; attention exported as element-wise products and means).
+    MulMean {
+        dims: Vec<usize>,
+        keepdim: bool,
+    },
     /// `start, start + step, … < end` in the output's dtype.
     Arange {
         start: Int,
@@ -409,6 +419,7 @@ impl OpKind {
             OpKind::Embedding { .. } => "embedding",
             OpKind::Softmax => "softmax",
             OpKind::Mean { .. } | OpKind::Sum { .. } => "reduce",
+            OpKind::MulMean { .. } => "mul_mean",
             OpKind::Arange { .. } => "full",
             OpKind::Rope { .. } => "rope",
             OpKind::Sdpa { .. } => "sdpa",

@@ -988,10 +988,47 @@ pub fn merge_common_ops(g: &mut Graph) -> usize {
 /// into its whole method) is only optimized, and finished once joined.
 pub fn finish(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![
+        ("fuse_mul_mean", fuse_mul_mean(g)),
         ("fuse_elementwise_chains", fuse_elementwise_chains(g)),
         ("fuse_norm_chains", fuse_norm_chains(g)),
         ("fuse_norm_ropes", fuse_norm_ropes(g)),
     ]
+}
+
+/// A `Mean` of an f32 `Binary(Mul)` that nothing else reads becomes one `MulMean`: the
+/// products are never stored (the demo export's attention, whose products are 72 MiB a layer in
+/// a 32-token prompt), with the same bits.
+pub fn fuse_mul_mean(g: &mut Graph) -> usize {
+    fuse_until_done(g, |g| {
+        let uses = use_counts(g);
+        let prod = producers(g);
+        let mut storage = storage_sets(g);
+        for (i, node) in g.nodes.iter().enumerate() {
+            let Node::Op(m) = node else { continue };
+            let OpKind::Mean { dims, keepdim } = &m.kind else {
+                continue;
+            };
+            let t = m.inputs[0];
+            let Some(p) = prod[t] else { continue };
+            let mul = op_at(g, p);
+            let f32s = mul.inputs.iter().chain([&t, &m.outputs[0]]);
+            let out = find(&mut storage, m.outputs[0]);
+            if mul.kind == OpKind::Binary(BinaryOp::Mul)
+                && mul.inputs.len() == 2
+                && uses[t] == 1
+                && matches!(g.tensors[t].role, Role::Activation)
+                && f32s.into_iter().all(|&x| g.tensors[x].dtype == DType::F32)
+                && mul.inputs.iter().all(|&x| find(&mut storage, x) != out)
+            {
+                let kind = OpKind::MulMean {
+                    dims: dims.clone(),
+                    keepdim: *keepdim,
+                };
+                return Some((i, p, kind, mul.inputs.clone()));
+            }
+        }
+        None
+    })
 }
 
 /// An `RmsNorm` whose result only a `Rope` rotates becomes one `RmsNormRope`: the norm's
@@ -1738,6 +1775,85 @@ mod tests {
             .flat_map(|k| (k as f32 * 0.3 - 2.0).to_le_bytes())
             .collect();
         (pos, x)
+    }
+
+    /// `mean(a * b, dims)` as the demo export's attention leaves it: a mul, then a mean.
+    fn mul_then_mean(ash: &[usize], bsh: &[usize], dims: &[usize], keepdim: bool) -> Graph {
+        let mut g = Graph::default();
+        let f = DType::F32;
+        let full = crate::ir::broadcast(ash, bsh).unwrap();
+        let a = g.add_tensor("a", f, ash.to_vec(), Role::Input(0));
+        let b = g.add_tensor("b", f, bsh.to_vec(), Role::Input(1));
+        let p = g.add_tensor("p", f, full.clone(), Role::Activation);
+        let kind = OpKind::Mean {
+            dims: dims.to_vec(),
+            keepdim,
+        };
+        let shape = crate::ir::op_shapes(&kind, &[&full], &[])
+            .unwrap()
+            .remove(0);
+        let y = g.add_tensor("y", f, shape, Role::Activation);
+        g.op(OpKind::Binary(BinaryOp::Mul), vec![a, b], vec![p]);
+        g.op(kind, vec![p], vec![y]);
+        g.inputs = vec![Io::Tensor(a), Io::Tensor(b)];
+        g.outputs = vec![y];
+        g
+    }
+
+    #[test]
+    fn mul_then_mean_fuses_to_one_op_with_the_same_bits() {
+        // The demo's q·k (over the head dim) and p·v (over the cache), a transposed operand,
+        // several dims, keepdim; values of both signs and magnitudes, so rounding shows.
+        type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], bool);
+        let cases: &[Case] = &[
+            (&[1, 3, 3, 5, 1, 64], &[1, 3, 1, 1, 40, 64], &[5], false),
+            (&[1, 3, 3, 5, 40, 1], &[1, 3, 1, 1, 40, 64], &[4], false),
+            (&[6, 9], &[6, 9], &[1], true),
+            (&[6, 9], &[6, 1], &[0], false),
+            (&[4, 6, 5], &[6, 5], &[0, 2], true),
+        ];
+        for (k, &(ash, bsh, dims, keepdim)) in cases.iter().enumerate() {
+            let g = mul_then_mean(ash, bsh, dims, keepdim);
+            let mut fused = g.clone();
+            assert_eq!(fuse_mul_mean(&mut fused), 1);
+            let ops: Vec<&str> = fused.ops().map(|o| o.kind.name()).collect();
+            assert_eq!(ops, ["mul_mean"]);
+            let data = |sh: &[usize], seed: usize| -> Vec<u8> {
+                (0..sh.iter().product::<usize>())
+                    .map(|i| ((i * 7919 + seed * 104729) % 2003) as f32 / 97.0 - 10.3)
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect()
+            };
+            let (da, db) = (data(ash, 2 * k), data(bsh, 2 * k + 1));
+            let run = |g: Graph| {
+                let ins = [
+                    InputValue::Tensor {
+                        shape: ash.to_vec(),
+                        data: &da,
+                    },
+                    InputValue::Tensor {
+                        shape: bsh.to_vec(),
+                        data: &db,
+                    },
+                ];
+                let out = CpuExecutor::new(g).unwrap().run(&ins).unwrap().remove(0);
+                (out.sizes, out.data)
+            };
+            assert_eq!(run(g), run(fused), "{ash:?} * {bsh:?} over {dims:?}");
+        }
+    }
+
+    #[test]
+    fn a_product_read_elsewhere_or_of_integers_is_not_fused() {
+        let mut g = mul_then_mean(&[4, 8], &[4, 8], &[1], false);
+        let p = g.ops().next().unwrap().outputs[0];
+        g.outputs.push(p);
+        assert_eq!(fuse_mul_mean(&mut g), 0);
+        let mut g = mul_then_mean(&[4, 8], &[4, 8], &[1], false);
+        g.tensors[0].dtype = DType::I64;
+        g.tensors[1].dtype = DType::I64;
+        g.tensors[2].dtype = DType::I64;
+        assert_eq!(fuse_mul_mean(&mut g), 0);
     }
 
     #[test]

@@ -159,7 +159,10 @@ impl Backend for IrBackend {
         delegate: &BackendDelegate,
         named: &NamedData,
     ) -> Result<Box<dyn DelegateExecutor>, String> {
-        let mut graph = self.front.lower(delegate, named)?;
+        self.init_graph(self.front.lower(delegate, named)?)
+    }
+
+    fn init_graph(&self, mut graph: ir::Graph) -> Result<Box<dyn DelegateExecutor>, String> {
         ir::passes::finish(&mut graph);
         graph.validate().map_err(|e| e.to_string())?;
         let inputs = graph.inputs.clone();

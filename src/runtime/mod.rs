@@ -5,6 +5,7 @@
 //! in mutable buffers survive), constants are zero-copy views of the file, kernels are looked up by
 //! operator name in `kernels`, and delegate calls go through a `BackendRegistry`.
 
+mod absorb;
 pub mod candidates;
 pub mod delegate;
 pub mod kernels;
@@ -186,6 +187,14 @@ pub trait Backend: Send + Sync {
     fn unsupported_ops(&self, _delegate: &BackendDelegate, _named_data: &NamedData) -> Vec<String> {
         Vec::new()
     }
+    /// Initialises from `graph`: this backend's own `lower` of a delegate, which the runtime
+    /// may have extended (`absorb`). Only asked of backends whose `lower` gives a graph.
+    fn init_graph(
+        &self,
+        _graph: crate::ir::Graph,
+    ) -> std::result::Result<Box<dyn DelegateExecutor>, String> {
+        Err(format!("backend `{}` does not run IR graphs", self.id()))
+    }
     /// The delegate as an IR graph, for backends that run through the IR (`None` otherwise);
     /// whole-method lowering joins these.
     fn lower(
@@ -347,6 +356,7 @@ pub struct Method {
     trace: Option<TraceHook>,
     /// Cache writes (`slice_scatter` + `copy_`) done in place (`scatter_in_place`).
     scatters_in_place: usize,
+    means_absorbed: usize,
 }
 
 /// Called after each instruction with (instruction index, operator key, memory, args); used by
@@ -374,6 +384,21 @@ pub fn tune_allocator() {
             }
         });
     }
+}
+
+/// How many `mean.out` calls a delegate-by-delegate load of `plan` runs inside the delegates
+/// whose products they read (`absorb`), for `inspect`.
+pub fn means_absorbed(
+    plan: &ExecutionPlan,
+    named: &NamedData,
+    backends: &BackendRegistry,
+) -> usize {
+    let mut graphs: Vec<Option<crate::ir::Graph>> = plan
+        .delegates
+        .iter()
+        .map(|d| backends.get(&d.id)?.lower(d, named)?.ok())
+        .collect();
+    absorb::absorb_means(plan, &mut graphs).len()
 }
 
 impl Method {
@@ -449,20 +474,39 @@ impl Method {
             }
         }
         let mut delegates = Vec::new();
-        for d in plan.delegates.iter().filter(|_| whole.is_none()) {
-            let backend = backends
-                .get(&d.id)
-                .ok_or_else(|| RuntimeError::UnsupportedBackend {
-                    method: name.to_string(),
-                    backend: d.id.clone(),
-                })?;
-            let exec = backend.init(d, &program.named_data).map_err(|msg| {
+        let mut absorbed = Vec::new();
+        if whole.is_none() {
+            let failed = |d: &BackendDelegate, msg: String| {
                 RuntimeError::Other(format!(
                     "method `{name}`: backend `{}` failed to load: {msg}",
                     d.id
                 ))
-            })?;
-            delegates.push(exec);
+            };
+            let mut found = Vec::new();
+            let mut graphs = Vec::new();
+            for d in &plan.delegates {
+                let backend =
+                    backends
+                        .get(&d.id)
+                        .ok_or_else(|| RuntimeError::UnsupportedBackend {
+                            method: name.to_string(),
+                            backend: d.id.clone(),
+                        })?;
+                let graph = match backend.lower(d, &program.named_data) {
+                    Some(g) => Some(g.map_err(|msg| failed(d, msg))?),
+                    None => None,
+                };
+                found.push(backend);
+                graphs.push(graph);
+            }
+            absorbed = absorb::absorb_means(&plan, &mut graphs);
+            for ((d, backend), graph) in plan.delegates.iter().zip(found).zip(graphs) {
+                let exec = match graph {
+                    Some(g) => backend.init_graph(g),
+                    None => backend.init(d, &program.named_data),
+                };
+                delegates.push(exec.map_err(|msg| failed(d, msg))?);
+            }
         }
 
         let mut arenas = Vec::with_capacity(plan.arena_sizes.len());
@@ -542,6 +586,12 @@ impl Method {
                 Instruction::Free { .. } => Step::Free,
             })
             .collect();
+        for a in &absorbed {
+            if let Step::Delegate(_, args) = &mut steps[a.call] {
+                args[a.arg] = a.value;
+            }
+            steps[a.mean] = Step::Free;
+        }
         let scatters_in_place = scatter_in_place(&mut steps, &mem, &plan.outputs);
 
         Ok(Method {
@@ -553,6 +603,7 @@ impl Method {
             whole_note,
             trace: None,
             scatters_in_place,
+            means_absorbed: absorbed.len(),
         })
     }
 
@@ -561,6 +612,11 @@ impl Method {
     }
 
     /// Buffer updates (`slice_scatter` then `copy_` back) the CPU runtime does in place.
+    /// `mean.out` instructions taken into the delegates whose products they read (`absorb`).
+    pub fn means_absorbed(&self) -> usize {
+        self.means_absorbed
+    }
+
     pub fn scatters_in_place(&self) -> usize {
         self.scatters_in_place
     }

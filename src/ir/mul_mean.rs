@@ -1,0 +1,386 @@
+//! `MulMean` on the CPU: the mean of a broadcast product without the products' tensor, in the
+//! bits of `Binary(Mul)` then `Mean` (each product rounded to f32, summed in f32 in index
+//! order, the sum divided by the count). The demo export's attention is this pair twice a
+//! layer; its products are 72 MiB a layer in a 32-token prompt.
+
+use crate::runtime::kernels::{bcast_strides, next_index, strides};
+
+/// Products a thread takes at least (spawning costs more than this many below it).
+const PAR_MIN: usize = 1 << 17;
+
+/// `mean(a * b, dims)` as a row-major tensor of the kept dims: `a` (shape `ash`) and `b`
+/// (shape `bsh`) broadcast to `full`; `dims` ascending, each `< full.len()`.
+pub(crate) fn mul_mean(
+    (a, ash): (&[f32], &[usize]),
+    (b, bsh): (&[f32], &[usize]),
+    full: &[usize],
+    dims: &[usize],
+) -> Vec<f32> {
+    let r = full.len();
+    match dims {
+        [d] if r >= 2 && *d == r - 1 && few_reads(ash, bsh, full) => {
+            by_dots((a, ash), (b, bsh), full)
+        }
+        [d] if r >= 2 => by_rows((a, ash), (b, bsh), full, *d),
+        _ => walk((a, ash), (b, bsh), full, dims),
+    }
+}
+
+/// Whether a mean over the last dim reads an operand's rows so few times that transposing it
+/// for `by_rows` costs more than it saves: a decode step's q·k reads each cache row once per
+/// query head of its group (3 in the demo), a prompt's once per head and query (96 for 32).
+fn few_reads(ash: &[usize], bsh: &[usize], full: &[usize]) -> bool {
+    let r = full.len();
+    let macs: usize = full.iter().product();
+    [ash, bsh].iter().any(|sh| {
+        let st = bcast_strides(sh, full);
+        st[r - 2] > 1 && macs < 16 * sh.iter().product::<usize>().max(1)
+    })
+}
+
+/// A mean over the last dim as dot products, eight outputs side by side (their sums do not
+/// wait on one another), each output's products in order.
+fn by_dots((a, ash): (&[f32], &[usize]), (b, bsh): (&[f32], &[usize]), full: &[usize]) -> Vec<f32> {
+    let r = full.len();
+    let (sa, sb) = (bcast_strides(ash, full), bcast_strides(bsh, full));
+    let n = full[r - 1];
+    let (os, oa, ob) = (&full[..r - 1], &sa[..r - 1], &sb[..r - 1]);
+    let n_out: usize = os.iter().product();
+    let mut out = Vec::with_capacity(n_out);
+    let (mut idx, mut offs) = (vec![0usize; r - 1], [0usize, 0]);
+    let (ra, rb) = (sa[r - 1], sb[r - 1]);
+    let mut at = Vec::with_capacity(8);
+    let mut buf = vec![0f32; 8 * n];
+    for c in 0..n_out.div_ceil(8) {
+        at.clear();
+        for _ in 0..(n_out - c * 8).min(8) {
+            at.push(offs);
+            next_index(&mut idx, os, &[oa, ob], &mut offs);
+        }
+        let mut s = [0f32; 8];
+        let shared = |k: usize| at.iter().all(|o| o[k] == at[0][k]);
+        if at.len() == 8 && ra == 1 && rb == 1 && (shared(0) || shared(1)) {
+            // One operand's row is the same for all eight (q·k: one query against eight cache
+            // rows): the other's eight rows, interleaved in an L1-sized buffer, are then one
+            // vector per product index.
+            let (one, eight, k) = match shared(0) {
+                true => (&a[at[0][0]..][..n], b, 1),
+                false => (&b[at[0][1]..][..n], a, 0),
+            };
+            for (r, o) in at.iter().enumerate() {
+                for (j, &x) in eight[o[k]..][..n].iter().enumerate() {
+                    buf[j * 8 + r] = x;
+                }
+            }
+            for (&x, ys) in one.iter().zip(buf.chunks_exact(8)) {
+                for (sk, &y) in s.iter_mut().zip(ys) {
+                    // x · y is y · x bit for bit.
+                    *sk += x * y;
+                }
+            }
+        } else if at.len() == 8 && ra == 1 && rb == 1 {
+            let rows: [(&[f32], &[f32]); 8] =
+                std::array::from_fn(|k| (&a[at[k][0]..][..n], &b[at[k][1]..][..n]));
+            for j in 0..n {
+                for (sk, (x, y)) in s.iter_mut().zip(&rows) {
+                    *sk += x[j] * y[j];
+                }
+            }
+        } else {
+            for j in 0..n {
+                for (sk, o) in s.iter_mut().zip(&at) {
+                    *sk += a[o[0] + j * ra] * b[o[1] + j * rb];
+                }
+            }
+        }
+        out.extend(s[..at.len()].iter().map(|&x| x / n as f32));
+    }
+    out
+}
+
+/// Any dims: each output walks its reduced index in row-major order.
+fn walk(
+    (a, ash): (&[f32], &[usize]),
+    (b, bsh): (&[f32], &[usize]),
+    full: &[usize],
+    dims: &[usize],
+) -> Vec<f32> {
+    let (sa, sb) = (bcast_strides(ash, full), bcast_strides(bsh, full));
+    let kept: Vec<usize> = (0..full.len()).filter(|d| !dims.contains(d)).collect();
+    let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
+    let (ks, ka, kb) = (pick(&kept, full), pick(&kept, &sa), pick(&kept, &sb));
+    let (rs, ra, rb) = (pick(dims, full), pick(dims, &sa), pick(dims, &sb));
+    let n_out: usize = ks.iter().product();
+    let n_red: usize = rs.iter().product();
+    let mut out = Vec::with_capacity(n_out);
+    let (mut kidx, mut koffs) = (vec![0; ks.len()], [0usize, 0]);
+    for _ in 0..n_out {
+        let (mut ridx, mut roffs) = (vec![0; rs.len()], koffs);
+        let mut s = 0f32;
+        for _ in 0..n_red {
+            s += a[roffs[0]] * b[roffs[1]];
+            next_index(&mut ridx, &rs, &[&ra, &rb], &mut roffs);
+        }
+        out.push(s / n_red as f32);
+        next_index(&mut kidx, &ks, &[&ka, &kb], &mut koffs);
+    }
+    out
+}
+
+/// An operand as read for one reduced dim: its values and strides over `full`'s dims.
+struct Operand<'a> {
+    v: std::borrow::Cow<'a, [f32]>,
+    st: Vec<usize>,
+}
+
+impl<'a> Operand<'a> {
+    /// `x` (shape `sh`) read over `full`, laid out so its stride along `full`'s innermost kept
+    /// dim `vd` is 0 or 1: a mean over the last dim reads its rows along `vd`, so such an
+    /// operand's last two dims are swapped once (a transposed copy of the k cache, not one
+    /// per query row).
+    fn new(x: &'a [f32], sh: &[usize], full: &[usize], vd: usize) -> Self {
+        let st = bcast_strides(sh, full);
+        if st[vd] <= 1 {
+            return Operand { v: x.into(), st };
+        }
+        let r = full.len();
+        // The operand's own shape over full's rank (1 where it broadcasts), last two swapped.
+        let own: Vec<usize> = (0..r)
+            .map(|d| if st[d] == 0 { 1 } else { full[d] })
+            .collect();
+        let mut shape = own.clone();
+        shape.swap(r - 2, r - 1);
+        let t = transpose_last2(x, &own);
+        let mut st = strides(&shape);
+        st.swap(r - 2, r - 1);
+        st.iter_mut()
+            .zip(&own)
+            .for_each(|(s, &n)| *s *= (n != 1) as usize);
+        Operand { v: t.into(), st }
+    }
+}
+
+/// `x` (row-major, shape `sh`, rank ≥ 2) with its last two dims swapped, in tiles so that
+/// reads and writes both stay within a few cache lines (a plain strided walk of a 1024-row
+/// cache touched a new line per element and was a fifth of a demo decode step).
+fn transpose_last2(x: &[f32], sh: &[usize]) -> Vec<f32> {
+    const T: usize = 16;
+    let r = sh.len();
+    let (rows, cols) = (sh[r - 2], sh[r - 1]);
+    let mut out = vec![0f32; x.len()];
+    for (src, dst) in x
+        .chunks_exact(rows * cols)
+        .zip(out.chunks_exact_mut(rows * cols))
+    {
+        for i0 in (0..rows).step_by(T) {
+            for j0 in (0..cols).step_by(T) {
+                // Writes in runs; reads a tile's rows, not a column a page apart per element
+                // (rows of 1024 f32 alias in the L1's sets).
+                for j in j0..(j0 + T).min(cols) {
+                    let d = &mut dst[j * rows..][i0..(i0 + T).min(rows)];
+                    for (k, o) in d.iter_mut().enumerate() {
+                        *o = src[(i0 + k) * cols + j];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One reduced dim `rd`: each output row along the innermost kept dim is accumulated as a
+/// vector, one reduced index after another (so each element's sum keeps index order).
+fn by_rows(
+    (a, ash): (&[f32], &[usize]),
+    (b, bsh): (&[f32], &[usize]),
+    full: &[usize],
+    rd: usize,
+) -> Vec<f32> {
+    let r = full.len();
+    let vd = if rd == r - 1 { r - 2 } else { r - 1 };
+    let (a, b) = (
+        Operand::new(a, ash, full, vd),
+        Operand::new(b, bsh, full, vd),
+    );
+    let (n, m) = (full[rd], full[vd]);
+    // The rows' own index: the kept dims but `vd`.
+    let outer: Vec<usize> = (0..r).filter(|&d| d != rd && d != vd).collect();
+    let os: Vec<usize> = outer.iter().map(|&d| full[d]).collect();
+    let (oa, ob): (Vec<usize>, Vec<usize>) = outer.iter().map(|&d| (a.st[d], b.st[d])).unzip();
+    let rows: usize = os.iter().product();
+    let mut out = vec![0f32; rows * m];
+    if out.is_empty() {
+        return out;
+    }
+    let steps = [a.st[rd], b.st[rd], a.st[vd], b.st[vd]];
+    let run = |first: usize, chunk: &mut [f32]| {
+        // Row `first`'s index and offsets, then a walk.
+        let mut idx = vec![0usize; os.len()];
+        let mut offs = [0usize, 0];
+        let mut rem = first;
+        for d in (0..os.len()).rev() {
+            idx[d] = rem % os[d];
+            rem /= os[d];
+            offs[0] += idx[d] * oa[d];
+            offs[1] += idx[d] * ob[d];
+        }
+        for row in chunk.chunks_exact_mut(m) {
+            accumulate(row, (&a.v, &b.v), offs, steps, n);
+            next_index(&mut idx, &os, &[&oa, &ob], &mut offs);
+        }
+    };
+    let per_row = n * m;
+    let nt = (rows * per_row / PAR_MIN)
+        .clamp(1, super::cpu::threads())
+        .min(rows);
+    if nt <= 1 {
+        run(0, &mut out);
+    } else {
+        let per = rows.div_ceil(nt);
+        std::thread::scope(|s| {
+            for (t, chunk) in out.chunks_mut(per * m).enumerate() {
+                let run = &run;
+                s.spawn(move || run(t * per, chunk));
+            }
+        });
+    }
+    out
+}
+
+/// `row[i] = Σ_j a[pa + j·ra + i·va] · b[pb + j·rb + i·vb] / n`, j in order, with `va`, `vb`
+/// each 0 or 1; each form its own loop so it vectorises (Rust never fuses the multiply and
+/// the add, so the bits are a product tensor's then a mean's).
+fn accumulate(
+    row: &mut [f32],
+    (a, b): (&[f32], &[f32]),
+    [pa, pb]: [usize; 2],
+    [ra, rb, va, vb]: [usize; 4],
+    n: usize,
+) {
+    let m = row.len();
+    row.iter_mut().for_each(|x| *x = 0.0);
+    for j in 0..n {
+        let (ja, jb) = (pa + j * ra, pb + j * rb);
+        match (va, vb) {
+            (1, 1) => {
+                let (x, y) = (&a[ja..ja + m], &b[jb..jb + m]);
+                row.iter_mut()
+                    .zip(x.iter().zip(y))
+                    .for_each(|(s, (&x, &y))| *s += x * y);
+            }
+            (0, 1) => {
+                let (x, y) = (a[ja], &b[jb..jb + m]);
+                row.iter_mut().zip(y).for_each(|(s, &y)| *s += x * y);
+            }
+            (1, 0) => {
+                let (x, y) = (&a[ja..ja + m], b[jb]);
+                row.iter_mut().zip(x).for_each(|(s, &x)| *s += x * y);
+            }
+            _ => {
+                let p = a[ja] * b[jb];
+                row.iter_mut().for_each(|s| *s += p);
+            }
+        }
+    }
+    row.iter_mut().for_each(|s| *s /= n as f32);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::kernels::strided_copy;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 20001) as f32 / 1000.0 - 10.0
+            })
+            .collect()
+    }
+
+    /// Products into a tensor, then an in-order f32 mean per output: the unfused pair.
+    fn reference(
+        (a, ash): (&[f32], &[usize]),
+        (b, bsh): (&[f32], &[usize]),
+        full: &[usize],
+        dims: &[usize],
+    ) -> Vec<f32> {
+        let prod: Vec<f32> = {
+            let (ea, eb) = (
+                strided_copy(a, full, &bcast_strides(ash, full)),
+                strided_copy(b, full, &bcast_strides(bsh, full)),
+            );
+            ea.iter().zip(&eb).map(|(x, y)| x * y).collect()
+        };
+        let ones = vec![1usize; full.len()];
+        let one = [1f32];
+        walk((&prod, full), (&one, &ones), full, dims)
+    }
+
+    #[test]
+    fn every_form_has_the_bits_of_products_then_a_mean() {
+        // (a's shape, b's shape, reduced dims): the demo's q·k and p·v, transposed and
+        // broadcast operands on either side, several and all dims, sizes off any vector width.
+        let cases: &[(&[usize], &[usize], &[usize])] = &[
+            (&[1, 3, 3, 5, 1, 64], &[1, 3, 1, 1, 37, 64], &[5]),
+            (&[1, 3, 3, 5, 37, 1], &[1, 3, 1, 1, 37, 64], &[4]),
+            (&[2, 7, 9], &[2, 7, 9], &[2]),
+            (&[2, 7, 9], &[2, 7, 9], &[1]),
+            (&[2, 7, 9], &[2, 7, 9], &[0]),
+            (&[7, 1], &[1, 9], &[1]),
+            (&[7, 1], &[1, 9], &[0]),
+            (&[7, 9], &[9], &[0]),
+            (&[1, 9], &[7, 1], &[1]),
+            (&[4, 6, 5], &[6, 5], &[0, 2]),
+            (&[4, 6, 5], &[4, 6, 5], &[0, 1, 2]),
+            (&[300, 70], &[300, 70], &[1]),
+            (&[3, 1, 1000], &[3, 40, 1000], &[2]),
+        ];
+        for (k, &(ash, bsh, dims)) in cases.iter().enumerate() {
+            let full = crate::ir::infer::broadcast(ash, bsh).unwrap();
+            let a = values(ash.iter().product(), 2 * k as u32);
+            let b = values(bsh.iter().product(), 2 * k as u32 + 1);
+            let want = reference((&a, ash), (&b, bsh), &full, dims);
+            let mut forms = vec![mul_mean((&a, ash), (&b, bsh), &full, dims)];
+            if dims.len() == 1 && full.len() >= 2 {
+                // Both ways a single dim can go, whichever `mul_mean` picks.
+                forms.push(by_rows((&a, ash), (&b, bsh), &full, dims[0]));
+                if dims[0] == full.len() - 1 {
+                    forms.push(by_dots((&a, ash), (&b, bsh), &full));
+                }
+            }
+            for got in forms {
+                let same = want.len() == got.len()
+                    && want
+                        .iter()
+                        .zip(&got)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{ash:?} * {bsh:?} over {dims:?}: {want:?} vs {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_and_threaded_shapes_hold() {
+        let full = [0usize, 4];
+        assert!(mul_mean((&[], &full), (&[], &full), &full, &[1]).is_empty());
+        // Large enough for several threads (where there are several cores).
+        let (ash, bsh) = ([64usize, 1, 256], [1usize, 96, 256]);
+        let a = values(64 * 256, 7);
+        let b = values(96 * 256, 8);
+        let full = [64, 96, 256];
+        for dims in [[2usize], [1], [0]] {
+            let want = reference((&a, &ash), (&b, &bsh), &full, &dims);
+            let got = mul_mean((&a, &ash), (&b, &bsh), &full, &dims);
+            assert!(want
+                .iter()
+                .zip(&got)
+                .all(|(x, y)| x.to_bits() == y.to_bits()));
+            assert_eq!(want.len(), got.len());
+        }
+    }
+}
