@@ -18,12 +18,134 @@ pub(crate) fn mul_mean(
 ) -> Vec<f32> {
     let r = full.len();
     match dims {
-        [d] if r >= 2 && *d == r - 1 && few_reads(ash, bsh, full) => {
-            by_dots((a, ash), (b, bsh), full)
-        }
+        [d] if r >= 2 && *d == r - 1 => match shared_rows(ash, bsh, full) {
+            Some(plan) => by_shared_rows((a, b), full, plan),
+            None if few_reads(ash, bsh, full) => by_dots((a, ash), (b, bsh), full),
+            None => by_rows((a, ash), (b, bsh), full, *d),
+        },
         [d] if r >= 2 => by_rows((a, ash), (b, bsh), full, *d),
         _ => walk((a, ash), (b, bsh), full, dims),
     }
+}
+
+/// How `by_shared_rows` reads a mean over the last dim of `one` (broadcast along the next
+/// dim, `vd`) times `many` (whose rows run along `vd`): q·k, one query row against every
+/// cache row of its head.
+struct SharedRows {
+    /// Whether `one` is `a` (else `b`).
+    one_is_a: bool,
+    /// Sizes and (one, many) strides of the kept dims before `vd` along which `many` moves
+    /// (the kv heads), then of those along which it does not (query heads of a group, queries).
+    outer: (Vec<usize>, Vec<usize>, Vec<usize>),
+    inner: (Vec<usize>, Vec<usize>),
+    /// `many`'s stride along `vd`.
+    row: usize,
+}
+
+/// A `SharedRows` plan if the operands fit one: both contiguous along the last dim, exactly one
+/// of them broadcast along `vd`, and every kept dim along which `many` moves before every one
+/// along which it does not (so each thread's outputs are whole rows, in runs).
+fn shared_rows(ash: &[usize], bsh: &[usize], full: &[usize]) -> Option<SharedRows> {
+    let r = full.len();
+    let (sa, sb) = (bcast_strides(ash, full), bcast_strides(bsh, full));
+    if sa[r - 1] != 1 || sb[r - 1] != 1 || full[r - 2] < 8 {
+        return None;
+    }
+    let (one_is_a, so, sm) = match (sa[r - 2], sb[r - 2]) {
+        (0, m) if m != 0 => (true, &sa, &sb),
+        (m, 0) if m != 0 => (false, &sb, &sa),
+        _ => return None,
+    };
+    let dims: Vec<usize> = (0..r - 2).filter(|&d| full[d] > 1).collect();
+    let split = dims.iter().position(|&d| sm[d] == 0).unwrap_or(dims.len());
+    if dims[split..].iter().any(|&d| sm[d] != 0) {
+        return None;
+    }
+    let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
+    let (od, id) = (&dims[..split], &dims[split..]);
+    Some(SharedRows {
+        one_is_a,
+        outer: (pick(od, full), pick(od, so), pick(od, sm)),
+        inner: (pick(id, full), pick(id, so)),
+        row: sm[r - 2],
+    })
+}
+
+/// A mean over the last dim for a `SharedRows` pair: eight of `many`'s rows are interleaved
+/// once into an L1-sized buffer and then serve every `one` row that pairs with them, each as
+/// eight sums side by side (one vector a product index), each sum in index order.
+fn by_shared_rows((a, b): (&[f32], &[f32]), full: &[usize], p: SharedRows) -> Vec<f32> {
+    let r = full.len();
+    let (n, m) = (full[r - 1], full[r - 2]);
+    let (one, many) = if p.one_is_a { (a, b) } else { (b, a) };
+    let (os, oo, om) = &p.outer;
+    let (is, io) = &p.inner;
+    let (n_outer, n_inner): (usize, usize) = (os.iter().product(), is.iter().product());
+    let mut out = vec![0f32; n_outer * n_inner * m];
+    if out.is_empty() {
+        return out;
+    }
+    // Inner rows [lo, hi) of every outer block, into `rows` (one chunk per outer block).
+    let run = |lo: usize, rows: Vec<&mut [f32]>| {
+        let mut buf = vec![0f32; 8 * n];
+        let (mut oidx, mut ooff) = (vec![0usize; os.len()], [0usize, 0]);
+        for block in rows {
+            for l0 in (0..m).step_by(8) {
+                let w = (m - l0).min(8);
+                for k in 0..w {
+                    let row = &many[ooff[1] + (l0 + k) * p.row..][..n];
+                    for (j, &x) in row.iter().enumerate() {
+                        buf[j * 8 + k] = x;
+                    }
+                }
+                let (mut iidx, mut ioff) = (vec![0usize; is.len()], [0usize]);
+                let mut at = 0;
+                for i in 0..n_inner {
+                    if i >= lo {
+                        let x = &one[ooff[0] + ioff[0]..][..n];
+                        let mut s = [0f32; 8];
+                        for (&x, ys) in x.iter().zip(buf.chunks_exact(8)) {
+                            for (sk, &y) in s.iter_mut().zip(ys) {
+                                // x · y is y · x bit for bit.
+                                *sk += x * y;
+                            }
+                        }
+                        let dst = &mut block[at * m + l0..][..w];
+                        dst.iter_mut()
+                            .zip(s)
+                            .for_each(|(o, s)| *o = s / n as f32);
+                        at += 1;
+                        if at * m == block.len() {
+                            break;
+                        }
+                    }
+                    next_index(&mut iidx, is, &[io], &mut ioff);
+                }
+            }
+            next_index(&mut oidx, os, &[oo, om], &mut ooff);
+        }
+    };
+    let nt = (n_outer * n_inner * m * n / PAR_MIN)
+        .clamp(1, super::cpu::threads())
+        .min(n_inner);
+    let per = n_inner.div_ceil(nt);
+    let mut parts: Vec<Vec<&mut [f32]>> = (0..nt).map(|_| Vec::new()).collect();
+    for block in out.chunks_mut(n_inner * m) {
+        for (t, c) in block.chunks_mut(per * m).enumerate() {
+            parts[t].push(c);
+        }
+    }
+    if nt <= 1 {
+        run(0, parts.pop().unwrap_or_default());
+    } else {
+        std::thread::scope(|s| {
+            for (t, rows) in parts.into_iter().enumerate() {
+                let run = &run;
+                s.spawn(move || run(t * per, rows));
+            }
+        });
+    }
+    out
 }
 
 /// Whether a mean over the last dim reads an operand's rows so few times that transposing it
@@ -328,6 +450,10 @@ mod tests {
         let cases: &[(&[usize], &[usize], &[usize])] = &[
             (&[1, 3, 3, 5, 1, 64], &[1, 3, 1, 1, 37, 64], &[5]),
             (&[1, 3, 3, 5, 37, 1], &[1, 3, 1, 1, 37, 64], &[4]),
+            (&[1, 3, 1, 1, 37, 64], &[1, 3, 3, 5, 1, 64], &[5]),
+            (&[1, 5, 1, 64], &[4, 1, 37, 64], &[3]),
+            (&[4, 1, 1, 64], &[1, 5, 37, 64], &[3]),
+            (&[2, 1, 3, 8], &[2, 9, 1, 8], &[3]),
             (&[2, 7, 9], &[2, 7, 9], &[2]),
             (&[2, 7, 9], &[2, 7, 9], &[1]),
             (&[2, 7, 9], &[2, 7, 9], &[0]),
@@ -351,6 +477,9 @@ mod tests {
                 forms.push(by_rows((&a, ash), (&b, bsh), &full, dims[0]));
                 if dims[0] == full.len() - 1 {
                     forms.push(by_dots((&a, ash), (&b, bsh), &full));
+                    if let Some(plan) = shared_rows(ash, bsh, &full) {
+                        forms.push(by_shared_rows((&a, &b), &full, plan));
+                    }
                 }
             }
             for got in forms {
@@ -362,6 +491,22 @@ mod tests {
                 assert!(same, "{ash:?} * {bsh:?} over {dims:?}: {want:?} vs {got:?}");
             }
         }
+    }
+
+    #[test]
+    fn shared_rows_take_q_k_in_either_order_and_refuse_mixed_layouts() {
+        let fits = |a: &[usize], b: &[usize]| {
+            let full = crate::ir::infer::broadcast(a, b).unwrap();
+            shared_rows(a, b, &full).map(|p| (p.one_is_a, p.outer.0, p.inner.0))
+        };
+        let (q, k) = ([1, 3, 3, 5, 1, 64], [1, 3, 1, 1, 37, 64]);
+        assert_eq!(fits(&q, &k), Some((true, vec![3], vec![3, 5])));
+        assert_eq!(fits(&k, &q), Some((false, vec![3], vec![3, 5])));
+        // The cache's heads after the query's: rows of one thread would not be runs.
+        assert_eq!(fits(&[4, 1, 1, 64], &[1, 5, 37, 64]), None);
+        // Fewer than eight rows to share, or no operand broadcast along them.
+        assert_eq!(fits(&[3, 1, 64], &[3, 7, 64]), None);
+        assert_eq!(fits(&[3, 9, 64], &[3, 9, 64]), None);
     }
 
     #[test]
