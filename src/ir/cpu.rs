@@ -1480,8 +1480,10 @@ fn q4_pairs_block<const R: usize>(
     }
 }
 
-/// Multiply-adds below which a linear runs on the calling thread (spawning costs more).
-const PAR_MIN_MACS: usize = 1 << 17;
+/// Multiply-adds below which a linear runs on the calling thread: spawning costs more (the
+/// demo model's 576-wide linears, 0.33 M each, ran on two threads at 1 << 17: decode 48-52 ms a
+/// token, against 38-46 on one; the E2B-shaped program's decode the same either way).
+const PAR_MIN_MACS: usize = 1 << 20;
 
 /// Cores to spread work over, asked once: `available_parallelism` reads the cgroup's files on
 /// Linux on every call, which was most of a decode step's host gathers (75-78 us a step on the
