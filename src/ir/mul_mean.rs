@@ -111,9 +111,7 @@ fn by_shared_rows((a, b): (&[f32], &[f32]), full: &[usize], p: SharedRows) -> Ve
                             }
                         }
                         let dst = &mut block[at * m + l0..][..w];
-                        dst.iter_mut()
-                            .zip(s)
-                            .for_each(|(o, s)| *o = s / n as f32);
+                        dst.iter_mut().zip(s).for_each(|(o, s)| *o = s / n as f32);
                         at += 1;
                         if at * m == block.len() {
                             break;

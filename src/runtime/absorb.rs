@@ -165,7 +165,9 @@ pub(super) fn absorb_means(
             if plan.outputs.contains(&v) || plan.inputs.contains(&v) || !is_f32(plan, v) {
                 continue;
             }
-            let [me, m] = readers[v][..] else { continue };
+            let Some(&[me, m]) = readers.get(v).map(|r| &r[..]) else {
+                continue;
+            };
             if me != i {
                 continue;
             }
