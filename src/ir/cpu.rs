@@ -1516,17 +1516,7 @@ fn by_weight_rows(
     } else {
         threads().min(n)
     };
-    if nt <= 1 {
-        run(0, &mut yt);
-    } else {
-        let per = n.div_ceil(nt);
-        std::thread::scope(|s| {
-            for (t, cols) in yt.chunks_mut(per * m).enumerate() {
-                let run = &run;
-                s.spawn(move || run(t * per, cols));
-            }
-        });
-    }
+    by_threads(&mut yt, m, nt, run);
     if m == 1 {
         return yt;
     }
@@ -1537,6 +1527,27 @@ fn by_weight_rows(
         }
     }
     y
+}
+
+/// `run(first, chunk)` over `out` split into `nt` runs of whole rows of `row` values (`first`
+/// is the chunk's first row), one thread each; on the calling thread when `nt` is 1.
+pub(crate) fn by_threads<T: Send>(
+    out: &mut [T],
+    row: usize,
+    nt: usize,
+    run: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let rows = out.len().checked_div(row).unwrap_or(0);
+    if nt <= 1 || rows <= 1 {
+        return run(0, out);
+    }
+    let per = rows.div_ceil(nt);
+    std::thread::scope(|s| {
+        for (t, chunk) in out.chunks_mut(per * row).enumerate() {
+            let run = &run;
+            s.spawn(move || run(t * per, chunk));
+        }
+    });
 }
 
 /// One 4-bit weight row: `out[c] = s[g] * q + b[g]` (g = c / group), element 2j in the low nibble.

@@ -349,21 +349,8 @@ fn by_rows(
             next_index(&mut idx, &os, &[&oa, &ob], &mut offs);
         }
     };
-    let per_row = n * m;
-    let nt = (rows * per_row / PAR_MIN)
-        .clamp(1, super::cpu::threads())
-        .min(rows);
-    if nt <= 1 {
-        run(0, &mut out);
-    } else {
-        let per = rows.div_ceil(nt);
-        std::thread::scope(|s| {
-            for (t, chunk) in out.chunks_mut(per * m).enumerate() {
-                let run = &run;
-                s.spawn(move || run(t * per, chunk));
-            }
-        });
-    }
+    let nt = (rows * n * m / PAR_MIN).clamp(1, super::cpu::threads());
+    super::cpu::by_threads(&mut out, m, nt, run);
     out
 }
 
