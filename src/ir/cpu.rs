@@ -1270,11 +1270,16 @@ fn q4_ksums(qw: &QuantWeight, [k, n]: [usize; 2], group: usize) -> Vec<f32> {
     by_weight_rows([1, k, n], |j, out, _| {
         let (q, s, _) = qw.row(j);
         let mut ksum = 0f32;
+        const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
         for (c, bytes) in q[..k / 2].chunks_exact(CHUNK / 2).enumerate() {
-            let nib: i32 = bytes
-                .iter()
-                .map(|&v| (v & 0xF) as i32 + (v >> 4) as i32)
-                .sum();
+            // A chunk's 8 bytes as one word: both nibble planes masked to bytes (30 at most
+            // each), then the 8 bytes summed by one multiply into the top byte (240 at most, no
+            // carries): a model's weights once at load, byte by byte most of a cold first call.
+            let mut w = [0u8; 8];
+            w.copy_from_slice(bytes);
+            let v = u64::from_le_bytes(w);
+            let b = (v & LOW) + ((v >> 4) & LOW);
+            let nib = (b.wrapping_mul(0x0101_0101_0101_0101) >> 56) as i32;
             ksum -= (nib - 8 * CHUNK as i32) as f32 * s[c * CHUNK / group];
         }
         out[0] = ksum;
