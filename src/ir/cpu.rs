@@ -2528,6 +2528,40 @@ mod tests {
     /// bits of unpacking every weight and summing column by column, the form it replaced (and
     /// the one `tests/xnnpack_linear.rs` holds to ExecuTorch's own), with and without stored
     /// biases beyond the symmetric zero, on groups of 32 and 64 and several rows of x.
+    /// The AVX2 group dot product (where the CPU has it) gives the portable form's sums, for
+    /// every row count a block takes and odd and even chunk counts, at both operands' extremes.
+    #[test]
+    fn group_dot_forms_agree() {
+        let mut seed = 7u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for chunks in [1usize, 2, 3, 8] {
+            let mut q: Vec<u8> = (0..16 * chunks).map(|_| next() as u8).collect();
+            q[0] = 0x00;
+            q[1] = 0xFF;
+            let xs: Vec<Vec<u8>> = (0..4)
+                .map(|r| {
+                    (0..32 * chunks)
+                        .map(|i| if r == 0 && i < 3 { 255 } else { next() as u8 })
+                        .collect()
+                })
+                .collect();
+            let rows = |n: usize| -> Vec<&[u8]> { xs[..n].iter().map(|x| &x[..]).collect() };
+            let want = Portable.dot::<4>(&q, rows(4).try_into().unwrap());
+            assert_ne!(want, [0; 4]);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                assert_eq!(Avx2.dot::<4>(&q, rows(4).try_into().unwrap()), want);
+                assert_eq!(Avx2.dot::<3>(&q, rows(3).try_into().unwrap()), want[..3]);
+                assert_eq!(Avx2.dot::<1>(&q, rows(1).try_into().unwrap()), want[..1]);
+            }
+        }
+    }
+
     #[test]
     fn paired_nibble_linear_keeps_the_unpacked_bits() {
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
