@@ -159,7 +159,8 @@ fn few_reads(ash: &[usize], bsh: &[usize], full: &[usize]) -> bool {
 }
 
 /// A mean over the last dim as dot products, eight outputs side by side (their sums do not
-/// wait on one another), each output's products in order.
+/// wait on one another), each output's products in order: where `by_shared_rows` does not
+/// fit and a transposed copy for `by_rows` would cost more than it saves.
 fn by_dots((a, ash): (&[f32], &[usize]), (b, bsh): (&[f32], &[usize]), full: &[usize]) -> Vec<f32> {
     let r = full.len();
     let (sa, sb) = (bcast_strides(ash, full), bcast_strides(bsh, full));
@@ -170,7 +171,6 @@ fn by_dots((a, ash): (&[f32], &[usize]), (b, bsh): (&[f32], &[usize]), full: &[u
     let (mut idx, mut offs) = (vec![0usize; r - 1], [0usize, 0]);
     let (ra, rb) = (sa[r - 1], sb[r - 1]);
     let mut at = Vec::with_capacity(8);
-    let mut buf = vec![0f32; 8 * n];
     for c in 0..n_out.div_ceil(8) {
         at.clear();
         for _ in 0..(n_out - c * 8).min(8) {
@@ -178,27 +178,7 @@ fn by_dots((a, ash): (&[f32], &[usize]), (b, bsh): (&[f32], &[usize]), full: &[u
             next_index(&mut idx, os, &[oa, ob], &mut offs);
         }
         let mut s = [0f32; 8];
-        let shared = |k: usize| at.iter().all(|o| o[k] == at[0][k]);
-        if at.len() == 8 && ra == 1 && rb == 1 && (shared(0) || shared(1)) {
-            // One operand's row is the same for all eight (q·k: one query against eight cache
-            // rows): the other's eight rows, interleaved in an L1-sized buffer, are then one
-            // vector per product index.
-            let (one, eight, k) = match shared(0) {
-                true => (&a[at[0][0]..][..n], b, 1),
-                false => (&b[at[0][1]..][..n], a, 0),
-            };
-            for (r, o) in at.iter().enumerate() {
-                for (j, &x) in eight[o[k]..][..n].iter().enumerate() {
-                    buf[j * 8 + r] = x;
-                }
-            }
-            for (&x, ys) in one.iter().zip(buf.chunks_exact(8)) {
-                for (sk, &y) in s.iter_mut().zip(ys) {
-                    // x · y is y · x bit for bit.
-                    *sk += x * y;
-                }
-            }
-        } else if at.len() == 8 && ra == 1 && rb == 1 {
+        if at.len() == 8 && ra == 1 && rb == 1 {
             let rows: [(&[f32], &[f32]); 8] =
                 std::array::from_fn(|k| (&a[at[k][0]..][..n], &b[at[k][1]..][..n]));
             for j in 0..n {
