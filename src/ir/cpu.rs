@@ -2524,10 +2524,6 @@ mod tests {
         );
     }
 
-    /// The 4-bit linear that reads packed bytes in pairs (with and without AVX2/FMA) gives the
-    /// bits of unpacking every weight and summing column by column, the form it replaced (and
-    /// the one `tests/xnnpack_linear.rs` holds to ExecuTorch's own), with and without stored
-    /// biases beyond the symmetric zero, on groups of 32 and 64 and several rows of x.
     /// The AVX2 group dot product (where the CPU has it) gives the portable form's sums, for
     /// every row count a block takes and odd and even chunk counts, at both operands' extremes.
     #[test]
@@ -2562,6 +2558,10 @@ mod tests {
         }
     }
 
+    /// The 4-bit linear that reads packed bytes in pairs (with and without AVX2/FMA) gives the
+    /// bits of unpacking every weight and summing column by column, the form it replaced (and
+    /// the one `tests/xnnpack_linear.rs` holds to ExecuTorch's own), with and without stored
+    /// biases beyond the symmetric zero, on groups of 32 and 64 and several rows of x.
     #[test]
     fn paired_nibble_linear_keeps_the_unpacked_bits() {
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;

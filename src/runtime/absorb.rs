@@ -1,14 +1,15 @@
 //! A portable `aten::mean.out` that alone reads an output of an IR delegate, where the
-//! delegate's graph computes that output by an f32 `mul`, moves into that graph: the IR's
-//! `fuse_mul_mean` then makes the pair one reduction, so the products are never stored nor
-//! handed across the delegate boundary (the demo export's attention: element-wise products of
-//! 2.4 MB a layer and step, 72 MiB in a 32-token prompt, written, copied out and read again).
+//! delegate's graph computes that output by an f32 `mul`, moves into that graph, and the IR's
+//! `fuse_mul_mean` makes the pair one reduction (the move is undone where it does not): the
+//! products are never stored nor handed across the delegate boundary (the demo export's
+//! attention: element-wise products of 2.4 MB a layer and step, 72 MiB in a 32-token prompt,
+//! written, copied out and read again).
 //!
 //! The delegate now writes the mean's output where it ran, earlier than the mean did, so the
 //! mean's out tensor must not share bytes with anything the instructions in between touch (the
 //! memory planner may give a tensor born at the mean the bytes of one that died before it).
 
-use crate::ir::{self, DType, Io, Node, OpKind, Role};
+use crate::ir::{self, DType, OpKind, Role};
 use crate::pte::{EValue, ExecutionPlan, Instruction, ScalarType, TensorData};
 
 /// One mean moved into its delegate.
@@ -181,9 +182,6 @@ pub(super) fn absorb_means(
             let Some((dims, keepdim, out)) = mean_of(plan, margs, v, rank) else {
                 continue;
             };
-            if !by_f32_mul(g, t) {
-                continue;
-            }
             // Nothing the calls from this delegate's to the mean's touch may share the out
             // tensor's bytes (the delegate's own inputs and other outputs included).
             let Some((arena, lo, hi)) = planned(plan, out) else {
@@ -208,6 +206,20 @@ pub(super) fn absorb_means(
             let y = g.add_tensor(name, DType::F32, shapes.remove(0), Role::Activation);
             g.op(kind, vec![t], vec![y]);
             g.outputs[j] = y;
+            // Only where the IR's own pass makes the pair one `MulMean` (an f32 product nothing
+            // else reads): a mean left apart would run as the executors' `Mean`, whose GPU
+            // form sums in another order than the portable kernel. Otherwise undone (the mean
+            // is still the last node and `y` the last tensor: the pass only rewrites in place).
+            ir::passes::fuse_mul_mean(g);
+            let fused = g
+                .ops()
+                .any(|o| o.outputs.contains(&y) && matches!(o.kind, OpKind::MulMean { .. }));
+            if !fused {
+                g.nodes.pop();
+                g.tensors.pop();
+                g.outputs[j] = t;
+                continue;
+            }
             done.push(Absorbed {
                 call: i,
                 arg,
@@ -219,29 +231,10 @@ pub(super) fn absorb_means(
     done
 }
 
-/// Whether graph output `t` is an f32 `Binary(Mul)`'s result that nothing else in the graph
-/// reads (so `fuse_mul_mean` will fuse it with the mean taken in).
-fn by_f32_mul(g: &ir::Graph, t: ir::TensorId) -> bool {
-    let read = g.ops().any(|o| o.inputs.contains(&t))
-        || g.nodes.iter().any(|n| {
-            matches!(n, Node::Sym(ir::SymOp::Size { tensor, .. } | ir::SymOp::ReadInput { tensor, .. }) if *tensor == t)
-        })
-        || g.outputs.iter().filter(|&&o| o == t).count() != 1
-        || g.inputs.contains(&Io::Tensor(t));
-    let made = g.ops().find(|o| o.outputs.contains(&t)).is_some_and(|o| {
-        o.kind == OpKind::Binary(ir::BinaryOp::Mul)
-            && o.inputs.len() == 2
-            && o.inputs.iter().all(|&x| g.tensors[x].dtype == DType::F32)
-    });
-    !read
-        && made
-        && g.tensors[t].dtype == DType::F32
-        && matches!(g.tensors[t].role, Role::Activation)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::Io;
     use crate::pte::{BackendDelegate, Blob, Bytes, Dynamism, Operator, TensorInfo};
     use std::sync::Arc;
 
@@ -339,7 +332,7 @@ mod tests {
         let last = g.ops().last().unwrap();
         assert_eq!(
             last.kind,
-            OpKind::Mean {
+            OpKind::MulMean {
                 dims: vec![1],
                 keepdim: false
             }
@@ -356,6 +349,12 @@ mod tests {
         let none = |p: &ExecutionPlan, op| absorb(p, op).0.is_empty();
         // Not a product: the mean would run as the IR's tree sum, other bits.
         assert!(none(&plan(None), ir::BinaryOp::Add));
+        // ... and the graph is left as it was.
+        let g = absorb(&plan(None), ir::BinaryOp::Add).1;
+        assert_eq!(
+            (g.ops().count(), g.tensors.len(), &g.outputs[..]),
+            (1, 2, &[1][..])
+        );
         // An instruction in between touches the mean's bytes before the mean ran.
         assert!(none(&plan(Some(512 + 8)), ir::BinaryOp::Mul));
         // The products are also an output of the method, or something else reads them.

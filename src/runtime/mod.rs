@@ -611,12 +611,12 @@ impl Method {
         &self.plan.name
     }
 
-    /// Buffer updates (`slice_scatter` then `copy_` back) the CPU runtime does in place.
     /// `mean.out` instructions taken into the delegates whose products they read (`absorb`).
     pub fn means_absorbed(&self) -> usize {
         self.means_absorbed
     }
 
+    /// Buffer updates (`slice_scatter` then `copy_` back) the CPU runtime does in place.
     pub fn scatters_in_place(&self) -> usize {
         self.scatters_in_place
     }
