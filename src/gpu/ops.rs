@@ -212,6 +212,32 @@ fn strides(shape: &[usize]) -> Vec<usize> {
     crate::runtime::kernels::strides(shape)
 }
 
+/// A reduction's uniform (`reduce.wgsl`, `mul_mean.wgsl`): the output and reduced counts and
+/// ranks, the `extra` scalars, then the kept dims' sizes and each operand's strides over them,
+/// and the same for the reduced dims; with the output count.
+fn reduce_params(
+    shape: &[usize],
+    dims: &[usize],
+    operands: &[&[usize]],
+    extra: &[usize],
+) -> (usize, P) {
+    let kept: Vec<usize> = (0..shape.len()).filter(|d| !dims.contains(d)).collect();
+    let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
+    let n_out = kept.iter().map(|&d| shape[d]).product();
+    let n_red = dims.iter().map(|&d| shape[d]).product();
+    let mut p = P::default().u(n_out).u(n_red).u(kept.len()).u(dims.len());
+    for &e in extra {
+        p = p.u(e);
+    }
+    for ds in [&kept[..], dims] {
+        p = p.arr(&pick(ds, shape), 8);
+        for st in operands {
+            p = p.arr(&pick(ds, st), 8);
+        }
+    }
+    (n_out, p)
+}
+
 /// Strides of `src` broadcast over `out` (right-aligned, 0 on broadcast dims).
 fn broadcast_strides(src: &[usize], out: &[usize]) -> Vec<usize> {
     let st = strides(src);
@@ -946,23 +972,10 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
         }
         OpKind::Mean { dims, .. } | OpKind::Sum { dims, .. } => {
             let xs = env.shape(x).to_vec();
-            let st = strides(&xs);
-            let kept: Vec<usize> = (0..xs.len()).filter(|d| !dims.contains(d)).collect();
-            let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
-            let n_out: usize = kept.iter().map(|&d| xs[d]).product();
-            let n_red: usize = dims.iter().map(|&d| xs[d]).product();
+            let (n_out, p) = reduce_params(&xs, dims, &[&strides(&xs)], &[]);
             if n_out == 0 {
                 return Ok(Vec::new());
             }
-            let p = P::default()
-                .u(n_out)
-                .u(n_red)
-                .u(kept.len())
-                .u(dims.len())
-                .arr(&pick(&kept, &xs), 8)
-                .arr(&pick(&kept, &st), 8)
-                .arr(&pick(dims, &xs), 8)
-                .arr(&pick(dims, &st), 8);
             let mean = matches!(op.kind, OpKind::Mean { .. });
             vec![step(
                 "reduce",
@@ -981,25 +994,11 @@ pub(crate) fn build(env: &Env, node: usize, op: &Op) -> Result<Vec<Step>, String
                 broadcast_strides(env.shape(a), &full),
                 broadcast_strides(env.shape(bb), &full),
             );
-            let kept: Vec<usize> = (0..full.len()).filter(|d| !dims.contains(d)).collect();
-            let pick = |ds: &[usize], v: &[usize]| ds.iter().map(|&d| v[d]).collect::<Vec<_>>();
-            let n_out: usize = kept.iter().map(|&d| full[d]).product();
-            let n_red: usize = dims.iter().map(|&d| full[d]).product();
+            // The extra scalar is the kernel's uniform zero (`mul_mean.wgsl`).
+            let (n_out, p) = reduce_params(&full, dims, &[&sa, &sb], &[0]);
             if n_out == 0 {
                 return Ok(Vec::new());
             }
-            let p = P::default()
-                .u(n_out)
-                .u(n_red)
-                .u(kept.len())
-                .u(dims.len())
-                .u(0)
-                .arr(&pick(&kept, &full), 8)
-                .arr(&pick(&kept, &sa), 8)
-                .arr(&pick(&kept, &sb), 8)
-                .arr(&pick(dims, &full), 8)
-                .arr(&pick(dims, &sa), 8)
-                .arr(&pick(dims, &sb), 8);
             vec![step(
                 "mul_mean",
                 "main",
