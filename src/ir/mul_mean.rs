@@ -3,7 +3,7 @@
 //! order, the sum divided by the count). The demo export's attention is this pair twice a
 //! layer; its products are 72 MiB a layer in a 32-token prompt.
 
-use crate::runtime::kernels::{bcast_strides, next_index, strides};
+use crate::runtime::kernels::{bcast_strides, next_index};
 
 /// Products a thread takes at least (spawning costs more than this many below it).
 const PAR_MIN: usize = 1 << 17;
@@ -20,8 +20,7 @@ pub(crate) fn mul_mean(
     match dims {
         [d] if r >= 2 && *d == r - 1 => match shared_rows(ash, bsh, full) {
             Some(plan) => by_shared_rows((a, b), full, plan),
-            None if few_reads(ash, bsh, full) => by_dots((a, ash), (b, bsh), full),
-            None => by_rows((a, ash), (b, bsh), full, *d),
+            None => by_dots((a, ash), (b, bsh), full),
         },
         [d] if r >= 2 => by_rows((a, ash), (b, bsh), full, *d),
         _ => walk((a, ash), (b, bsh), full, dims),
@@ -146,21 +145,8 @@ fn by_shared_rows((a, b): (&[f32], &[f32]), full: &[usize], p: SharedRows) -> Ve
     out
 }
 
-/// Whether a mean over the last dim reads an operand's rows so few times that transposing it
-/// for `by_rows` costs more than it saves: a decode step's q·k reads each cache row once per
-/// query head of its group (3 in the demo), a prompt's once per head and query (96 for 32).
-fn few_reads(ash: &[usize], bsh: &[usize], full: &[usize]) -> bool {
-    let r = full.len();
-    let macs: usize = full.iter().product();
-    [ash, bsh].iter().any(|sh| {
-        let st = bcast_strides(sh, full);
-        st[r - 2] > 1 && macs < 16 * sh.iter().product::<usize>().max(1)
-    })
-}
-
 /// A mean over the last dim as dot products, eight outputs side by side (their sums do not
-/// wait on one another), each output's products in order: where `by_shared_rows` does not
-/// fit and a transposed copy for `by_rows` would cost more than it saves.
+/// wait on one another), each output's products in order: where `by_shared_rows` does not fit.
 fn by_dots((a, ash): (&[f32], &[usize]), (b, bsh): (&[f32], &[usize]), full: &[usize]) -> Vec<f32> {
     let r = full.len();
     let (sa, sb) = (bcast_strides(ash, full), bcast_strides(bsh, full));
@@ -227,69 +213,9 @@ fn walk(
     out
 }
 
-/// An operand as read for one reduced dim: its values and strides over `full`'s dims.
-struct Operand<'a> {
-    v: std::borrow::Cow<'a, [f32]>,
-    st: Vec<usize>,
-}
-
-impl<'a> Operand<'a> {
-    /// `x` (shape `sh`) read over `full`, laid out so its stride along `full`'s innermost kept
-    /// dim `vd` is 0 or 1: a mean over the last dim reads its rows along `vd`, so such an
-    /// operand's last two dims are swapped once (a transposed copy of the k cache, not one
-    /// per query row).
-    fn new(x: &'a [f32], sh: &[usize], full: &[usize], vd: usize) -> Self {
-        let st = bcast_strides(sh, full);
-        if st[vd] <= 1 {
-            return Operand { v: x.into(), st };
-        }
-        let r = full.len();
-        // The operand's own shape over full's rank (1 where it broadcasts), last two swapped.
-        let own: Vec<usize> = (0..r)
-            .map(|d| if st[d] == 0 { 1 } else { full[d] })
-            .collect();
-        let mut shape = own.clone();
-        shape.swap(r - 2, r - 1);
-        let t = transpose_last2(x, &own);
-        let mut st = strides(&shape);
-        st.swap(r - 2, r - 1);
-        st.iter_mut()
-            .zip(&own)
-            .for_each(|(s, &n)| *s *= (n != 1) as usize);
-        Operand { v: t.into(), st }
-    }
-}
-
-/// `x` (row-major, shape `sh`, rank ≥ 2) with its last two dims swapped, in tiles so that
-/// reads and writes both stay within a few cache lines (a plain strided walk of a 1024-row
-/// cache touched a new line per element and was a fifth of a demo decode step).
-fn transpose_last2(x: &[f32], sh: &[usize]) -> Vec<f32> {
-    const T: usize = 16;
-    let r = sh.len();
-    let (rows, cols) = (sh[r - 2], sh[r - 1]);
-    let mut out = vec![0f32; x.len()];
-    for (src, dst) in x
-        .chunks_exact(rows * cols)
-        .zip(out.chunks_exact_mut(rows * cols))
-    {
-        for i0 in (0..rows).step_by(T) {
-            for j0 in (0..cols).step_by(T) {
-                // Writes in runs; reads a tile's rows, not a column a page apart per element
-                // (rows of 1024 f32 alias in the L1's sets).
-                for j in j0..(j0 + T).min(cols) {
-                    let d = &mut dst[j * rows..][i0..(i0 + T).min(rows)];
-                    for (k, o) in d.iter_mut().enumerate() {
-                        *o = src[(i0 + k) * cols + j];
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
-/// One reduced dim `rd`: each output row along the innermost kept dim is accumulated as a
-/// vector, one reduced index after another (so each element's sum keeps index order).
+/// One reduced dim `rd` before the last (p·v): each output row along the last dim, where both
+/// operands' strides are 0 or 1, is accumulated as a vector, one reduced index after another
+/// (so each element's sum keeps index order).
 fn by_rows(
     (a, ash): (&[f32], &[usize]),
     (b, bsh): (&[f32], &[usize]),
@@ -297,22 +223,20 @@ fn by_rows(
     rd: usize,
 ) -> Vec<f32> {
     let r = full.len();
-    let vd = if rd == r - 1 { r - 2 } else { r - 1 };
-    let (a, b) = (
-        Operand::new(a, ash, full, vd),
-        Operand::new(b, bsh, full, vd),
-    );
+    let vd = r - 1;
+    debug_assert!(rd < vd);
+    let (sa, sb) = (bcast_strides(ash, full), bcast_strides(bsh, full));
     let (n, m) = (full[rd], full[vd]);
     // The rows' own index: the kept dims but `vd`.
     let outer: Vec<usize> = (0..r).filter(|&d| d != rd && d != vd).collect();
     let os: Vec<usize> = outer.iter().map(|&d| full[d]).collect();
-    let (oa, ob): (Vec<usize>, Vec<usize>) = outer.iter().map(|&d| (a.st[d], b.st[d])).unzip();
+    let (oa, ob): (Vec<usize>, Vec<usize>) = outer.iter().map(|&d| (sa[d], sb[d])).unzip();
     let rows: usize = os.iter().product();
     let mut out = vec![0f32; rows * m];
     if out.is_empty() {
         return out;
     }
-    let steps = [a.st[rd], b.st[rd], a.st[vd], b.st[vd]];
+    let steps = [sa[rd], sb[rd], sa[vd], sb[vd]];
     let run = |first: usize, chunk: &mut [f32]| {
         // Row `first`'s index and offsets, then a walk.
         let mut idx = vec![0usize; os.len()];
@@ -325,7 +249,7 @@ fn by_rows(
             offs[1] += idx[d] * ob[d];
         }
         for row in chunk.chunks_exact_mut(m) {
-            accumulate(row, (&a.v, &b.v), offs, steps, n);
+            accumulate(row, (a, b), offs, steps, n);
             next_index(&mut idx, &os, &[&oa, &ob], &mut offs);
         }
     };
@@ -438,9 +362,10 @@ mod tests {
             let want = reference((&a, ash), (&b, bsh), &full, dims);
             let mut forms = vec![mul_mean((&a, ash), (&b, bsh), &full, dims)];
             if dims.len() == 1 && full.len() >= 2 {
-                // Both ways a single dim can go, whichever `mul_mean` picks.
-                forms.push(by_rows((&a, ash), (&b, bsh), &full, dims[0]));
-                if dims[0] == full.len() - 1 {
+                // Every way a single dim can go, whichever `mul_mean` picks.
+                if dims[0] < full.len() - 1 {
+                    forms.push(by_rows((&a, ash), (&b, bsh), &full, dims[0]));
+                } else {
                     forms.push(by_dots((&a, ash), (&b, bsh), &full));
                     if let Some(plan) = shared_rows(ash, bsh, &full) {
                         forms.push(by_shared_rows((&a, &b), &full, plan));
