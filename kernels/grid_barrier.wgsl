@@ -3,11 +3,10 @@
 // costs a launch and a pipeline barrier. For `pteria bench --kernels` (src/gpu/bench.rs
 // `grid_barrier`), not used by any model.
 //
-// It needs every workgroup resident at once, which WebGPU does not promise (lavapipe runs a few
-// at a time): a wait gives up after SPIN polls and counts a failure, and once one has failed no
-// workgroup waits again, so such a device ends the dispatch with failures instead of hanging.
-// Each round a workgroup also reads what its left neighbour wrote the round before: a stale
-// value counts a failure too, so the barrier is checked to order memory, not only to count.
+// It needs every workgroup resident at once (grid_sync.wgsl says what happens where they are
+// not; lavapipe runs a few at a time). Each round a workgroup also reads what its left
+// neighbour wrote the round before: a stale value counts a failure too, so the barrier is
+// checked to order memory, not only to count.
 
 struct Params {
     rounds: u32,
@@ -23,7 +22,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> cells: array<atomic<u32>>;
 
 override WG: u32 = 64u;
-const SPIN: u32 = 1048576u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -37,21 +35,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
             atomicStore(&cells[(r % 2u) * n + wg.x], r + 1u);
         }
-        // Device-scope release of this round's writes (naga: OpControlBarrier, Device memory
-        // scope, AcquireRelease | UniformMemory) before the arrival is counted ...
-        storageBarrier();
-        if t == 0u {
-            atomicAdd(&sync[0], 1u);
-            let goal = (r + 1u) * n;
-            var s = 0u;
-            while s < SPIN && atomicLoad(&sync[0]) < goal && atomicLoad(&sync[1]) == 0u {
-                s++;
-            }
-            if s == SPIN {
-                atomicAdd(&sync[1], 1u);
-            }
-        }
-        // ... and its acquire once every workgroup has been counted.
-        storageBarrier();
+        grid_sync(t, (r + 1u) * n);
     }
 }

@@ -4678,3 +4678,68 @@ fn device_draws_pick_what_the_sampler_picks() {
     }
     assert!(checked > 200, "{checked} draws checked");
 }
+
+/// The phase-chain experiment (kernels/phase_chain.wgsl) computes its chain of 4-bit mat-vecs:
+/// every mode gives the host's outputs (f64 sums) to rounding and the same bits as the others,
+/// on rows that do not fill the grid's teams and rows whose chunks do not fill a team. One
+/// workgroup for the modes that need every workgroup resident (lavapipe runs a few at a time).
+#[test]
+fn phase_chain_matches_the_host_in_every_mode() {
+    use pteria::gpu::phase_chain::{reference, Layout, PhaseChain, PhaseMode};
+    let Some(ctx) = ctx() else { return };
+    let shapes = [(256, 384), (384, 256), (128, 512), (512, 256)];
+    let layout = Layout::new(&shapes, 2).unwrap();
+    assert_eq!((layout.phases(), layout.outputs()), (8, 256));
+    let want = reference(&layout, 11);
+    let chain = match PhaseChain::new(&ctx, layout, 11) {
+        Ok(c) => c,
+        // A device with less than 24 KiB of workgroup memory: refused, not run.
+        Err(e) => {
+            assert!(e.to_string().contains("workgroup memory"), "{e}");
+            return;
+        }
+    };
+    let norm = want.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+    assert!(norm > 1.0, "the chain's outputs should not vanish: {norm}");
+    let mut first: Option<Vec<u32>> = None;
+    for (mode, g) in [
+        (PhaseMode::Dispatches, 3),
+        (PhaseMode::Dispatches, 1),
+        (PhaseMode::Persistent, 1),
+        (PhaseMode::Prefetch, 1),
+    ] {
+        let r = chain.run(g, mode).unwrap();
+        assert_eq!(r.failures, 0, "{mode:?} on {g}");
+        let err = r
+            .out
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum::<f64>()
+            .sqrt()
+            / norm;
+        assert!(err < 1e-5, "{mode:?} on {g}: rel-L2 {err}");
+        let bits: Vec<u32> = r.out.iter().map(|v| v.to_bits()).collect();
+        match &first {
+            Some(f) => assert_eq!(*f, bits, "{mode:?} on {g}"),
+            None => first = Some(bits),
+        }
+    }
+}
+
+/// Chains the kernel cannot run are refused by name.
+#[test]
+fn phase_chain_refuses_what_its_kernel_does_not_take() {
+    use pteria::gpu::phase_chain::{Layout, MAX_PHASES};
+    for (shapes, layers, why) in [
+        (vec![(256, 256)], 0, "phases"),
+        (vec![(256, 256)], MAX_PHASES + 1, "phases"),
+        (vec![(200, 256)], 1, "multiple of 128"),
+        (vec![(256, 128)], 2, "phase before"),
+        (vec![(8192, 8192)], 1, "at most 6144"),
+        (vec![(256, 0)], 1, "is 256→0"),
+    ] {
+        let e = Layout::new(&shapes, layers).unwrap_err().to_string();
+        assert!(e.contains(why), "{shapes:?} x {layers}: {e}");
+    }
+}

@@ -14,6 +14,17 @@ pub struct Args {
     /// Benchmark the decode mat-vec kernels instead of a program.
     #[arg(long)]
     kernels: bool,
+    /// Benchmark a decode step's chain of mat-vecs as a dispatch a phase against one persistent
+    /// dispatch with barriers across its workgroups (an experiment, not a program).
+    #[arg(long)]
+    phases: bool,
+    /// Phases: layers of Gemma 4 E2B's six mat-vecs the chain runs (at most 42).
+    #[arg(long, default_value_t = 35)]
+    layers: usize,
+    /// Phases: workgroup counts to run the chain on (default: one and two a multiprocessor of
+    /// an H100/H200, 132 and 264, and 528).
+    #[arg(long, value_delimiter = ',')]
+    grids: Vec<u32>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -69,6 +80,9 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     if a.kernels {
         return kernels(&a);
+    }
+    if a.phases {
+        return phases(&a);
     }
     let Some(file) = &a.file else {
         bail!("give a program to benchmark, or --kernels");
@@ -982,6 +996,76 @@ fn sample_cost(logits: &[f32]) -> Result<(f64, f64)> {
         us(SamplingParams::greedy())?,
         us(SamplingParams::default())?,
     ))
+}
+
+fn phases(a: &Args) -> Result<()> {
+    use pteria::gpu::phase_chain::{phase_bench, Layout, PhaseChain, LAYER_SHAPES};
+    let ctx = Arc::new(pteria::gpu::Context::new()?);
+    let layout = Layout::new(&LAYER_SHAPES, a.layers)?;
+    let stream = pteria::gpu::bench::stream_bandwidth(&ctx, 256 << 20, 0.2)?;
+    let dependent = pteria::gpu::bench::dependent_dispatch(&ctx, 0.2)?;
+    let bytes = layout.weight_bytes();
+    let chain = PhaseChain::new(&ctx, layout, 7)?;
+    let grids = if a.grids.is_empty() {
+        vec![132, 264, 528]
+    } else {
+        a.grids.clone()
+    };
+    let results = phase_bench(&chain, &grids, 9)?;
+    let phases = chain.layout().phases();
+    let floor_us = bytes as f64 / stream * 1e6;
+    if a.json {
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            adapter: String,
+            layers: usize,
+            phases: usize,
+            weight_bytes: u64,
+            stream_gb_per_s: f64,
+            dependent_dispatch_us: f64,
+            results: &'a [pteria::gpu::phase_chain::PhaseResult],
+        }
+        let o = Out {
+            adapter: ctx.adapter().to_string(),
+            layers: a.layers,
+            phases,
+            weight_bytes: bytes,
+            stream_gb_per_s: stream / 1e9,
+            dependent_dispatch_us: dependent * 1e6,
+            results: &results,
+        };
+        println!("{}", serde_json::to_string(&o)?);
+        return Ok(());
+    }
+    println!("{}", ctx.adapter());
+    println!(
+        "{} layers, {phases} phases, {:.1} MiB of weights: {floor_us:.1} us at the copy \
+         bandwidth ({:.0} GB/s); a dispatch that waits for the one before {:.2} us",
+        a.layers,
+        bytes as f64 / (1u64 << 20) as f64,
+        stream / 1e9,
+        dependent * 1e6
+    );
+    for r in &results {
+        match (r.min_us, r.median_us) {
+            (Some(lo), Some(mid)) => println!(
+                "{:>5} workgroups, {:<56} {lo:>9.1} us (median {mid:.1}), {:.2}x the bandwidth \
+                 floor, {:.2} us a phase{}",
+                r.workgroups,
+                r.mode.name(),
+                lo / floor_us,
+                lo / phases as f64,
+                if r.same_bits { "" } else { "; OUTPUTS DIFFER" }
+            ),
+            _ => println!(
+                "{:>5} workgroups, {:<56} failed ({} waits gave up)",
+                r.workgroups,
+                r.mode.name(),
+                r.failures
+            ),
+        }
+    }
+    Ok(())
 }
 
 fn kernels(a: &Args) -> Result<()> {

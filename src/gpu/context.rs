@@ -59,7 +59,15 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         // The executor's, after a call's ops: a row of logits reduced for sampling.
         "candidates" => include_str!("../../kernels/candidates.wgsl"),
         // A benchmark's, not an op's (src/gpu/bench.rs `grid_barrier`).
-        "grid_barrier" => include_str!("../../kernels/grid_barrier.wgsl"),
+        "grid_barrier" => concat!(
+            include_str!("../../kernels/grid_barrier.wgsl"),
+            include_str!("../../kernels/grid_sync.wgsl")
+        ),
+        // A benchmark's (src/gpu/bench.rs `phase_chain`).
+        "phase_chain" => concat!(
+            include_str!("../../kernels/phase_chain.wgsl"),
+            include_str!("../../kernels/grid_sync.wgsl")
+        ),
         // A benchmark's (src/gpu/bench.rs `arith_rate`).
         "arith_probe" => include_str!("../../kernels/arith_probe.wgsl"),
         _ => return None,

@@ -12,6 +12,7 @@ mod executor;
 mod host_gather;
 mod memory;
 mod ops;
+pub mod phase_chain;
 pub mod raw_vulkan;
 mod wait;
 
