@@ -415,3 +415,42 @@ fn program_bench_with_f16_kv_caches_reports_their_bytes_and_error() {
     let worst = v16["kv_f16_rel_l2_worst"].as_f64().unwrap();
     assert!(worst > 0.0 && worst <= 0.15, "{v16}");
 }
+
+/// `--phases`: every mode on every grid reports a time or its failures, and one workgroup (which
+/// any device runs whole) passes every mode with the same outputs; chains its kernel does not
+/// take are refused before any GPU work.
+#[test]
+fn phase_bench_reports_every_mode_and_refuses_what_it_cannot_run() {
+    let (ok, _, err) = pteria(&["bench", "--phases", "--layers", "50"]);
+    assert!(
+        !ok && err.contains("300 phases; between 1 and 256"),
+        "{err}"
+    );
+    let (ok, _, err) = pteria(&["bench", "--phases", "--grids", "0"]);
+    assert!(!ok && err.contains("a grid of 0 workgroups"), "{err}");
+    if no_gpu() {
+        return;
+    }
+    let (ok, out, err) = pteria(&[
+        "bench", "--phases", "--layers", "1", "--grids", "1,2", "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(
+        (v["layers"].as_u64(), v["phases"].as_u64()),
+        (Some(1), Some(6)),
+        "{v}"
+    );
+    assert!(v["weight_bytes"].as_u64().unwrap() > 18 << 20, "{v}");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6, "{v}");
+    for r in results {
+        let failed = r["failures"].as_u64().unwrap() > 0;
+        assert_eq!(r["min_us"].is_null(), failed, "{r}");
+        if r["workgroups"].as_u64() == Some(1) || r["mode"] == "Dispatches" {
+            assert!(!failed && r["min_us"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["min_us"].as_f64() <= r["median_us"].as_f64(), "{r}");
+            assert_eq!(r["same_bits"], true, "{r}");
+        }
+    }
+}

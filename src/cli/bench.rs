@@ -1000,8 +1000,11 @@ fn sample_cost(logits: &[f32]) -> Result<(f64, f64)> {
 
 fn phases(a: &Args) -> Result<()> {
     use pteria::gpu::phase_chain::{phase_bench, Layout, PhaseChain, LAYER_SHAPES};
-    let ctx = Arc::new(pteria::gpu::Context::new()?);
     let layout = Layout::new(&LAYER_SHAPES, a.layers)?;
+    if a.grids.contains(&0) {
+        bail!("--grids: a grid of 0 workgroups runs nothing");
+    }
+    let ctx = Arc::new(pteria::gpu::Context::new()?);
     let stream = pteria::gpu::bench::stream_bandwidth(&ctx, 256 << 20, 0.2)?;
     let dependent = pteria::gpu::bench::dependent_dispatch(&ctx, 0.2)?;
     let bytes = layout.weight_bytes();
