@@ -748,7 +748,7 @@ pub fn grid_barrier_run(
 }
 
 /// A bind group of whole `buffers` at bindings 0, 1, ... in order.
-fn bind_in_order(
+pub(crate) fn bind_in_order(
     ctx: &Context,
     layout: &wgpu::BindGroupLayout,
     buffers: &[&wgpu::Buffer],
@@ -776,19 +776,37 @@ fn timed_dispatch(
     workgroups: u32,
     after: impl FnOnce(&mut wgpu::CommandEncoder),
 ) -> Result<f64, GpuError> {
+    timed_dispatches(ctx, pipeline, &[bind], workgroups, |_| {}, after)
+}
+
+/// One dispatch of `workgroups` workgroups a bind group, in order in one pass (`before` and
+/// `after` encode what precedes and follows the pass in the same submit), waited for; returns
+/// the pass's GPU time (timestamps where the device has them, else the wall clock around the
+/// submit and wait).
+pub(crate) fn timed_dispatches(
+    ctx: &Arc<Context>,
+    pipeline: &wgpu::ComputePipeline,
+    binds: &[&wgpu::BindGroup],
+    workgroups: u32,
+    before: impl FnOnce(&mut wgpu::CommandEncoder),
+    after: impl FnOnce(&mut wgpu::CommandEncoder),
+) -> Result<f64, GpuError> {
     let dev = &ctx.device;
     let stamps = ctx
         .has_timestamps()
         .then(|| super::executor::Stamps::new(ctx, 2));
     let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    before(&mut enc);
     {
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: None,
             timestamp_writes: stamps.as_ref().map(|s| s.writes(0)),
         });
         pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, bind, &[]);
-        pass.dispatch_workgroups(workgroups, 1, 1);
+        for bind in binds {
+            pass.set_bind_group(0, *bind, &[]);
+            pass.dispatch_workgroups(workgroups, 1, 1);
+        }
     }
     after(&mut enc);
     if let Some(s) = &stamps {

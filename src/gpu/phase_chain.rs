@@ -367,25 +367,18 @@ impl PhaseChain {
                     contents: bytemuck::cast_slice(c),
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-                let buffers = [
-                    &params,
-                    &self.table,
-                    &self.weights,
-                    &self.scales,
-                    &self.act,
-                    &self.sync,
-                ];
-                let entries: Vec<wgpu::BindGroupEntry> = (buffers.iter().enumerate())
-                    .map(|(i, b)| wgpu::BindGroupEntry {
-                        binding: i as u32,
-                        resource: b.as_entire_binding(),
-                    })
-                    .collect();
-                dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: None,
-                    layout: &pipe.layout,
-                    entries: &entries,
-                })
+                super::bench::bind_in_order(
+                    ctx,
+                    &pipe.layout,
+                    &[
+                        &params,
+                        &self.table,
+                        &self.weights,
+                        &self.scales,
+                        &self.act,
+                        &self.sync,
+                    ],
+                )
             })
             .collect();
         let last = self.layout.phases[self.layout.phases.len() - 1];
@@ -396,43 +389,23 @@ impl PhaseChain {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let stamps = ctx
-            .has_timestamps()
-            .then(|| super::executor::Stamps::new(ctx, 2));
-        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        enc.clear_buffer(&self.sync, 0, None);
-        // Every output region zero, the input kept: a stale read reads zeros.
-        let outputs = 4 * self.layout.phases[0].y as u64;
-        enc.clear_buffer(&self.act, outputs, None);
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes: stamps.as_ref().map(|s| s.writes(0)),
-            });
-            pass.set_pipeline(&pipe.pipeline);
-            for b in &binds {
-                pass.set_bind_group(0, b, &[]);
-                pass.dispatch_workgroups(workgroups, 1, 1);
-            }
-        }
-        enc.copy_buffer_to_buffer(&self.sync, 0, &read, 0, 16);
-        enc.copy_buffer_to_buffer(&self.act, 4 * last.y as u64, &read, 16, out_bytes);
-        if let Some(s) = &stamps {
-            s.resolve(&mut enc);
-        }
-        let t0 = std::time::Instant::now();
-        ctx.queue.submit([enc.finish()]);
-        dev.poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Device(format!("waiting for a phase chain: {e}")))?;
-        let wall = t0.elapsed().as_secs_f64();
-        ctx.take_errors()?;
-        let seconds = match &stamps {
-            Some(s) => {
-                let t = s.read(ctx)?;
-                t[1].saturating_sub(t[0]) as f64 * ctx.queue.get_timestamp_period() as f64 * 1e-9
-            }
-            None => wall,
-        };
+        let out_at = 4 * last.y as u64;
+        let binds: Vec<&wgpu::BindGroup> = binds.iter().collect();
+        let seconds = super::bench::timed_dispatches(
+            ctx,
+            &pipe.pipeline,
+            &binds,
+            workgroups,
+            |enc| {
+                enc.clear_buffer(&self.sync, 0, None);
+                // Every output region zero, the input kept: a stale read reads zeros.
+                enc.clear_buffer(&self.act, 4 * self.layout.phases[0].y as u64, None);
+            },
+            |enc| {
+                enc.copy_buffer_to_buffer(&self.sync, 0, &read, 0, 16);
+                enc.copy_buffer_to_buffer(&self.act, out_at, &read, 16, out_bytes);
+            },
+        )?;
         let bytes = super::executor::read_back(ctx, &read)?;
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes[..16]);
         let out: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes[16..]);
