@@ -43,7 +43,8 @@ pub enum PhaseMode {
     Dispatches,
     /// One dispatch, a grid barrier between phases.
     Persistent,
-    /// One dispatch, each lane loading its first words of the next phase before the barrier.
+    /// One dispatch, each lane loading its first chunks of the next phase's weights between the
+    /// barrier's arrival and its wait.
     Prefetch,
 }
 
@@ -58,7 +59,7 @@ impl PhaseMode {
         match self {
             PhaseMode::Dispatches => "a dispatch a phase",
             PhaseMode::Persistent => "one dispatch, grid barriers",
-            PhaseMode::Prefetch => "one dispatch, grid barriers, next weights loaded first",
+            PhaseMode::Prefetch => "one dispatch, grid barriers, next weights loaded in the wait",
         }
     }
 }
