@@ -194,3 +194,82 @@ fn mlx_quantized_embeddings_and_linears_match_pytorch_eager_on_the_gpu_executor(
         check_quant_ops("gpu", gpu_executor(ctx));
     }
 }
+
+/// The MLX export's attention slices its caches to the first pos + 1 rows, so each decode step
+/// has shapes of its own. The GPU executor predicts the next step (this one's position plus one)
+/// and records and encodes it while the GPU runs this one: every step after the first submits
+/// once, what it encoded ahead, with no planning left; the logits equal the CPU executor's.
+/// A call that is not the predicted one (a second prompt, a step back) plans anew and is right.
+#[test]
+fn position_following_decode_steps_are_recorded_ahead_and_right() {
+    let Some(ctx) = common::gpu_context() else {
+        return;
+    };
+    let file = "gemma4_tiny_mlx_int4.pte";
+    let (make, handles) = pteria::runtime::delegate::profiled_gpu_executor(ctx);
+    let mut gpu = common::load_whole(file, make).unwrap();
+    let mut cpu = common::load_whole(file, cpu_executor()).unwrap();
+    let exec = handles.lock().unwrap()[0].clone();
+    let logits = |m: &mut Method, tokens: &[i64], start: i64| -> Vec<f32> {
+        let n = tokens.len();
+        let pos: Vec<i64> = (start..start + n as i64).collect();
+        let out = m
+            .execute(&[
+                HostTensor::from_i64(&[1, n], tokens),
+                HostTensor::from_i64(&[n], &pos),
+            ])
+            .unwrap();
+        let Output::Tensor(t) = &out[0] else {
+            panic!("logits are a tensor")
+        };
+        t.to_f32().unwrap()
+    };
+    let check = |g: &[f32], c: &[f32], what: &str| {
+        let num: f64 = g
+            .iter()
+            .zip(c)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum();
+        let den: f64 = c.iter().map(|b| (*b as f64).powi(2)).sum();
+        let err = (num / den).sqrt();
+        assert!(err < 1e-4, "{what}: rel-L2 {err}");
+    };
+    let prompt = [2i64, 105, 36, 107];
+    check(
+        &logits(&mut gpu, &prompt, 0),
+        &logits(&mut cpu, &prompt, 0),
+        "prompt",
+    );
+    let mut submits = exec.lock().unwrap().stats().submits;
+    for pos in 4..10i64 {
+        let t = [7 + pos];
+        let what = format!("decode at {pos}");
+        check(
+            &logits(&mut gpu, &t, pos),
+            &logits(&mut cpu, &t, pos),
+            &what,
+        );
+        let st = exec.lock().unwrap().stats();
+        if pos > 4 {
+            assert_eq!(st.submits - submits, 1, "{what}: {st:?}");
+        }
+        submits = st.submits;
+    }
+    // Off the prediction: a step back (the next position was predicted), then a second prompt.
+    check(
+        &logits(&mut gpu, &[30], 6),
+        &logits(&mut cpu, &[30], 6),
+        "a step back",
+    );
+    let again = [2i64, 105, 99];
+    check(
+        &logits(&mut gpu, &again, 0),
+        &logits(&mut cpu, &again, 0),
+        "a new prompt",
+    );
+    check(
+        &logits(&mut gpu, &[41], 3),
+        &logits(&mut cpu, &[41], 3),
+        "its first step",
+    );
+}

@@ -216,6 +216,11 @@ pub struct GpuExecutor {
     recordings: Vec<(Vec<Vec<usize>>, Recording)>,
     /// The recording the last call ran (index into `recordings`).
     last_rec: Option<usize>,
+    /// The recording made for the call predicted after the last one (`encode_next`), whose
+    /// plan `plans` then holds: a call whose plan matches runs it.
+    predicted: Option<usize>,
+    /// Inputs that a `ReadInput` symbol reads (positions), by input index.
+    position_inputs: Vec<usize>,
     /// The context's number for the last call (`Context::count_call`).
     last_call: u64,
     plans: PlanCache,
@@ -393,6 +398,18 @@ impl GpuExecutor {
             mapped_at_creation: false,
         }));
         let plans = PlanCache::new(&graph);
+        // Inputs a `ReadInput` symbol reads: positions, which a decode step advances.
+        let mut position_inputs: Vec<usize> = (graph.nodes.iter())
+            .filter_map(|n| match n {
+                Node::Sym(crate::ir::SymOp::ReadInput { tensor, .. }) => graph
+                    .inputs
+                    .iter()
+                    .position(|io| *io == Io::Tensor(*tensor)),
+                _ => None,
+            })
+            .collect();
+        position_inputs.sort_unstable();
+        position_inputs.dedup();
         let mut ex = GpuExecutor {
             dummy: buffers.len() - 4,
             syms: buffers.len() - 3,
@@ -412,6 +429,8 @@ impl GpuExecutor {
             bind_groups: HashMap::new(),
             recordings: Vec::new(),
             last_rec: None,
+            predicted: None,
+            position_inputs,
             last_call: 0,
             plans,
             ready: None,
@@ -849,10 +868,10 @@ impl GpuExecutor {
             .chain(&self.literals)
             .map(|&v| v.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
             .collect();
-        // Same shapes as the last call (a decode step): its recording, found without comparing
-        // every tensor's shape.
+        // Same shapes as the last call, or as the call predicted after it (a decode step): its
+        // recording, found without comparing every tensor's shape.
         let wants = |r: &Recording| r.cands.map(|c| c.0) == want;
-        let found = match self.last_rec {
+        let found = match self.predicted.take().or(self.last_rec) {
             Some(i) if same && wants(&self.recordings[i].1) => Some(i),
             _ => self
                 .recordings
@@ -986,15 +1005,6 @@ impl GpuExecutor {
             }
         }
         let t_ahead = std::time::Instant::now();
-        // The next call's commands, encoded while the GPU runs this call's: a decode step
-        // replays the same recording, so it then only writes its inputs and submits.
-        if self.encode_ahead {
-            self.ready = Some(Ready {
-                rec: idx,
-                slot: next,
-                commands: self.encode(rec, &rec.dispatches, true, Some(next)),
-            });
-        }
         self.stats.last_upload_bytes = uploaded;
         self.stats.last_readback_bytes = rec.readback_size;
         self.in_flight.push_back(Started {
@@ -1002,6 +1012,9 @@ impl GpuExecutor {
             slot,
             submitted: t_ahead,
         });
+        if self.encode_ahead {
+            self.encode_next(inputs, want, idx, next)?;
+        }
         let ns = |a: std::time::Instant, b: std::time::Instant| (b - a).as_nanos() as u64;
         let host = &mut self.stats.host;
         host.prepare_ns += ns(t_start, t_encode);
@@ -1021,6 +1034,155 @@ impl GpuExecutor {
     }
 
     /// Waits for the oldest call in flight and reads its outputs (under the caller's turn).
+    /// The next call's commands, encoded while the GPU runs this call's (`idx`; `next` the
+    /// readback slot a next call of the same recording takes): a decode step whose
+    /// shapes equal this call's replays its recording, and then only writes its inputs and
+    /// submits. Where the graph's shapes follow a position input (an attention over the first
+    /// pos + 1 cache rows), the next decode step's are predicted from this one's position plus
+    /// one, and its recording made now if it is new, so that its planning, recording and
+    /// encoding overlap this call's GPU work too; a next call that is not that step plans anew.
+    fn encode_next(
+        &mut self,
+        inputs: &[InputValue],
+        want: Option<CandidateRequest>,
+        idx: usize,
+        next: usize,
+    ) -> Result<(), GpuError> {
+        let mut target = (idx, next);
+        if let Some(ahead) = self.predicted_inputs(inputs) {
+            if self.param_used <= PARAM_BUDGET {
+                match self.predict(inputs, &ahead, want) {
+                    Ok(Some(rec)) => {
+                        self.predicted = Some(rec);
+                        // A recording of its own: its lowest readback no call in flight fills.
+                        if rec != idx {
+                            let busy = |s: usize| {
+                                (self.in_flight.iter()).any(|f| f.rec == rec && f.slot == s)
+                            };
+                            target = (rec, (0..MAX_IN_FLIGHT).find(|&s| !busy(s)).unwrap_or(0));
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        // `plans` may hold the predicted plan: the next call plans anew.
+                        self.plans.forget();
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let (rec, next) = target;
+        {
+            let r = &mut self.recordings[rec].1;
+            while r.readback_size > 0 && r.readbacks.len() <= next {
+                r.readbacks
+                    .push(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("readback"),
+                        size: r.readback_size,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    }));
+            }
+        }
+        let r = &self.recordings[rec].1;
+        self.ready = Some(Ready {
+            rec,
+            slot: next,
+            commands: self.encode(r, &r.dispatches, true, Some(next)),
+        });
+        Ok(())
+    }
+
+    /// This call's inputs as the decode step after it would have them: each position input
+    /// (read by a `ReadInput` symbol) of one element, advanced by one. `None` where there is no
+    /// position input or one holds more (a prompt: what follows it is not predicted).
+    fn predicted_inputs(&self, inputs: &[InputValue]) -> Option<Vec<(usize, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for &k in &self.position_inputs {
+            let (Some(Io::Tensor(t)), Some(InputValue::Tensor { shape, data })) =
+                (self.graph.inputs.get(k), inputs.get(k))
+            else {
+                return None;
+            };
+            if shape.iter().product::<usize>() != 1 {
+                return None;
+            }
+            let bytes = match self.graph.tensors[*t].dtype {
+                DType::I64 => i64::from_le_bytes(data.get(..8)?.try_into().ok()?)
+                    .checked_add(1)?
+                    .to_le_bytes()
+                    .to_vec(),
+                DType::I32 => i32::from_le_bytes(data.get(..4)?.try_into().ok()?)
+                    .checked_add(1)?
+                    .to_le_bytes()
+                    .to_vec(),
+                _ => return None,
+            };
+            out.push((k, bytes));
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// Plans `inputs` with `ahead`'s position inputs in place of theirs (`plans` then holds that
+    /// plan) and finds or makes its recording. `None` where that plan fails (the position past
+    /// the cache, say): `plans` then holds none.
+    fn predict(
+        &mut self,
+        inputs: &[InputValue],
+        ahead: &[(usize, Vec<u8>)],
+        want: Option<CandidateRequest>,
+    ) -> Result<Option<usize>, GpuError> {
+        let mut all = inputs.to_vec();
+        for (k, bytes) in ahead {
+            if let Some(InputValue::Tensor { shape, .. }) = inputs.get(*k) {
+                all[*k] = InputValue::Tensor {
+                    shape: shape.clone(),
+                    data: bytes,
+                };
+            }
+        }
+        let plan = match self.plans.plan(&self.graph, &all) {
+            Ok((plan, _)) => plan.clone(),
+            Err(_) => return Ok(None),
+        };
+        let wants = |r: &Recording| r.cands.map(|c| c.0) == want;
+        let found = (self.recordings.iter()).position(|(k, r)| *k == plan.shapes && wants(r));
+        if let Some(i) = found {
+            return Ok(Some(i));
+        }
+        self.make_room();
+        let rec = self.record(&plan, want)?;
+        self.recordings.push((plan.shapes, rec));
+        self.stats.recordings += 1;
+        Ok(Some(self.recordings.len() - 1))
+    }
+
+    /// Room for one more recording without finishing the calls in flight: at MAX_RECORDINGS
+    /// the least recently used one that none of them (nor the last call) runs goes, and the
+    /// last recording takes its index (what pointed at the last follows it).
+    fn make_room(&mut self) {
+        if self.recordings.len() < MAX_RECORDINGS {
+            return;
+        }
+        let used = |i: usize| self.last_rec == Some(i) || self.in_flight.iter().any(|f| f.rec == i);
+        let Some(i) = (0..self.recordings.len())
+            .filter(|&i| !used(i))
+            .min_by_key(|&i| self.recordings[i].1.last_used)
+        else {
+            return;
+        };
+        let last = self.recordings.len() - 1;
+        self.recordings.swap_remove(i);
+        for f in &mut self.in_flight {
+            if f.rec == last {
+                f.rec = i;
+            }
+        }
+        if self.last_rec == Some(last) {
+            self.last_rec = Some(i);
+        }
+    }
+
     fn finish_oldest(&mut self) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
         let started = self
             .in_flight

@@ -416,6 +416,11 @@ impl PlanCache {
         PlanCache { steps, last: None }
     }
 
+    /// Forgets the last plan: the next call plans from scratch.
+    pub fn forget(&mut self) {
+        self.last = None;
+    }
+
     /// This call's plan, and whether its shapes equal the previous call's.
     pub fn plan(&mut self, g: &Graph, inputs: &[InputValue]) -> Result<(&Plan, bool), IrError> {
         if let Some(last) = self.last.take() {
