@@ -1063,11 +1063,9 @@ impl GpuExecutor {
                         }
                     }
                     Ok(None) => {}
-                    Err(e) => {
-                        // `plans` may hold the predicted plan: the next call plans anew.
-                        self.plans.forget();
-                        return Err(e);
-                    }
+                    // This call is submitted already: a recording that could not be made only
+                    // leaves the next call to plan anew (`plans` may hold the predicted plan).
+                    Err(_) => self.plans.forget(),
                 }
             }
         }
