@@ -964,26 +964,14 @@ impl GpuExecutor {
         } else {
             slot
         };
-        {
-            let rec = &mut self.recordings[idx].1;
-            rec.last_used = self.clock;
-            // Made on first use, so a recording only ever read one call at a time has one.
-            while rec.readback_size > 0 && rec.readbacks.len() <= slot.max(next) {
-                rec.readbacks
-                    .push(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("readback"),
-                        size: rec.readback_size,
-                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    }));
-            }
-        }
+        self.recordings[idx].1.last_used = self.clock;
+        self.readbacks_through(idx, slot.max(next));
         self.stats.last_dispatches = self.recordings[idx].1.dispatches.len();
         self.stats.last_chain = self.recordings[idx].1.chain;
         let rec = &self.recordings[idx].1;
         match self.ready.take().filter(|r| r.rec == idx && r.slot == slot) {
             Some(r) => {
-                queue.submit([r.commands]);
+                self.ctx.queue.submit([r.commands]);
                 self.stats.submits += 1;
             }
             None => {
@@ -997,7 +985,8 @@ impl GpuExecutor {
                     let (now, later) = rest.split_at(piece.min(rest.len()));
                     rest = later;
                     let last = rest.is_empty();
-                    queue.submit([self.encode(rec, now, first, last.then_some(slot))]);
+                    let commands = self.encode(rec, now, first, last.then_some(slot));
+                    self.ctx.queue.submit([commands]);
                     first = false;
                     self.stats.submits += 1;
                     piece *= 4;
@@ -1070,18 +1059,7 @@ impl GpuExecutor {
             }
         }
         let (rec, next) = target;
-        {
-            let r = &mut self.recordings[rec].1;
-            while r.readback_size > 0 && r.readbacks.len() <= next {
-                r.readbacks
-                    .push(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("readback"),
-                        size: r.readback_size,
-                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    }));
-            }
-        }
+        self.readbacks_through(rec, next);
         let r = &self.recordings[rec].1;
         self.ready = Some(Ready {
             rec,
@@ -1089,6 +1067,21 @@ impl GpuExecutor {
             commands: self.encode(r, &r.dispatches, true, Some(next)),
         });
         Ok(())
+    }
+
+    /// Recording `rec`'s readback buffers up to slot `slot`, made on first use, so that a
+    /// recording only ever read one call at a time has one.
+    fn readbacks_through(&mut self, rec: usize, slot: usize) {
+        let r = &mut self.recordings[rec].1;
+        while r.readback_size > 0 && r.readbacks.len() <= slot {
+            r.readbacks
+                .push(self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("readback"),
+                    size: r.readback_size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }));
+        }
     }
 
     /// This call's inputs as the decode step after it would have them: each position input
