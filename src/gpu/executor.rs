@@ -1002,7 +1002,7 @@ impl GpuExecutor {
             submitted: t_ahead,
         });
         if self.encode_ahead {
-            self.encode_next(inputs, want, idx, next)?;
+            self.encode_next(inputs, want, idx, next);
         }
         let ns = |a: std::time::Instant, b: std::time::Instant| (b - a).as_nanos() as u64;
         let host = &mut self.stats.host;
@@ -1022,7 +1022,6 @@ impl GpuExecutor {
         }
     }
 
-    /// Waits for the oldest call in flight and reads its outputs (under the caller's turn).
     /// The next call's commands, encoded while the GPU runs this call's (`idx`; `next` the
     /// readback slot a next call of the same recording takes): a decode step whose
     /// shapes equal this call's replays its recording, and then only writes its inputs and
@@ -1036,7 +1035,7 @@ impl GpuExecutor {
         want: Option<CandidateRequest>,
         idx: usize,
         next: usize,
-    ) -> Result<(), GpuError> {
+    ) {
         let mut target = (idx, next);
         if let Some(ahead) = self.predicted_inputs(inputs) {
             if self.param_used <= PARAM_BUDGET {
@@ -1066,7 +1065,6 @@ impl GpuExecutor {
             slot: next,
             commands: self.encode(r, &r.dispatches, true, Some(next)),
         });
-        Ok(())
     }
 
     /// Recording `rec`'s readback buffers up to slot `slot`, made on first use, so that a
@@ -1174,6 +1172,7 @@ impl GpuExecutor {
         }
     }
 
+    /// Waits for the oldest call in flight and reads its outputs (under the caller's turn).
     fn finish_oldest(&mut self) -> Result<(Vec<HostTensor>, Option<Candidates>), GpuError> {
         let started = self
             .in_flight
