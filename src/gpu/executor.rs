@@ -899,13 +899,7 @@ impl GpuExecutor {
                     self.param_slots.clear();
                     self.param_used = 0;
                 }
-                if self.recordings.len() >= MAX_RECORDINGS {
-                    let oldest =
-                        (0..self.recordings.len()).min_by_key(|&i| self.recordings[i].1.last_used);
-                    if let Some(i) = oldest {
-                        self.recordings.swap_remove(i);
-                    }
-                }
+                self.make_room();
                 let rec = self.record(&plan, want)?;
                 self.recordings.push((plan.shapes, rec));
                 self.stats.recordings += 1;
@@ -1039,7 +1033,7 @@ impl GpuExecutor {
         let mut target = (idx, next);
         if let Some(ahead) = self.predicted_inputs(inputs) {
             if self.param_used <= PARAM_BUDGET {
-                match self.predict(inputs, &ahead, want) {
+                match self.predict(inputs, &ahead, want, idx) {
                     Ok(Some(rec)) => {
                         self.predicted = Some(rec);
                         // A recording of its own: its lowest readback no call in flight fills.
@@ -1113,13 +1107,14 @@ impl GpuExecutor {
     }
 
     /// Plans `inputs` with `ahead`'s position inputs in place of theirs (`plans` then holds that
-    /// plan) and finds or makes its recording. `None` where that plan fails (the position past
+    /// plan; `idx` is the recording of the call just planned) and finds or makes its recording. `None` where that plan fails (the position past
     /// the cache, say): `plans` then holds none.
     fn predict(
         &mut self,
         inputs: &[InputValue],
         ahead: &[(usize, Vec<u8>)],
         want: Option<CandidateRequest>,
+        idx: usize,
     ) -> Result<Option<usize>, GpuError> {
         let mut all = inputs.to_vec();
         for (k, bytes) in ahead {
@@ -1131,7 +1126,10 @@ impl GpuExecutor {
             }
         }
         let plan = match self.plans.plan(&self.graph, &all) {
-            Ok((plan, _)) => plan.clone(),
+            // The shapes of this call (`idx`; a graph whose shapes do not follow the position):
+            // its recording, with no shapes compared.
+            Ok((_, true)) => return Ok(Some(idx)),
+            Ok((plan, false)) => plan.clone(),
             Err(_) => return Ok(None),
         };
         let wants = |r: &Recording| r.cands.map(|c| c.0) == want;

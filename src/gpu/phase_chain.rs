@@ -207,6 +207,8 @@ pub struct PhaseChain {
     ctx: Arc<Context>,
     layout: Layout,
     team: u32,
+    /// `PTERIA_PHASE_SKIP`, read once.
+    skip: u32,
     table: wgpu::Buffer,
     weights: wgpu::Buffer,
     scales: wgpu::Buffer,
@@ -308,6 +310,10 @@ impl PhaseChain {
             ctx: ctx.clone(),
             layout,
             team,
+            skip: std::env::var("PTERIA_PHASE_SKIP")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
             table,
             weights,
             scales,
@@ -335,13 +341,7 @@ impl PhaseChain {
             &[
                 ("WG", WG as f64),
                 ("TEAM", self.team as f64),
-                (
-                    "SKIP",
-                    std::env::var("PTERIA_PHASE_SKIP")
-                        .ok()
-                        .and_then(|v| v.parse::<u32>().ok())
-                        .unwrap_or(0) as f64,
-                ),
+                ("SKIP", self.skip as f64),
             ],
             &[
                 Slot::Uniform,
