@@ -1090,18 +1090,12 @@ impl GpuExecutor {
             if shape.iter().product::<usize>() != 1 {
                 return None;
             }
-            let bytes = match self.graph.tensors[*t].dtype {
-                DType::I64 => i64::from_le_bytes(data.get(..8)?.try_into().ok()?)
-                    .checked_add(1)?
-                    .to_le_bytes()
-                    .to_vec(),
-                DType::I32 => i32::from_le_bytes(data.get(..4)?.try_into().ok()?)
-                    .checked_add(1)?
-                    .to_le_bytes()
-                    .to_vec(),
-                _ => return None,
-            };
-            out.push((k, bytes));
+            let dtype = self.graph.tensors[*t].dtype;
+            if dtype.is_float() {
+                return None;
+            }
+            let pos = to_i64(dtype, data).first()?.checked_add(1)?;
+            out.push((k, from_i64(dtype, &[pos])));
         }
         (!out.is_empty()).then_some(out)
     }
