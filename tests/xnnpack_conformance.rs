@@ -1,7 +1,8 @@
 //! XNNPACK conformance: every fixture program with `XnnpackBackend` delegates, lowered to the IR
-//! and run on the CPU reference executor and on the GPU executor (lavapipe in CI; the rest of the
-//! program on the CPU kernels), reproduces its golden logits on every call — prefill, then decode
-//! steps — within the manifest's tolerance.
+//! and run on the CPU reference executor and on the GPU executor (lavapipe in CI), reproduces its
+//! golden logits on every call — prefill, then decode steps — within the manifest's tolerance.
+//! The Gemma 4 exports run whole (delegates and the portable ops between them as one IR graph);
+//! the others delegate by delegate, the rest of the program on the CPU kernels.
 
 mod common;
 
@@ -73,4 +74,51 @@ fn xnnpack_programs_match_their_goldens_on_the_gpu_executor() {
     };
     println!("adapter: {:?}", ctx.adapter());
     check_all("gpu", gpu_executor(ctx));
+}
+
+/// The Gemma 4 XNNPACK export run whole on the GPU: its 8 KV caches (slice_scatter'd between
+/// delegates, copied back at the end) are State buffers written in place that never travel, and
+/// a decode step is one submit that uploads its token and position and reads back the logits.
+#[test]
+fn xnnpack_gemma_keeps_its_kv_cache_on_the_gpu_with_one_submit_a_step() {
+    use pteria::runtime::HostTensor;
+    let Some(ctx) = common::gpu_context() else {
+        return;
+    };
+    let path = common::fixtures().join("gemma4_tiny_xnnpack_8da4w.pte");
+    let program = Program::open(&path, &[]).unwrap();
+    let (make, handles) = pteria::runtime::delegate::profiled_gpu_executor(ctx);
+    let backends = pteria::frontend::backends(make);
+    let mut method = Method::load(&program, "forward", &backends).unwrap();
+    assert!(method.runs_whole(), "{:?}", method.whole_note());
+    let execs = handles.lock().unwrap().clone();
+    assert_eq!(execs.len(), 1, "one executor for the whole method");
+    let exec = execs[0].clone();
+    // 8 caches of [1, 1, 32, 16 or 32] f32, no more: the in-place writes need no copies.
+    let states = exec.lock().unwrap().memory().states;
+    assert_eq!(states, 6 * 2048 + 2 * 4096, "state bytes");
+
+    let prompt = [2i64, 105, 2364, 107];
+    method
+        .execute(&[
+            HostTensor::from_i64(&[1, 4], &prompt),
+            HostTensor::from_i64(&[4], &[0, 1, 2, 3]),
+        ])
+        .unwrap();
+    let mut submits = exec.lock().unwrap().stats().submits;
+    for pos in 4..8i64 {
+        method
+            .execute(&[
+                HostTensor::from_i64(&[1, 1], &[7 + pos]),
+                HostTensor::from_i64(&[1], &[pos]),
+            ])
+            .unwrap();
+        let st = exec.lock().unwrap().stats();
+        if pos > 4 {
+            assert_eq!(st.submits - submits, 1, "submits at {pos}: {st:?}");
+        }
+        submits = st.submits;
+        assert_eq!(st.last_upload_bytes, 8, "token and position only: {st:?}");
+        assert_eq!(st.last_readback_bytes, 256 * 4, "the logits only: {st:?}");
+    }
 }

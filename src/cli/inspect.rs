@@ -12,12 +12,20 @@ pub struct Args {
     /// External data (.ptd) files to merge.
     #[arg(long)]
     ptd: Vec<PathBuf>,
+    /// Also list every method's instructions with their arguments (values as `%N`).
+    #[arg(long)]
+    instructions: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
     let ptds: Vec<&std::path::Path> = a.ptd.iter().map(|p| p.as_path()).collect();
     let p = Program::open(&a.file, &ptds)?;
     print!("{}", describe(&p)?);
+    if a.instructions {
+        for m in p.plans.iter().filter(|m| !m.is_constant()) {
+            print!("{}", instructions(m));
+        }
+    }
     Ok(())
 }
 
@@ -48,6 +56,66 @@ fn tensor_desc(v: &EValue) -> String {
         }
         other => other.kind().to_string(),
     }
+}
+
+/// One value as an instruction argument: `%N` and what it holds (lists by their members).
+fn arg_desc(m: &pteria::pte::ExecutionPlan, v: usize) -> String {
+    let member = |v: usize| match m.values.get(v) {
+        Some(EValue::Int(i)) => format!("%{v}={i}"),
+        _ => format!("%{v}"),
+    };
+    let body = match m.values.get(v) {
+        None => "missing".to_string(),
+        Some(EValue::Int(i)) => i.to_string(),
+        Some(EValue::Double(d)) => d.to_string(),
+        Some(EValue::Bool(b)) => b.to_string(),
+        Some(EValue::IntList(l)) | Some(EValue::TensorList(l)) => {
+            format!(
+                "[{}]",
+                l.iter().map(|&v| member(v)).collect::<Vec<_>>().join(", ")
+            )
+        }
+        Some(EValue::OptionalTensorList(l)) => format!(
+            "[{}]",
+            l.iter()
+                .map(|v| v.map_or("None".into(), |v| format!("%{v}")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Some(t @ EValue::Tensor(info)) => {
+            let place = match info.data {
+                TensorData::Constant(_) => " const",
+                _ => "",
+            };
+            format!("{}{place}", tensor_desc(t))
+        }
+        Some(e) => e.kind().to_string(),
+    };
+    format!("%{v}: {body}")
+}
+
+/// `inspect --instructions`: each instruction of a method, one a line.
+fn instructions(m: &pteria::pte::ExecutionPlan) -> String {
+    use pteria::pte::Instruction;
+    let mut s = format!("instructions of {}:\n", m.name);
+    for (i, ins) in m.instructions.iter().enumerate() {
+        let (name, args) = match ins {
+            Instruction::Kernel { op, args } => (
+                m.operators.get(*op).map_or("?".into(), |o| o.key()),
+                args.clone(),
+            ),
+            Instruction::Delegate { delegate, args } => {
+                let id = m.delegates.get(*delegate).map_or("?", |d| d.id.as_str());
+                (format!("delegate {delegate} ({id})"), args.clone())
+            }
+            Instruction::Move { from, to } => ("move".into(), vec![*from, *to]),
+            Instruction::JumpFalse { cond, dest } => (format!("jump_false to {dest}"), vec![*cond]),
+            Instruction::Free { value } => ("free".into(), vec![*value]),
+        };
+        let args: Vec<String> = args.iter().map(|&v| arg_desc(m, v)).collect();
+        s += &format!("  {i:5} {name}({})\n", args.join(", "));
+    }
+    s
 }
 
 fn output_desc(o: &Output) -> String {

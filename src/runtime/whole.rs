@@ -20,20 +20,90 @@ enum Bound {
     Sym(SymId),
 }
 
-/// Which arguments of a top-level operator it reads and which it writes.
-fn kernel_io(key: &str, args: &[usize]) -> Option<(Vec<usize>, Vec<usize>)> {
-    // Out-variant kernels list the out tensor, then the returned value (the same one).
-    let (reads, writes): (&[usize], &[usize]) = match key {
-        "aten::add.Scalar_out" | "aten::sub.Scalar_out" => (&[0], &[3, 4]),
-        "aten::mul.Scalar_out" | "aten::div.Scalar_out" => (&[0], &[2, 3]),
-        "aten::where.self_out" => (&[0, 1, 2], &[3, 4]),
-        "aten::index_put.out" => (&[0, 2], &[4, 5]),
-        "aten::copy_" => (&[1], &[0, 3]),
-        _ => return None,
+/// Operators that return their result in their last argument, which is also their out tensor
+/// (`out`, then the returned value: the same one) for the `.out` kernels.
+const LOWERED: &[&str] = &[
+    "aten::add.Scalar_out",
+    "aten::sub.Scalar_out",
+    "aten::mul.Scalar_out",
+    "aten::div.Scalar_out",
+    "aten::eq.Scalar_out",
+    "aten::ne.Scalar_out",
+    "aten::lt.Scalar_out",
+    "aten::le.Scalar_out",
+    "aten::gt.Scalar_out",
+    "aten::ge.Scalar_out",
+    "aten::logical_and.out",
+    "aten::logical_or.out",
+    "aten::where.self_out",
+    "aten::index_put.out",
+    "aten::mean.out",
+    "aten::cat.out",
+    "aten::embedding.out",
+    "quantized_decomposed::embedding_byte.out",
+    "quantized_decomposed::embedding_byte.dtype_out",
+    "aten::full_like.out",
+    "aten::slice_copy.Tensor_out",
+    "aten::select_copy.int_out",
+    "aten::slice_scatter.out",
+    "aten::permute_copy.out",
+    "aten::unsqueeze_copy.out",
+    "aten::copy.out",
+    "dim_order_ops::_to_dim_order_copy.out",
+    "llama::custom_sdpa.out",
+];
+
+/// Host-integer operators and views: one returned value, no out tensor.
+const RETURNS_ONE: &[&str] = &[
+    "aten::sym_size.int",
+    "aten::_local_scalar_dense",
+    "executorch_prim::add.Scalar",
+    "executorch_prim::sub.Scalar",
+    "executorch_prim::mul.Scalar",
+    "executorch_prim::floordiv.Scalar",
+    "executorch_prim::floordiv.int",
+    "executorch_prim::mod.Scalar",
+    "executorch_prim::mod.int",
+    "executorch_prim::sym_max.Scalar",
+    "executorch_prim::sym_min.Scalar",
+    "executorch_prim::et_view.default",
+];
+
+/// Which values a top-level operator reads (tensor-list members included) and which it writes,
+/// for the operators `Lowerer::kernel` lowers.
+fn kernel_io(plan: &ExecutionPlan, key: &str, args: &[usize]) -> Option<(Vec<usize>, Vec<usize>)> {
+    let n = args.len();
+    let writes: Vec<usize> = if key == "aten::copy_" {
+        // copy_(self, src, non_blocking) -> self: self is overwritten, not read.
+        return Some((vec![*args.get(1)?], vec![args[0], *args.get(3)?]));
+    } else if RETURNS_ONE.contains(&key) && n >= 2 {
+        vec![n - 1]
+    } else if LOWERED.contains(&key) && n >= 3 {
+        vec![n - 2, n - 1]
+    } else {
+        return None;
     };
-    let get =
-        |p: &[usize]| -> Option<Vec<usize>> { p.iter().map(|&i| args.get(i).copied()).collect() };
-    Some((get(reads)?, get(writes)?))
+    let mut reads = Vec::new();
+    for &a in &args[..n - writes.len()] {
+        reads.push(a);
+        match plan.values.get(a) {
+            Some(EValue::TensorList(l)) => reads.extend(l),
+            Some(EValue::OptionalTensorList(l)) => reads.extend(l.iter().flatten()),
+            _ => {}
+        }
+    }
+    let writes = writes.iter().map(|&i| args[i]).collect();
+    Some((reads, writes))
+}
+
+fn norm_dim(d: i64, rank: usize) -> Result<usize, String> {
+    let r = rank as i64;
+    let n = if d < 0 { d + r } else { d };
+    if (0..r).contains(&n) {
+        Ok(n as usize)
+    } else {
+        Err(format!("dim {d} is out of range for rank {rank}"))
+    }
 }
 
 struct Lowerer<'a> {
@@ -46,6 +116,9 @@ struct Lowerer<'a> {
     root: HashMap<TensorId, TensorId>,
     /// Per value, the instructions that read it.
     readers: Vec<Vec<usize>>,
+    /// Tensors that are one element of a method input (`select_copy` of the input positions),
+    /// so `_local_scalar_dense` reads them on the host: (input, element).
+    input_element: HashMap<TensorId, (TensorId, usize)>,
 }
 
 /// Lowers `plan` into one IR graph, or says why it cannot.
@@ -91,7 +164,7 @@ pub fn lower_method(
                     .get(*op)
                     .map(|o| o.key())
                     .ok_or_else(|| format!("instruction {i}: no operator {op}"))?;
-                kernel_io(&key, args)
+                kernel_io(plan, &key, args)
                     .ok_or_else(|| format!("operator `{key}` has no IR lowering"))?
             }
             Instruction::Free { .. } => (vec![], vec![]),
@@ -134,6 +207,7 @@ pub fn lower_method(
         state: vec![None; nv],
         root: HashMap::new(),
         readers,
+        input_element: HashMap::new(),
     };
     for (k, &v) in plan.inputs.iter().enumerate() {
         let b = match plan.values.get(v) {
@@ -439,6 +513,211 @@ impl Lowerer<'_> {
         Ok(())
     }
 
+    /// Integer argument `v`: a host symbol where something computes it, else its literal.
+    fn int(&mut self, v: usize) -> Result<Int, String> {
+        match self.bound.get(v).copied().flatten() {
+            Some(Bound::Sym(s)) => Ok(Int::Sym(s)),
+            Some(Bound::Tensor(_)) => Ok(Int::Sym(self.sym(v)?)),
+            None => match self.plan.values.get(v) {
+                Some(EValue::Int(i)) => Ok(Int::Lit(*i)),
+                Some(e) => Err(format!(
+                    "argument %{v} is a {}, expected an integer",
+                    e.kind()
+                )),
+                None => Err(format!("value {v} does not exist")),
+            },
+        }
+    }
+
+    /// An optional integer argument (`None` for a null value).
+    fn opt_int(&mut self, v: usize) -> Result<Option<Int>, String> {
+        match self.plan.values.get(v) {
+            Some(EValue::Null) => Ok(None),
+            _ => self.int(v).map(Some),
+        }
+    }
+
+    /// An integer the program fixes (a dim, a step), not one computed per call.
+    fn lit(&mut self, v: usize) -> Result<i64, String> {
+        match self.int(v)? {
+            Int::Lit(i) => Ok(i),
+            Int::Sym(_) => Err(format!(
+                "argument %{v} varies per call where a constant is needed"
+            )),
+        }
+    }
+
+    fn int_list(&mut self, v: usize) -> Result<Vec<Int>, String> {
+        match self.plan.values.get(v) {
+            Some(EValue::IntList(l)) => l.clone().into_iter().map(|m| self.int(m)).collect(),
+            Some(e) => Err(format!(
+                "argument %{v} is a {}, expected an int list",
+                e.kind()
+            )),
+            None => Err(format!("value {v} does not exist")),
+        }
+    }
+
+    fn lit_list(&mut self, v: usize) -> Result<Vec<i64>, String> {
+        self.int_list(v)?
+            .into_iter()
+            .map(|i| match i {
+                Int::Lit(i) => Ok(i),
+                Int::Sym(_) => Err(format!(
+                    "list %{v} varies per call where constants are needed"
+                )),
+            })
+            .collect()
+    }
+
+    /// Each dim of `t` as this call's size (a host symbol: the tensor may be dynamic).
+    fn sizes(&mut self, t: TensorId) -> Vec<Int> {
+        (0..self.g.tensors[t].max_shape.len())
+            .map(|dim| {
+                let s = self
+                    .g
+                    .add_sym(format!("size {dim} of {}", self.g.tensors[t].name));
+                self.g.nodes.push(Node::Sym(SymOp::Size {
+                    out: s,
+                    tensor: t,
+                    dim,
+                }));
+                Int::Sym(s)
+            })
+            .collect()
+    }
+
+    /// `t` as `dtype` (a cast where they differ as numbers).
+    fn cast_to(&mut self, t: TensorId, dtype: DType, name: String) -> TensorId {
+        let have = self.g.tensors[t].dtype;
+        if have == dtype || both_int(have, dtype) {
+            return t;
+        }
+        let shape = self.g.tensors[t].max_shape.clone();
+        let c = self.new_tensor(name, dtype, shape);
+        self.g.op(OpKind::Cast, vec![t], vec![c]);
+        c
+    }
+
+    /// An f32 constant made at load time (quantization parameters converted to the IR's form).
+    fn f32_constant(&mut self, name: String, shape: Vec<usize>, v: &[f32]) -> TensorId {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let blob = crate::pte::Blob::whole(std::sync::Arc::new(crate::pte::Bytes::Owned(bytes)));
+        self.g
+            .add_tensor(name, DType::F32, shape, Role::Constant(blob))
+    }
+
+    /// Writes `t` to the value named by out-variant argument `out` and its returned value `ret`.
+    fn write_out(&mut self, out: usize, ret: usize, t: TensorId) -> Result<(), String> {
+        self.write(out, t)?;
+        if ret != out {
+            self.bound[ret] = self.bound[out];
+        }
+        Ok(())
+    }
+
+    /// `embedding_byte(weight i8/u8 [V, D], scales [V] or [V, G], zero_points?, qmin, qmax,
+    /// indices [, dtype])` as the IR's 8-bit embedding (`w = s·q + b`, b = -s·zp; a u8 table is
+    /// read as i8 q - 128, which moves b by 128·s).
+    fn embedding_byte(&mut self, args: &[usize]) -> Result<TensorId, String> {
+        let (wv, sv, zv, iv) = (args[0], args[1], args[2], args[5]);
+        let info = self.info(wv)?.clone();
+        let TensorData::Constant(blob) = &info.data else {
+            return Err("embedding_byte weight is not a constant".into());
+        };
+        let [rows, cols] = info.sizes[..] else {
+            return Err(format!("embedding_byte weight {:?} is not 2-D", info.sizes));
+        };
+        let unsigned = match value_dtype(info.dtype, wv)? {
+            DType::I8 => false,
+            DType::U8 => true,
+            d => return Err(format!("embedding_byte weight of {}", d.name())),
+        };
+        let const_f32 = |lw: &Self, v: usize| -> Result<(Vec<usize>, Vec<f32>), String> {
+            let t = lw.info(v)?;
+            let TensorData::Constant(b) = &t.data else {
+                return Err(format!("quantization parameter %{v} is not a constant"));
+            };
+            let dt = value_dtype(t.dtype, v)?;
+            let vals = crate::runtime::tensor::to_f64(dt, b);
+            Ok((
+                t.sizes.clone(),
+                vals.into_iter().map(|x| x as f32).collect(),
+            ))
+        };
+        let (ss, scales) = const_f32(self, sv)?;
+        let groups = match ss[..] {
+            [r] if r == rows => 1,
+            [r, g] if r == rows && g > 0 && cols % g == 0 => g,
+            _ => {
+                return Err(format!(
+                    "embedding_byte scales {ss:?} do not fit weight {:?}",
+                    info.sizes
+                ))
+            }
+        };
+        let zps = match self.plan.values.get(zv) {
+            Some(EValue::Null) => vec![0.0; scales.len()],
+            _ => const_f32(self, zv)?.1,
+        };
+        if zps.len() != scales.len() {
+            return Err("embedding_byte zero points and scales differ in size".into());
+        }
+        let shift = if unsigned { 128.0 } else { 0.0 };
+        let biases: Vec<f32> = scales
+            .iter()
+            .zip(&zps)
+            .map(|(s, z)| s * (shift - z))
+            .collect();
+        let w = if unsigned {
+            let flipped: Vec<u8> = blob.iter().map(|b| b ^ 0x80).collect();
+            let blob =
+                crate::pte::Blob::whole(std::sync::Arc::new(crate::pte::Bytes::Owned(flipped)));
+            self.g.add_tensor(
+                format!("%{wv} as i8"),
+                DType::I8,
+                vec![rows, cols],
+                Role::Constant(blob),
+            )
+        } else {
+            self.tensor(wv)?
+        };
+        let s = self.f32_constant(format!("%{sv} scales"), vec![rows, groups], &scales);
+        let b = self.f32_constant(format!("%{sv} biases"), vec![rows, groups], &biases);
+        let idx = self.tensor(iv)?;
+        let o = self.new_tensor(
+            format!("embedding %{wv}"),
+            DType::F32,
+            [self.g.tensors[idx].max_shape.clone(), vec![cols]].concat(),
+        );
+        self.g.op(
+            OpKind::Embedding {
+                weight: ir::Weight::Q8 {
+                    group: cols / groups,
+                },
+            },
+            vec![w, s, b, idx],
+            vec![o],
+        );
+        Ok(o)
+    }
+
+    /// `et_view(self, size) -> out`: the same elements in a new shape (sizes may be symbols).
+    fn et_view(&mut self, args: &[usize]) -> Result<(), String> {
+        let x = self.tensor(args[0])?;
+        let shape = self.int_list(args[1])?;
+        let o = {
+            let info = self.info(args[2])?;
+            let (dtype, max) = (value_dtype(info.dtype, args[2])?, info.sizes.clone());
+            self.new_tensor(format!("%{}", args[2]), dtype, max)
+        };
+        if self.g.tensors[o].dtype != self.g.tensors[x].dtype {
+            return Err("et_view changes the dtype".into());
+        }
+        self.g.op(OpKind::Reshape { shape }, vec![x], vec![o]);
+        self.write(args[2], o)
+    }
+
     /// Whether value `v` may be changed in place at instruction `i`: nothing reads it later but
     /// `copy_`s of `out` back into it, and the method does not return it.
     fn dead_after(&self, v: usize, i: usize, out: usize) -> bool {
@@ -605,6 +884,346 @@ impl Lowerer<'_> {
                     self.bound[args[3]] = now;
                 }
                 Ok(())
+            }
+            "aten::eq.Scalar_out"
+            | "aten::ne.Scalar_out"
+            | "aten::lt.Scalar_out"
+            | "aten::le.Scalar_out"
+            | "aten::gt.Scalar_out"
+            | "aten::ge.Scalar_out" => {
+                use ir::BinaryOp::*;
+                let op = match &key[6..8] {
+                    "eq" => Eq,
+                    "ne" => Ne,
+                    "lt" => Lt,
+                    "le" => Le,
+                    "gt" => Gt,
+                    _ => Ge,
+                };
+                let x = self.tensor(args[0])?;
+                let o = out_like(self, args[2])?;
+                self.g.op(
+                    OpKind::BinaryScalar {
+                        op,
+                        scalar: scalar(args[1])?,
+                        scalar_first: false,
+                    },
+                    vec![x],
+                    vec![o],
+                );
+                self.write_out(args[2], args[3], o)
+            }
+            "aten::logical_and.out" | "aten::logical_or.out" => {
+                let op = if key.contains("and") {
+                    ir::BinaryOp::And
+                } else {
+                    ir::BinaryOp::Or
+                };
+                let (a, b) = (self.tensor(args[0])?, self.tensor(args[1])?);
+                let o = out_like(self, args[2])?;
+                self.g.op(OpKind::Binary(op), vec![a, b], vec![o]);
+                self.write_out(args[2], args[3], o)
+            }
+            "aten::mean.out" => {
+                // (self, dim?, keepdim, dtype?, out)
+                let x = self.tensor(args[0])?;
+                let rank = self.g.tensors[x].max_shape.len();
+                let mut dims = match self.plan.values.get(args[1]) {
+                    Some(EValue::Null) => vec![],
+                    _ => self
+                        .lit_list(args[1])?
+                        .into_iter()
+                        .map(|d| norm_dim(d, rank))
+                        .collect::<Result<Vec<_>, _>>()?,
+                };
+                if dims.is_empty() {
+                    dims = (0..rank).collect();
+                }
+                dims.sort_unstable();
+                dims.dedup();
+                let keepdim = scalar(args[2])? != 0.0;
+                let o = out_like(self, args[4])?;
+                let x = self.cast_to(x, self.g.tensors[o].dtype, format!("%{} as out", args[0]));
+                self.g.op(OpKind::Mean { dims, keepdim }, vec![x], vec![o]);
+                self.write_out(args[4], args[5], o)
+            }
+            "aten::cat.out" => {
+                let members = match self.plan.values.get(args[0]) {
+                    Some(EValue::TensorList(l)) => l.clone(),
+                    _ => return Err("inputs are not a tensor list".into()),
+                };
+                let o = out_like(self, args[2])?;
+                let dt = self.g.tensors[o].dtype;
+                let mut ins = Vec::with_capacity(members.len());
+                for m in members {
+                    let t = self.tensor(m)?;
+                    ins.push(self.cast_to(t, dt, format!("%{m} as out")));
+                }
+                let rank = self.g.tensors[o].max_shape.len();
+                let dim = norm_dim(self.lit(args[1])?, rank)?;
+                self.g.op(OpKind::Concat { dim }, ins, vec![o]);
+                self.write_out(args[2], args[3], o)
+            }
+            "aten::embedding.out" => {
+                // (weight, indices, padding_idx, scale_grad_by_freq, sparse, out)
+                let (w, idx) = (self.tensor(args[0])?, self.tensor(args[1])?);
+                if self.g.tensors[w].dtype != DType::F32 || self.g.tensors[w].max_shape.len() != 2 {
+                    return Err("only 2-D f32 tables are lowered".into());
+                }
+                let o = out_like(self, args[5])?;
+                self.g.op(
+                    OpKind::Embedding {
+                        weight: ir::Weight::F32,
+                    },
+                    vec![w, idx],
+                    vec![o],
+                );
+                self.write_out(args[5], args[6], o)
+            }
+            "quantized_decomposed::embedding_byte.out"
+            | "quantized_decomposed::embedding_byte.dtype_out" => {
+                let n = args.len();
+                let y = self.embedding_byte(args)?;
+                let o = out_like(self, args[n - 2])?;
+                let y = self.cast_to(y, self.g.tensors[o].dtype, "embedding as out".into());
+                self.g.op(OpKind::Copy, vec![y], vec![o]);
+                self.write_out(args[n - 2], args[n - 1], o)
+            }
+            "aten::full_like.out" => {
+                // (self, fill_value, memory_format?, out)
+                let x = self.tensor(args[0])?;
+                let shape = self.sizes(x);
+                let o = out_like(self, args[3])?;
+                self.g.op(
+                    OpKind::Full {
+                        value: scalar(args[1])?,
+                        shape,
+                    },
+                    vec![],
+                    vec![o],
+                );
+                self.write_out(args[3], args[4], o)
+            }
+            "aten::slice_copy.Tensor_out" => {
+                // (self, dim, start?, end?, step, out)
+                let x = self.tensor(args[0])?;
+                let dim = norm_dim(self.lit(args[1])?, self.g.tensors[x].max_shape.len())?;
+                let start = self.opt_int(args[2])?.unwrap_or(Int::Lit(0));
+                let end = self.opt_int(args[3])?.unwrap_or(Int::Lit(i64::MAX));
+                let step = self.lit(args[4])?;
+                let step = usize::try_from(step)
+                    .ok()
+                    .filter(|&s| s > 0)
+                    .ok_or_else(|| format!("slice step {step} must be positive"))?;
+                let o = out_like(self, args[5])?;
+                let kind = OpKind::Slice {
+                    dim,
+                    start,
+                    end,
+                    step,
+                };
+                self.g.op(kind, vec![x], vec![o]);
+                self.write_out(args[5], args[6], o)
+            }
+            "aten::select_copy.int_out" => {
+                // (self, dim, index, out)
+                let x = self.tensor(args[0])?;
+                let shape = self.g.tensors[x].max_shape.clone();
+                let dim = norm_dim(self.lit(args[1])?, shape.len())?;
+                let index = self.int(args[2])?;
+                let o = out_like(self, args[3])?;
+                self.g.op(OpKind::Select { dim, index }, vec![x], vec![o]);
+                // One element of an input (the start position of `input_pos`): readable on the
+                // host, so `_local_scalar_dense` needs no readback.
+                let others_one = shape.iter().enumerate().all(|(d, &n)| d == dim || n == 1);
+                if let (Role::Input(_), Int::Lit(i), true) =
+                    (&self.g.tensors[x].role, index, others_one)
+                {
+                    if let Ok(i) = usize::try_from(i) {
+                        self.input_element.insert(o, (x, i));
+                    }
+                }
+                self.write_out(args[3], args[4], o)
+            }
+            "aten::_local_scalar_dense" => {
+                let x = self.tensor(args[0])?;
+                let (tensor, index) = match self.input_element.get(&x) {
+                    Some(&e) => e,
+                    None if matches!(self.g.tensors[x].role, Role::Input(_))
+                        && self.g.tensors[x].max_numel() == 1 =>
+                    {
+                        (x, 0)
+                    }
+                    None => {
+                        return Err(
+                            "reads a tensor the graph computes as a host number (not one element of an input)"
+                                .into(),
+                        )
+                    }
+                };
+                if self.g.tensors[tensor].dtype.is_float() {
+                    return Err("reads a float input as a host number".into());
+                }
+                let out = self.g.add_sym(format!("%{}", args[1]));
+                self.g
+                    .nodes
+                    .push(Node::Sym(SymOp::ReadInput { out, tensor, index }));
+                self.bound[args[1]] = Some(Bound::Sym(out));
+                Ok(())
+            }
+            "aten::sym_size.int" => {
+                let x = self.tensor(args[0])?;
+                let dim = norm_dim(self.lit(args[1])?, self.g.tensors[x].max_shape.len())?;
+                let out = self.g.add_sym(format!("%{}", args[2]));
+                self.g.nodes.push(Node::Sym(SymOp::Size {
+                    out,
+                    tensor: x,
+                    dim,
+                }));
+                self.bound[args[2]] = Some(Bound::Sym(out));
+                Ok(())
+            }
+            k if k.starts_with("executorch_prim::") => {
+                use ir::SymArith::*;
+                let op = match k.split("::").nth(1).and_then(|n| n.split('.').next()) {
+                    Some("add") => Add,
+                    Some("sub") => Sub,
+                    Some("mul") => Mul,
+                    Some("floordiv") => FloorDiv,
+                    Some("mod") => Mod,
+                    Some("sym_max") => Max,
+                    Some("sym_min") => Min,
+                    _ if k == "executorch_prim::et_view.default" => return self.et_view(args),
+                    _ => return Err("no IR lowering".into()),
+                };
+                let (a, b) = (self.int(args[0])?, self.int(args[1])?);
+                let out = self.g.add_sym(format!("%{}", args[2]));
+                self.g.nodes.push(Node::Sym(SymOp::Arith { out, op, a, b }));
+                self.bound[args[2]] = Some(Bound::Sym(out));
+                Ok(())
+            }
+            "aten::permute_copy.out" => {
+                let x = self.tensor(args[0])?;
+                let rank = self.g.tensors[x].max_shape.len();
+                let perm = self
+                    .lit_list(args[1])?
+                    .into_iter()
+                    .map(|d| norm_dim(d, rank))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let o = out_like(self, args[2])?;
+                self.g.op(OpKind::Permute { perm }, vec![x], vec![o]);
+                self.write_out(args[2], args[3], o)
+            }
+            "aten::unsqueeze_copy.out" => {
+                let x = self.tensor(args[0])?;
+                let mut shape = self.sizes(x);
+                let dim = norm_dim(self.lit(args[1])?, shape.len() + 1)?;
+                shape.insert(dim, Int::Lit(1));
+                let o = out_like(self, args[2])?;
+                self.g.op(OpKind::Reshape { shape }, vec![x], vec![o]);
+                self.write_out(args[2], args[3], o)
+            }
+            "aten::copy.out" => {
+                // (self, src, non_blocking, out): src broadcast to self's shape, in out's dtype.
+                let (x, src) = (self.tensor(args[0])?, self.tensor(args[1])?);
+                let o = out_like(self, args[3])?;
+                let src =
+                    self.cast_to(src, self.g.tensors[o].dtype, format!("%{} as out", args[1]));
+                if self.g.tensors[src].max_shape == self.g.tensors[x].max_shape {
+                    self.g.op(OpKind::Copy, vec![src], vec![o]);
+                } else {
+                    let shape = self.sizes(x);
+                    self.g.op(OpKind::Expand { shape }, vec![src], vec![o]);
+                }
+                self.write_out(args[3], args[4], o)
+            }
+            "dim_order_ops::_to_dim_order_copy.out" => {
+                // (self, non_blocking, dim_order?, out)
+                let x = self.tensor(args[0])?;
+                if !matches!(self.plan.values.get(args[2]), Some(EValue::Null)) {
+                    let order = self.lit_list(args[2])?;
+                    if order.iter().enumerate().any(|(i, &d)| d != i as i64) {
+                        return Err(format!("dim order {order:?} is not contiguous"));
+                    }
+                }
+                let o = out_like(self, args[3])?;
+                let kind = if self.g.tensors[x].dtype == self.g.tensors[o].dtype {
+                    OpKind::Copy
+                } else {
+                    OpKind::Cast
+                };
+                self.g.op(kind, vec![x], vec![o]);
+                self.write_out(args[3], args[4], o)
+            }
+            "aten::slice_scatter.out" => {
+                // (self, src, dim, start?, end?, step, out): with step 1, a cache write at start.
+                let (sv, out) = (args[0], args[6]);
+                let cache = self.tensor(sv)?;
+                let cs = self.g.tensors[cache].max_shape.clone();
+                let axis = norm_dim(self.lit(args[2])?, cs.len())?;
+                if self.lit(args[5])? != 1 {
+                    return Err("slice_scatter with a step other than 1".into());
+                }
+                let start = self.opt_int(args[3])?.unwrap_or(Int::Lit(0));
+                let src = self.tensor(args[1])?;
+                let dt = self.g.tensors[cache].dtype;
+                let src = self.cast_to(src, dt, format!("%{} as cache", args[1]));
+                let target = if self.dead_after(sv, i, out) {
+                    cache
+                } else {
+                    let c = self.new_tensor(format!("%{sv} copy"), dt, cs.clone());
+                    self.g.op(OpKind::Copy, vec![cache], vec![c]);
+                    c
+                };
+                let o = out_like(self, out)?;
+                self.g.tensors[o].max_shape = cs;
+                self.g.op(
+                    OpKind::CacheUpdate { axis, start },
+                    vec![target, src],
+                    vec![o],
+                );
+                let r = self.root(target);
+                self.root.insert(o, r);
+                self.write_out(out, args[7], o)
+            }
+            "llama::custom_sdpa.out" => {
+                // (q, k_cache, v_cache, start_pos, attn_mask?, dropout_p, is_causal, scale?, out)
+                let mut ins = vec![
+                    self.tensor(args[0])?,
+                    self.tensor(args[1])?,
+                    self.tensor(args[2])?,
+                ];
+                let start = self.int(args[3])?;
+                if !matches!(self.plan.values.get(args[4]), Some(EValue::Null)) {
+                    ins.push(self.tensor(args[4])?);
+                }
+                if scalar(args[5])? != 0.0 {
+                    return Err("attention with dropout".into());
+                }
+                let causal = scalar(args[6])? != 0.0;
+                let d = *self.g.tensors[ins[0]]
+                    .max_shape
+                    .last()
+                    .ok_or("scalar query")?;
+                let scale = match self.plan.values.get(args[7]) {
+                    Some(EValue::Null) => 1.0 / (d as f32).sqrt(),
+                    _ => scalar(args[7])? as f32,
+                };
+                let o = out_like(self, args[8])?;
+                self.g.op(
+                    OpKind::Sdpa {
+                        layout: ir::AttnLayout::Bshd,
+                        scale,
+                        causal,
+                        window: None,
+                        softcap: None,
+                        start,
+                        all_rows: false,
+                    },
+                    ins,
+                    vec![o],
+                );
+                self.write_out(args[8], args[9], o)
             }
             _ => Err("no IR lowering".into()),
         }
