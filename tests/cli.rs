@@ -67,6 +67,53 @@ fn inspect_says_which_ops_run_where() {
     assert_eq!(out.matches("\n    delegate ").count(), nums[1], "{out}");
     assert!(out.contains("same ops in "), "{out}");
     assert!(out.contains("x linear[q4g32,dq8-xnn]"), "{out}");
+    assert!(
+        out.contains("execution: whole method as one IR graph"),
+        "{out}"
+    );
+}
+
+/// `inspect --instructions` lists every instruction, in order, with its arguments.
+#[test]
+fn inspect_lists_instructions_with_their_arguments() {
+    let file = fixture("gemma4_tiny_xnnpack_8da4w.pte");
+    let (ok, out, err) = pteria(&["inspect", "--instructions", &file]);
+    assert!(ok, "{err}");
+    let listing = out
+        .split("instructions of forward:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no listing:\n{out}"));
+    let lines: Vec<&str> = listing.lines().collect();
+    let count: usize = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("instructions: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count:\n{out}"));
+    assert_eq!(lines.len(), count, "{listing}");
+    // The first reads the token count off input 0: a size, a constant dim, the returned value.
+    assert!(
+        lines[0].trim_start().starts_with("0 aten::sym_size.int(%")
+            && lines[0].contains("i64[1, 31] (dynamic, upper bounds)"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("delegate 0 (XnnpackBackend)(")),
+        "{listing}"
+    );
+    // Constants are marked; int lists show their members.
+    assert!(lines.iter().any(|l| l.contains(" const")), "{listing}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("aten::permute_copy.out(") && l.contains("[%")),
+        "{listing}"
+    );
+    let (ok, plain, _) = pteria(&["inspect", &file]);
+    assert!(ok && !plain.contains("instructions of forward:"), "{plain}");
 }
 
 #[test]

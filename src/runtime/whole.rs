@@ -616,23 +616,20 @@ impl Lowerer<'_> {
         Ok(())
     }
 
-    /// `embedding_byte(weight i8/u8 [V, D], scales [V] or [V, G], zero_points?, qmin, qmax,
-    /// indices [, dtype])` as the IR's 8-bit embedding (`w = s·q + b`, b = -s·zp; a u8 table is
-    /// read as i8 q - 128, which moves b by 128·s).
+    /// `embedding_byte(weight i8 [V, D], scales [V] or [V, G], zero_points?, qmin, qmax,
+    /// indices [, dtype])` as the IR's 8-bit embedding (`w = s·q + b`, b = -s·zp).
     fn embedding_byte(&mut self, args: &[usize]) -> Result<TensorId, String> {
         let (wv, sv, zv, iv) = (args[0], args[1], args[2], args[5]);
         let info = self.info(wv)?.clone();
-        let TensorData::Constant(blob) = &info.data else {
+        let TensorData::Constant(_) = &info.data else {
             return Err("embedding_byte weight is not a constant".into());
         };
         let [rows, cols] = info.sizes[..] else {
             return Err(format!("embedding_byte weight {:?} is not 2-D", info.sizes));
         };
-        let unsigned = match value_dtype(info.dtype, wv)? {
-            DType::I8 => false,
-            DType::U8 => true,
-            d => return Err(format!("embedding_byte weight of {}", d.name())),
-        };
+        if value_dtype(info.dtype, wv)? != DType::I8 {
+            return Err(format!("embedding_byte table of {} (i8 only)", info.dtype));
+        }
         let const_f32 = |lw: &Self, v: usize| -> Result<(Vec<usize>, Vec<f32>), String> {
             let t = lw.info(v)?;
             let TensorData::Constant(b) = &t.data else {
@@ -663,25 +660,8 @@ impl Lowerer<'_> {
         if zps.len() != scales.len() {
             return Err("embedding_byte zero points and scales differ in size".into());
         }
-        let shift = if unsigned { 128.0 } else { 0.0 };
-        let biases: Vec<f32> = scales
-            .iter()
-            .zip(&zps)
-            .map(|(s, z)| s * (shift - z))
-            .collect();
-        let w = if unsigned {
-            let flipped: Vec<u8> = blob.iter().map(|b| b ^ 0x80).collect();
-            let blob =
-                crate::pte::Blob::whole(std::sync::Arc::new(crate::pte::Bytes::Owned(flipped)));
-            self.g.add_tensor(
-                format!("%{wv} as i8"),
-                DType::I8,
-                vec![rows, cols],
-                Role::Constant(blob),
-            )
-        } else {
-            self.tensor(wv)?
-        };
+        let biases: Vec<f32> = scales.iter().zip(&zps).map(|(s, z)| -s * z).collect();
+        let w = self.tensor(wv)?;
         let s = self.f32_constant(format!("%{sv} scales"), vec![rows, groups], &scales);
         let b = self.f32_constant(format!("%{sv} biases"), vec![rows, groups], &biases);
         let idx = self.tensor(iv)?;
