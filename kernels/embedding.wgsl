@@ -70,11 +70,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         q = f32(extractBits(i32(byte_at(r * p.cols + c)), 0u, 8u));
     }
     let g = r * p.groups + c / GROUP;
+    let s = scales[g];
     var bi: f32;
     if DERIVED_BIAS {
-        bi = neg8(scales[g]);
+        bi = neg8(s);
     } else {
         bi = biases[g];
     }
-    y[i] = scales[g] * q + bi;
+    // A symmetric 4-bit group (b = -8·s) as s · (q - 8): one rounding, as ExecuTorch's
+    // embedding_4bit and the CPU executor compute it.
+    if KIND == 1u && bi == neg8(s) {
+        y[i] = s * (q - 8.0);
+    } else {
+        y[i] = s * q + bi;
+    }
 }

@@ -1,9 +1,10 @@
 //! The bundled demo model (assets/models/smollm2-135m-instruct): the chat template from its
 //! tokenizer_config.json and its tokenizer.json reproduce the golden prompt ids, and greedy
 //! generation reproduces the ExecuTorch Python runtime's token ids (golden.json, written by
-//! tests/fixtures/export_demo_model.py on the same model.pte) with the XNNPACK delegate lowered to
-//! the IR and run on the CPU executor and on the GPU executor. The one accepted difference is a
-//! near-tie: where the sequences first part, the golden's top-2 logits are within `NEAR_TIE`.
+//! tests/fixtures/export_demo_model.py on the same model.pte) with the whole method lowered to the
+//! IR and run on the CPU executor. The one accepted difference is a near-tie: where the sequences
+//! first part, the golden's top-2 logits are within `NEAR_TIE`. On the GPU executor, whose
+//! softmax is not bit for bit the CPU's, the golden ids fed back pick the golden's tokens.
 
 use pteria::llm::{
     CancelToken, ChatTemplate, LoadOptions, Message, Model, ModelFiles, RenderOptions, Role,
@@ -188,24 +189,73 @@ fn demo_model_greedy_ids_match_the_golden_on_the_cpu_executor() {
     check_device(Device::Cpu, &[0, 1, 2]);
 }
 
-/// The export's 121 means (60 of attention's dot products, 61 of RMSNorm's squares) all run
-/// inside the delegates that make their products (`runtime::absorb`), so the goldens above check
-/// the fused `MulMean` on every call.
+/// Fed the golden ids (teacher forcing) on `device`: per step, whether its pick is the golden's
+/// and how far the golden's pick lies below its top logit; printed, and returned for asserts.
+fn teacher_forced(device: Device) -> Vec<(bool, f32)> {
+    let files = ModelFiles::in_dir(&demo_dir()).expect("model files");
+    let (options, _) = LoadOptions::on_device(device).expect("device opens");
+    let mut model = Model::load(files, &options).expect("the demo model loads");
+    let never = CancelToken::new();
+    let mut steps = Vec::new();
+    for (p, g) in golden().iter().enumerate() {
+        let mut seq = render(model.template(), model.tokenizer(), &g.messages);
+        let runner = model.runner_mut();
+        // A new chat: the runner resets its cache where the sequence does not extend it.
+        for (step, &want) in g.generated_ids.iter().enumerate() {
+            runner
+                .prefill(&seq, &never, &mut |_, _| {})
+                .unwrap_or_else(|e| panic!("{device:?}, prompt {p}, step {step}: {e}"));
+            let logits = runner.logits().expect("logits after prefill");
+            let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let below = top - logits[want as usize];
+            steps.push((below == 0.0, below));
+            seq.push(want);
+        }
+    }
+    let agree = steps.iter().filter(|s| s.0).count();
+    let worst = steps.iter().map(|s| s.1).fold(0f32, f32::max);
+    eprintln!(
+        "{device:?}, teacher forced: the golden's pick is the top logit at {agree} of {} steps; \
+         at most {worst:.4} below it",
+        steps.len()
+    );
+    steps
+}
+
+/// The export's 121 means (60 of attention's dot products, 61 of RMSNorm's squares) and the portable
+/// ops between its delegates lower with them to one IR graph, where each mean of products becomes
+/// one reduction (`fuse_mul_mean`: the products are never stored, with the same bits), so the
+/// goldens above check those on every call.
 #[test]
-fn the_demo_programs_means_run_inside_their_delegates() {
+fn the_demo_program_runs_as_one_graph_with_its_means_fused() {
     let program = pteria::pte::Program::open(&demo_dir().join("model.pte"), &[]).expect("program");
     let backends = pteria::frontend::backends(pteria::runtime::delegate::cpu_executor());
     let method = pteria::runtime::Method::load(&program, "forward", &backends).expect("loads");
-    assert!(!method.runs_whole());
-    assert_eq!(method.means_absorbed(), 121);
+    assert!(method.runs_whole(), "{:?}", method.whole_note());
+    let plan = program.plan("forward").expect("forward");
+    let g = pteria::runtime::whole::lower_method(plan, &program.named_data, &backends).unwrap();
+    let count = |f: fn(&pteria::ir::OpKind) -> bool| g.ops().filter(|o| f(&o.kind)).count();
+    let mul_means = count(|k| matches!(k, pteria::ir::OpKind::MulMean { .. }));
+    let means = count(|k| matches!(k, pteria::ir::OpKind::Mean { .. }));
+    assert_eq!((mul_means, means), (121, 0));
 }
 
-/// The GPU executor runs the XNNPACK delegates (its bit-exact `xnn_gemm` for the 8da4w linears)
-/// with the portable kernels between them on the CPU: the same ids. On lavapipe (CI) it takes
-/// ~11 min on 2 busy cores: each layer's ExactSDPA products are 9x32x1024x64 broadcast multiplies.
+/// The GPU executor runs the whole method in WGSL: softmax's exp is not the C library's, and in
+/// this 8da4w export a last-bit difference grows by flipping activations' int8 roundings (one
+/// ulp in the embeddings moves the first call's logits by 8.5e-2 rel-L2 on the CPU executor), so
+/// greedy ids part from the golden's at a close call (step 11 of the first chat). Fed the golden
+/// ids, the GPU must pick the golden's token at 90 % of the steps and never rank it more than 1.5
+/// below its top logit (lavapipe: 101 of 105, at most 0.74; a broken cache or mask picks noise).
 #[test]
-fn demo_model_greedy_ids_match_the_golden_on_the_gpu_executor() {
-    check_device(Device::Gpu, &[0, 1, 2]);
+fn demo_model_follows_the_golden_on_the_gpu_executor() {
+    if std::env::var("PTERIA_NO_GPU_TESTS").is_ok_and(|v| v == "1") {
+        return;
+    }
+    let steps = teacher_forced(Device::Gpu);
+    assert_eq!(steps.len(), 16 + 64 + 25);
+    let agree = steps.iter().filter(|s| s.0).count();
+    assert!(agree * 10 >= steps.len() * 9, "{agree} of {}", steps.len());
+    assert!(steps.iter().all(|s| s.1 <= 1.5), "{steps:?}");
 }
 
 #[test]

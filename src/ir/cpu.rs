@@ -1203,7 +1203,7 @@ impl CpuExecutor {
 }
 
 /// One row of a quantized table (4-bit: two a byte, low nibble first; 8-bit: signed) as
-/// s · q + b with its groups' scales and biases; a group at a time, so no element divides by the
+/// s · q + b with its groups' scales and biases (s · (q - 8) where b = -8·s); a group at a time, so no element divides by the
 /// group size. The CPU executor's embeddings and the GPU executor's host gathers read rows so.
 pub(crate) fn dequant_row<'a>(
     four: bool,
@@ -1217,6 +1217,9 @@ pub(crate) fn dequant_row<'a>(
         .zip(biases)
         .enumerate()
         .flat_map(move |(g, (&s, &b))| {
+            // A symmetric 4-bit group (b = -8·s) as s · (q - 8): one rounding, as ExecuTorch's
+            // embedding_4bit and the exports' own dequantization compute it.
+            let zero = if four && b == -8.0 * s { 8.0 } else { 0.0 };
             (g * group..(g + 1) * group).map(move |c| {
                 let n = if four {
                     let v = q[c / 2];
@@ -1224,7 +1227,11 @@ pub(crate) fn dequant_row<'a>(
                 } else {
                     q[c] as i8 as f32
                 };
-                s * n + b
+                if zero != 0.0 {
+                    s * (n - zero)
+                } else {
+                    s * n + b
+                }
             })
         })
 }

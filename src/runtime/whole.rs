@@ -51,6 +51,26 @@ const LOWERED: &[&str] = &[
     "aten::copy.out",
     "dim_order_ops::_to_dim_order_copy.out",
     "llama::custom_sdpa.out",
+    "llama::update_cache.out",
+    "aten::arange.start_out",
+    "aten::scalar_tensor.out",
+    "aten::_softmax.out",
+    "aten::rsqrt.out",
+    "aten::sigmoid.out",
+    "aten::logical_not.out",
+    "aten::add.out",
+    "aten::sub.out",
+    "aten::mul.out",
+    "aten::div.out",
+    "aten::eq.Tensor_out",
+    "aten::ne.Tensor_out",
+    "aten::lt.Tensor_out",
+    "aten::le.Tensor_out",
+    "aten::gt.Tensor_out",
+    "aten::ge.Tensor_out",
+    "aten::squeeze_copy.dims_out",
+    "quantized_decomposed::embedding_4bit.out",
+    "quantized_decomposed::embedding_4bit.dtype_out",
 ];
 
 /// Host-integer operators and views: one returned value, no out tensor.
@@ -616,10 +636,66 @@ impl Lowerer<'_> {
         Ok(())
     }
 
+    /// The scales and biases (`w = s·u + b` for stored value u, b = -s·(offset + zp)) of a quantized
+    /// embedding's `scales [V] or [V, G]` and `zero_points?` arguments (1 and 2), and G.
+    fn embedding_qparams(
+        &self,
+        args: &[usize],
+        rows: usize,
+        cols: usize,
+        offset: f32,
+    ) -> Result<(Vec<f32>, Vec<f32>, usize), String> {
+        let const_f32 = |v: usize| -> Result<(Vec<usize>, Vec<f32>), String> {
+            let t = self.info(v)?;
+            let TensorData::Constant(b) = &t.data else {
+                return Err(format!("quantization parameter %{v} is not a constant"));
+            };
+            let vals = crate::runtime::tensor::to_f64(value_dtype(t.dtype, v)?, b);
+            Ok((
+                t.sizes.clone(),
+                vals.into_iter().map(|x| x as f32).collect(),
+            ))
+        };
+        let (ss, scales) = const_f32(args[1])?;
+        let groups = match ss[..] {
+            [r] if r == rows => 1,
+            [r, g] if r == rows && g > 0 && cols % g == 0 => g,
+            _ => return Err(format!("scales {ss:?} do not fit a [{rows}, {cols}] table")),
+        };
+        let zps = match self.plan.values.get(args[2]) {
+            Some(EValue::Null) => vec![0.0; scales.len()],
+            _ => const_f32(args[2])?.1,
+        };
+        if zps.len() != scales.len() {
+            return Err("zero points and scales differ in size".into());
+        }
+        let biases = scales
+            .iter()
+            .zip(&zps)
+            .map(|(s, z)| -s * (offset + z))
+            .collect();
+        Ok((scales, biases, groups))
+    }
+
+    /// `embedding_qparams`' results as f32 constants `[rows, groups]`.
+    fn qparam_tensors(
+        &mut self,
+        sv: usize,
+        rows: usize,
+        groups: usize,
+        scales: &[f32],
+        biases: &[f32],
+    ) -> (TensorId, TensorId) {
+        (
+            self.f32_constant(format!("%{sv} scales"), vec![rows, groups], scales),
+            self.f32_constant(format!("%{sv} biases"), vec![rows, groups], biases),
+        )
+    }
+
     /// `embedding_byte(weight i8 [V, D], scales [V] or [V, G], zero_points?, qmin, qmax,
     /// indices [, dtype])` as the IR's 8-bit embedding (`w = s·q + b`, b = -s·zp).
     fn embedding_byte(&mut self, args: &[usize]) -> Result<TensorId, String> {
-        let (wv, sv, zv, iv) = (args[0], args[1], args[2], args[5]);
+        let (wv, sv, iv) = (args[0], args[1], args[5]);
         let info = self.info(wv)?.clone();
         let TensorData::Constant(_) = &info.data else {
             return Err("embedding_byte weight is not a constant".into());
@@ -630,40 +706,9 @@ impl Lowerer<'_> {
         if value_dtype(info.dtype, wv)? != DType::I8 {
             return Err(format!("embedding_byte table of {} (i8 only)", info.dtype));
         }
-        let const_f32 = |lw: &Self, v: usize| -> Result<(Vec<usize>, Vec<f32>), String> {
-            let t = lw.info(v)?;
-            let TensorData::Constant(b) = &t.data else {
-                return Err(format!("quantization parameter %{v} is not a constant"));
-            };
-            let dt = value_dtype(t.dtype, v)?;
-            let vals = crate::runtime::tensor::to_f64(dt, b);
-            Ok((
-                t.sizes.clone(),
-                vals.into_iter().map(|x| x as f32).collect(),
-            ))
-        };
-        let (ss, scales) = const_f32(self, sv)?;
-        let groups = match ss[..] {
-            [r] if r == rows => 1,
-            [r, g] if r == rows && g > 0 && cols % g == 0 => g,
-            _ => {
-                return Err(format!(
-                    "embedding_byte scales {ss:?} do not fit weight {:?}",
-                    info.sizes
-                ))
-            }
-        };
-        let zps = match self.plan.values.get(zv) {
-            Some(EValue::Null) => vec![0.0; scales.len()],
-            _ => const_f32(self, zv)?.1,
-        };
-        if zps.len() != scales.len() {
-            return Err("embedding_byte zero points and scales differ in size".into());
-        }
-        let biases: Vec<f32> = scales.iter().zip(&zps).map(|(s, z)| -s * z).collect();
+        let (scales, biases, groups) = self.embedding_qparams(args, rows, cols, 0.0)?;
         let w = self.tensor(wv)?;
-        let s = self.f32_constant(format!("%{sv} scales"), vec![rows, groups], &scales);
-        let b = self.f32_constant(format!("%{sv} biases"), vec![rows, groups], &biases);
+        let (s, b) = self.qparam_tensors(sv, rows, groups, &scales, &biases);
         let idx = self.tensor(iv)?;
         let o = self.new_tensor(
             format!("embedding %{wv}"),
@@ -696,6 +741,44 @@ impl Lowerer<'_> {
         }
         self.g.op(OpKind::Reshape { shape }, vec![x], vec![o]);
         self.write(args[2], o)
+    }
+
+    /// `embedding_4bit(weight u8 [V, D/2], scales [V] or [V, G], zero_points?, qmin, qmax,
+    /// indices [, dtype])` as the IR's 4-bit embedding: ExecuTorch packs column 2j in the high
+    /// nibble, stored as q + 8; the IR reads 2j from the low nibble, so the nibbles swap at load,
+    /// and w = s·(u - 8 - zp) gives b = -s·(8 + zp).
+    fn embedding_4bit(&mut self, args: &[usize]) -> Result<TensorId, String> {
+        let (wv, iv) = (args[0], args[5]);
+        let info = self.info(wv)?.clone();
+        let TensorData::Constant(blob) = &info.data else {
+            return Err("embedding_4bit weight is not a constant".into());
+        };
+        let [rows, half] = info.sizes[..] else {
+            return Err(format!("embedding_4bit weight {:?} is not 2-D", info.sizes));
+        };
+        if value_dtype(info.dtype, wv)? != DType::U8 {
+            return Err(format!("embedding_4bit table of {} (u8 only)", info.dtype));
+        }
+        let cols = half * 2;
+        let (scales, biases, groups) = self.embedding_qparams(args, rows, cols, 8.0)?;
+        let swapped: Vec<u8> = blob.iter().map(|b| b.rotate_left(4)).collect();
+        let blob = crate::pte::Blob::whole(std::sync::Arc::new(crate::pte::Bytes::Owned(swapped)));
+        let w = self.g.add_tensor(
+            format!("%{wv} low nibble first"),
+            DType::U8,
+            vec![rows, half],
+            Role::Constant(blob),
+        );
+        let (s, b) = self.qparam_tensors(args[1], rows, groups, &scales, &biases);
+        let idx = self.tensor(iv)?;
+        let shape = [self.g.tensors[idx].max_shape.clone(), vec![cols]].concat();
+        let o = self.new_tensor(format!("embedding %{wv}"), DType::F32, shape);
+        let weight = ir::Weight::Q4 {
+            group: cols / groups,
+        };
+        self.g
+            .op(OpKind::Embedding { weight }, vec![w, s, b, idx], vec![o]);
+        Ok(o)
     }
 
     /// Whether value `v` may be changed in place at instruction `i`: nothing reads it later but
@@ -1019,6 +1102,8 @@ impl Lowerer<'_> {
                 if let (Role::Input(_), Int::Lit(i), true) =
                     (&self.g.tensors[x].role, index, others_one)
                 {
+                    // -1 of a one-element input is its element 0 (a decode step's last position).
+                    let i = if i == -1 && shape[dim] == 1 { 0 } else { i };
                     if let Ok(i) = usize::try_from(i) {
                         self.input_element.insert(o, (x, i));
                     }
@@ -1204,6 +1289,185 @@ impl Lowerer<'_> {
                     vec![o],
                 );
                 self.write_out(args[8], args[9], o)
+            }
+            "aten::rsqrt.out" | "aten::sigmoid.out" | "aten::logical_not.out" => {
+                let op = match key {
+                    "aten::rsqrt.out" => ir::UnaryOp::Rsqrt,
+                    "aten::sigmoid.out" => ir::UnaryOp::Sigmoid,
+                    _ => ir::UnaryOp::LogicalNot,
+                };
+                let x = self.tensor(args[0])?;
+                let o = out_like(self, args[1])?;
+                self.g.op(OpKind::Unary(op), vec![x], vec![o]);
+                self.write_out(args[1], args[2], o)
+            }
+            "aten::add.out" | "aten::sub.out" | "aten::mul.out" | "aten::div.out" => {
+                use ir::BinaryOp::*;
+                let op = match &key[6..9] {
+                    "add" => Add,
+                    "sub" => Sub,
+                    "mul" => Mul,
+                    _ => Div,
+                };
+                let (a, mut b) = (self.tensor(args[0])?, self.tensor(args[1])?);
+                let n = args.len();
+                // add/sub(self, other, alpha): other scaled by alpha first.
+                let alpha = if matches!(op, Add | Sub) {
+                    scalar(args[2])?
+                } else {
+                    1.0
+                };
+                if alpha != 1.0 {
+                    let bs = self.g.tensors[b].clone();
+                    let c =
+                        self.new_tensor(format!("%{} * alpha", args[1]), bs.dtype, bs.max_shape);
+                    self.g.op(
+                        OpKind::BinaryScalar {
+                            op: Mul,
+                            scalar: alpha,
+                            scalar_first: false,
+                        },
+                        vec![b],
+                        vec![c],
+                    );
+                    b = c;
+                }
+                let o = out_like(self, args[n - 2])?;
+                self.g.op(OpKind::Binary(op), vec![a, b], vec![o]);
+                self.write_out(args[n - 2], args[n - 1], o)
+            }
+            "aten::eq.Tensor_out"
+            | "aten::ne.Tensor_out"
+            | "aten::lt.Tensor_out"
+            | "aten::le.Tensor_out"
+            | "aten::gt.Tensor_out"
+            | "aten::ge.Tensor_out" => {
+                use ir::BinaryOp::*;
+                let op = match &key[6..8] {
+                    "eq" => Eq,
+                    "ne" => Ne,
+                    "lt" => Lt,
+                    "le" => Le,
+                    "gt" => Gt,
+                    _ => Ge,
+                };
+                let (a, b) = (self.tensor(args[0])?, self.tensor(args[1])?);
+                let o = out_like(self, args[2])?;
+                self.g.op(OpKind::Binary(op), vec![a, b], vec![o]);
+                self.write_out(args[2], args[3], o)
+            }
+            "aten::_softmax.out" => {
+                // (self, dim, half_to_float, out): the IR's softmax is over the last dim.
+                let x = self.tensor(args[0])?;
+                let rank = self.g.tensors[x].max_shape.len();
+                if norm_dim(self.lit(args[1])?, rank)? + 1 != rank {
+                    return Err("softmax over other than the last dim".into());
+                }
+                let o = out_like(self, args[3])?;
+                self.g.op(OpKind::Softmax, vec![x], vec![o]);
+                self.write_out(args[3], args[4], o)
+            }
+            "aten::arange.start_out" => {
+                // (start, end, step, out)
+                let (start, end) = (self.int(args[0])?, self.int(args[1])?);
+                let step = self.lit(args[2])?;
+                if step == 0 {
+                    return Err("arange step is zero".into());
+                }
+                let o = out_like(self, args[3])?;
+                self.g
+                    .op(OpKind::Arange { start, end, step }, vec![], vec![o]);
+                self.write_out(args[3], args[4], o)
+            }
+            "aten::scalar_tensor.out" => {
+                // (s, out): a 0-D tensor; a host integer becomes one by arange(s, s + 1).
+                let o = out_like(self, args[1])?;
+                match self.plan.values.get(args[0]) {
+                    Some(EValue::Double(_) | EValue::Bool(_)) => self.g.op(
+                        OpKind::Full {
+                            value: scalar(args[0])?,
+                            shape: vec![],
+                        },
+                        vec![],
+                        vec![o],
+                    ),
+                    _ => match self.int(args[0])? {
+                        Int::Lit(v) => self.g.op(
+                            OpKind::Full {
+                                value: v as f64,
+                                shape: vec![],
+                            },
+                            vec![],
+                            vec![o],
+                        ),
+                        start => {
+                            let end = self.g.add_sym(format!("%{} + 1", args[0]));
+                            self.g.nodes.push(Node::Sym(SymOp::Arith {
+                                out: end,
+                                op: ir::SymArith::Add,
+                                a: start,
+                                b: Int::Lit(1),
+                            }));
+                            let dt = self.g.tensors[o].dtype;
+                            let r = self.new_tensor(format!("%{} as [1]", args[0]), dt, vec![1]);
+                            let kind = OpKind::Arange {
+                                start,
+                                end: Int::Sym(end),
+                                step: 1,
+                            };
+                            self.g.op(kind, vec![], vec![r]);
+                            self.g
+                                .op(OpKind::Reshape { shape: vec![] }, vec![r], vec![o]);
+                        }
+                    },
+                }
+                self.write_out(args[1], args[2], o)
+            }
+            "aten::squeeze_copy.dims_out" => {
+                // (self, dims, out): dims of size 1 removed (others stay, as ATen does).
+                let x = self.tensor(args[0])?;
+                let max = self.g.tensors[x].max_shape.clone();
+                let dims = self
+                    .lit_list(args[1])?
+                    .into_iter()
+                    .map(|d| norm_dim(d, max.len()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let sizes = self.sizes(x);
+                let shape = sizes
+                    .into_iter()
+                    .enumerate()
+                    .filter(|&(d, _)| !(dims.contains(&d) && max[d] == 1))
+                    .map(|(_, s)| s)
+                    .collect();
+                let o = out_like(self, args[2])?;
+                self.g.op(OpKind::Reshape { shape }, vec![x], vec![o]);
+                self.write_out(args[2], args[3], o)
+            }
+            "llama::update_cache.out" => {
+                // (value [B, S, H, D], cache, start_pos, out): the cache written in place at
+                // start_pos along dim 1; `out` is a placeholder nothing reads.
+                let (value, cache) = (self.tensor(args[0])?, self.tensor(args[1])?);
+                if !matches!(self.g.tensors[cache].role, Role::State(_)) {
+                    return Err("update_cache of a tensor that is not a mutable buffer".into());
+                }
+                let start = self.int(args[2])?;
+                let dt = self.g.tensors[cache].dtype;
+                let value = self.cast_to(value, dt, format!("%{} as cache", args[0]));
+                self.g.op(
+                    OpKind::CacheUpdate { axis: 1, start },
+                    vec![cache, value],
+                    vec![cache],
+                );
+                Ok(())
+            }
+            "quantized_decomposed::embedding_4bit.out"
+            | "quantized_decomposed::embedding_4bit.dtype_out" => {
+                let n = args.len();
+                let y = self.embedding_4bit(args)?;
+                let o = out_like(self, args[n - 2])?;
+                let y = self.cast_to(y, self.g.tensors[o].dtype, "embedding as out".into());
+                self.g.op(OpKind::Copy, vec![y], vec![o]);
+                self.write_out(args[n - 2], args[n - 1], o)
             }
             _ => Err("no IR lowering".into()),
         }
