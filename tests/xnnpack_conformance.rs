@@ -78,7 +78,8 @@ fn xnnpack_programs_match_their_goldens_on_the_gpu_executor() {
 
 /// The Gemma 4 XNNPACK export run whole on the GPU: its 8 KV caches (slice_scatter'd between
 /// delegates, copied back at the end) are State buffers written in place that never travel, and
-/// a decode step is one submit that uploads its token and position and reads back the logits.
+/// a decode step is one submit of one recording that uploads its token and position and reads
+/// back the logits.
 #[test]
 fn xnnpack_gemma_keeps_its_kv_cache_on_the_gpu_with_one_submit_a_step() {
     use pteria::runtime::HostTensor;
@@ -121,4 +122,8 @@ fn xnnpack_gemma_keeps_its_kv_cache_on_the_gpu_with_one_submit_a_step() {
         assert_eq!(st.last_upload_bytes, 8, "token and position only: {st:?}");
         assert_eq!(st.last_readback_bytes, 256 * 4, "the logits only: {st:?}");
     }
+    // The export cuts each cache and mask to pos + S rows, so the steps' shapes would follow the
+    // position; read uncut (`uncut_attention_windows`), every step after the first replays.
+    let st = exec.lock().unwrap().stats();
+    assert_eq!((st.recordings, st.replays), (2, 3), "{st:?}");
 }

@@ -391,6 +391,175 @@ pub fn drop_noop_copies(g: &mut Graph) -> usize {
     n
 }
 
+/// An attention whose keys, values or mask are a cache's (mask's) first `end` rows, cut by a
+/// `Slice` from 0 (ExecuTorch's XNNPACK LLM exports slice each cache to pos + S rows, then permute
+/// it for `custom_sdpa`), reads them uncut: `Sdpa` reads only the first start + S rows (or mask
+/// columns) anyway, and an exported call needs end >= start + S. The shapes then no longer follow
+/// the position, so a decode step replays one recording instead of recording anew every step.
+/// Only through permutes and reshapes that keep their input's sizes (`unit_permutes_to_reshapes`'),
+/// each with no other reader.
+pub fn uncut_attention_windows(g: &mut Graph) -> usize {
+    // Size symbols: which tensor's which dim.
+    let size_of: std::collections::HashMap<SymId, (TensorId, usize)> = g
+        .nodes
+        .iter()
+        .filter_map(|n| match n {
+            Node::Sym(SymOp::Size { out, tensor, dim }) => Some((*out, (*tensor, *dim))),
+            _ => None,
+        })
+        .collect();
+    let mut readers: Vec<Vec<&Op>> = vec![Vec::new(); g.tensors.len()];
+    for o in g.ops() {
+        for &t in &o.inputs {
+            readers[t].push(o);
+        }
+    }
+    // A size used but by reshapes of the same tensor (followed below) would see the uncut length.
+    let mut sym_users: std::collections::HashMap<SymId, Vec<Option<TensorId>>> = Default::default();
+    for n in &g.nodes {
+        match n {
+            Node::Op(o) => {
+                let view_of = matches!(o.kind, OpKind::Reshape { .. }).then(|| o.inputs[0]);
+                for i in o.kind.ints() {
+                    if let Int::Sym(s) = i {
+                        sym_users.entry(s).or_default().push(view_of);
+                    }
+                }
+            }
+            Node::Sym(SymOp::Arith { a, b, .. }) => {
+                for i in [a, b] {
+                    if let Int::Sym(s) = i {
+                        sym_users.entry(*s).or_default().push(None);
+                    }
+                }
+            }
+            Node::Sym(_) => {}
+        }
+    }
+    for n in &g.nodes {
+        match n {
+            Node::Sym(SymOp::Size { out, tensor, .. }) => {
+                let users = sym_users.get(out).map_or(&[][..], |u| &u[..]);
+                if users.iter().any(|&u| u != Some(*tensor)) {
+                    readers[*tensor].push(&EXTERNAL);
+                }
+            }
+            Node::Sym(SymOp::ReadInput { tensor, .. }) => readers[*tensor].push(&EXTERNAL),
+            _ => {}
+        }
+    }
+    // Whether every reader of `t` (cut along `dim`), through views, is an attention reading it
+    // as rows of keys/values or columns of its mask, and each view has room for the whole.
+    fn only_windows(
+        g: &Graph,
+        readers: &[Vec<&Op>],
+        size_of: &std::collections::HashMap<SymId, (TensorId, usize)>,
+        t: TensorId,
+        dim: usize,
+        whole: usize,
+    ) -> bool {
+        if g.outputs.contains(&t) || g.tensors[t].max_numel() < whole || readers[t].is_empty() {
+            return false;
+        }
+        readers[t].iter().all(|o| match &o.kind {
+            OpKind::Sdpa {
+                all_rows: false,
+                layout,
+                ..
+            } => o.inputs.iter().enumerate().all(|(k, &x)| {
+                x != t
+                    || match k {
+                        1 | 2 => dim == if *layout == AttnLayout::Bshd { 1 } else { 2 },
+                        3 => dim + 1 == g.tensors[t].max_shape.len(),
+                        _ => false,
+                    }
+            }),
+            OpKind::Permute { perm } => perm
+                .iter()
+                .position(|&p| p == dim)
+                .is_some_and(|d| only_windows(g, readers, size_of, o.outputs[0], d, whole)),
+            OpKind::Reshape { shape } if o.inputs[0] == t => {
+                // Sizes kept (its input's, or 1s): the cut dim stays one dim.
+                let kept = shape.iter().all(|d| match d {
+                    Int::Lit(1) => true,
+                    Int::Sym(s) => size_of.get(s).is_some_and(|&(st, _)| st == t),
+                    Int::Lit(_) => false,
+                });
+                let at = shape
+                    .iter()
+                    .position(|d| matches!(d, Int::Sym(s) if size_of.get(s) == Some(&(t, dim))));
+                kept && at
+                    .is_some_and(|d| only_windows(g, readers, size_of, o.outputs[0], d, whole))
+            }
+            _ => false,
+        })
+    }
+    let mut cuts = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        let Node::Op(o) = n else { continue };
+        let OpKind::Slice {
+            dim,
+            start: Int::Lit(0),
+            step: 1,
+            end,
+        } = o.kind
+        else {
+            continue;
+        };
+        let whole = g.tensors[o.inputs[0]].max_numel();
+        if end != Int::Lit(i64::MAX)
+            && only_windows(g, &readers, &size_of, o.outputs[0], dim, whole)
+        {
+            cuts.push(i);
+        }
+    }
+    // Keys and values keep one length: uncut both or neither.
+    let prod = producers(g);
+    let source = |mut t: TensorId| loop {
+        let i = prod[t]?;
+        match &op_at(g, i).kind {
+            OpKind::Slice { .. } => return Some(i),
+            OpKind::Permute { .. } | OpKind::Reshape { .. } => t = op_at(g, i).inputs[0],
+            _ => return None,
+        }
+    };
+    loop {
+        let before = cuts.len();
+        for o in g.ops() {
+            if let (OpKind::Sdpa { .. }, [_, k, v, ..]) = (&o.kind, &o.inputs[..]) {
+                let (a, b) = (source(*k), source(*v));
+                let cut = |s: Option<usize>| s.is_some_and(|i| cuts.contains(&i));
+                if cut(a) != cut(b) {
+                    cuts.retain(|i| Some(*i) != a && Some(*i) != b);
+                }
+            }
+        }
+        if cuts.len() == before {
+            break;
+        }
+    }
+    for &i in &cuts {
+        if let Node::Op(Op {
+            kind: OpKind::Slice { end, .. },
+            inputs,
+            outputs,
+        }) = &mut g.nodes[i]
+        {
+            *end = Int::Lit(i64::MAX);
+            let full = g.tensors[inputs[0]].max_shape.clone();
+            g.tensors[outputs[0]].max_shape = full;
+        }
+    }
+    cuts.len()
+}
+
+/// A reader that is not an op (a size read by a host symbol).
+static EXTERNAL: Op = Op {
+    kind: OpKind::Copy,
+    inputs: Vec::new(),
+    outputs: Vec::new(),
+};
+
 /// `permute(permute(x, p1), p2)` becomes one `permute(x, p1∘p2)`, and a permute that moves
 /// nothing becomes a `Copy`. ExecuTorch's llama KV cache leaves such round trips around every
 /// layer's cache ([B, S, H, D] -> [B, H, S, D] -> back): whole-cache strided gathers per call.
@@ -1463,6 +1632,7 @@ pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
         ("unexpand_matmul_operands", unexpand_matmul_operands(g)),
         ("fold_transpose_into_matmul", fold_transpose_into_matmul(g)),
         ("fuse_attention", fuse_attention(g)),
+        ("uncut_attention_windows", uncut_attention_windows(g)),
         ("eliminate_dead", eliminate_dead(g)),
     ]
 }
@@ -2147,6 +2317,149 @@ mod tests {
         let a3 = op(&mut g, OpKind::Binary(BinaryOp::Sub), vec![x, n3]);
         g.outputs = vec![a3, n3];
         g
+    }
+
+    /// Attention over a cache updated in place at a position, its keys and values cut to the
+    /// first pos + S rows and permuted to BSHD, its mask's columns cut likewise (ExecuTorch's
+    /// XNNPACK LLM exports around `custom_sdpa`).
+    fn windowed_attention() -> Graph {
+        let f = DType::F32;
+        let (smax, h, d, len) = (4, 2, 8, 16);
+        let mut g = Graph::default();
+        let q = g.add_tensor("q", f, vec![1, smax, h, d], Role::Input(0));
+        let knew = g.add_tensor("k new", f, vec![1, 1, smax, d], Role::Input(1));
+        let pos = g.add_tensor("pos", DType::I64, vec![1], Role::Input(2));
+        let mask = g.add_tensor("mask", f, vec![smax, len], Role::Input(3));
+        g.inputs = [q, knew, pos, mask].map(Io::Tensor).to_vec();
+        let cache = g.add_tensor("cache", f, vec![1, 1, len, d], Role::State(None));
+        let (p, sl, end) = (g.add_sym("pos"), g.add_sym("S"), g.add_sym("end"));
+        g.nodes.push(Node::Sym(SymOp::ReadInput {
+            out: p,
+            tensor: pos,
+            index: 0,
+        }));
+        g.nodes.push(Node::Sym(SymOp::Size {
+            out: sl,
+            tensor: q,
+            dim: 1,
+        }));
+        g.nodes.push(Node::Sym(SymOp::Arith {
+            out: end,
+            op: SymArith::Add,
+            a: Int::Sym(p),
+            b: Int::Sym(sl),
+        }));
+        let update = OpKind::CacheUpdate {
+            axis: 2,
+            start: Int::Sym(p),
+        };
+        g.op(update, vec![cache, knew], vec![cache]);
+        let cut = |g: &mut Graph, x: TensorId, dim: usize| {
+            let y = g.add_tensor("cut", f, g.tensors[x].max_shape.clone(), Role::Activation);
+            let kind = OpKind::Slice {
+                dim,
+                start: Int::Lit(0),
+                end: Int::Sym(end),
+                step: 1,
+            };
+            g.op(kind, vec![x], vec![y]);
+            y
+        };
+        let mut kv = Vec::new();
+        for _ in 0..2 {
+            let c = cut(&mut g, cache, 2);
+            let t = g.add_tensor("bshd", f, vec![1, len, 1, d], Role::Activation);
+            let perm = vec![0, 2, 1, 3];
+            g.op(OpKind::Permute { perm }, vec![c], vec![t]);
+            kv.push(t);
+        }
+        let m = cut(&mut g, mask, 1);
+        let y = g.add_tensor("y", f, vec![1, smax, h, d], Role::Activation);
+        let attn = OpKind::Sdpa {
+            layout: AttnLayout::Bshd,
+            scale: 0.35,
+            causal: false,
+            window: None,
+            softcap: None,
+            start: Int::Sym(p),
+            all_rows: false,
+        };
+        g.op(attn, vec![q, kv[0], kv[1], m], vec![y]);
+        g.outputs = vec![y];
+        g
+    }
+
+    #[test]
+    fn attention_windows_read_uncut_with_the_same_results() {
+        let g = windowed_attention();
+        let mut uncut = g.clone();
+        assert_eq!(uncut_attention_windows(&mut uncut), 3);
+        // Keys, values and mask no longer follow the position: the slices end past the cache.
+        for o in uncut.ops() {
+            if let OpKind::Slice { end, .. } = o.kind {
+                assert_eq!(end, Int::Lit(i64::MAX));
+            }
+        }
+        let mut viewed = g.clone();
+        unit_permutes_to_reshapes(&mut viewed);
+        assert_eq!(uncut_attention_windows(&mut viewed), 3);
+        // A cut that something else reads too stays.
+        let mut shared = g.clone();
+        let first_cut = shared
+            .ops()
+            .find(|o| matches!(o.kind, OpKind::Slice { .. }))
+            .map(|o| o.outputs[0])
+            .unwrap();
+        shared.outputs.push(first_cut);
+        assert_eq!(uncut_attention_windows(&mut shared), 1, "the mask's only");
+        // Nor one whose length a symbol reads (MLX's start = kv_len - q_len); the values then
+        // keep theirs too, so that keys and values stay one length.
+        let mut sized = g.clone();
+        let (len, x) = (sized.add_sym("k rows"), sized.add_sym("x"));
+        sized.nodes.push(Node::Sym(SymOp::Size {
+            out: len,
+            tensor: first_cut,
+            dim: 2,
+        }));
+        sized.nodes.push(Node::Sym(SymOp::Arith {
+            out: x,
+            op: SymArith::Sub,
+            a: Int::Sym(len),
+            b: Int::Lit(1),
+        }));
+        assert_eq!(uncut_attention_windows(&mut sized), 1, "the mask's only");
+
+        let f32s = |n: usize, k: f32| -> Vec<u8> {
+            (0..n)
+                .flat_map(|i| ((i as f32 * k).sin()).to_le_bytes())
+                .collect()
+        };
+        // A prompt of 3 at 0, then a step of 1 at 3: the second reads the first's rows.
+        let calls: Vec<(usize, i64)> = vec![(3, 0), (1, 3)];
+        let outs = |g: Graph| {
+            let mut e = CpuExecutor::new(g).unwrap();
+            let mut got = Vec::new();
+            for (c, &(s, pos)) in calls.iter().enumerate() {
+                let (q, k, m) = (
+                    f32s(s * 2 * 8, 0.37 + c as f32),
+                    f32s(s * 8, 0.71 + c as f32),
+                    f32s(s * 16, 1.3),
+                );
+                let p = pos.to_le_bytes();
+                let t = |shape: Vec<usize>, data| InputValue::Tensor { shape, data };
+                let ins = [
+                    t(vec![1, s, 2, 8], &q[..]),
+                    t(vec![1, 1, s, 8], &k[..]),
+                    t(vec![1], &p[..]),
+                    t(vec![s, 16], &m[..]),
+                ];
+                got.push(e.run(&ins).unwrap().remove(0).data);
+            }
+            got
+        };
+        let want = outs(g);
+        assert_eq!(outs(uncut), want);
+        assert_eq!(outs(viewed), want);
     }
 
     #[test]
