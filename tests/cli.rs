@@ -114,6 +114,24 @@ fn inspect_lists_instructions_with_their_arguments() {
     );
     let (ok, plain, _) = pteria(&["inspect", &file]);
     assert!(ok && !plain.contains("instructions of forward:"), "{plain}");
+
+    // A reader that stops after a line (`| head -1`) ends the listing quietly, not in a panic
+    // (the listing, ~97 KB, is more than a pipe holds, so the writer meets the closed end).
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pteria"))
+        .args(["inspect", "--instructions", &file])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pteria");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(first.starts_with("program: "), "{first}");
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
 }
 
 #[test]

@@ -20,13 +20,18 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let ptds: Vec<&std::path::Path> = a.ptd.iter().map(|p| p.as_path()).collect();
     let p = Program::open(&a.file, &ptds)?;
-    print!("{}", describe(&p)?);
+    let mut text = describe(&p)?;
     if a.instructions {
         for m in p.plans.iter().filter(|m| !m.is_constant()) {
-            print!("{}", instructions(m));
+            text += &instructions(m);
         }
     }
-    Ok(())
+    // A reader that stops early (`| head`) is not an error; `print!` would panic on it.
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 pub(crate) fn fmt_bytes(n: usize) -> String {

@@ -692,39 +692,81 @@ impl Lowerer<'_> {
         )
     }
 
+    /// A quantized embedding's constant table (argument 0) of `dtype`: its info, bytes, and
+    /// [rows, bytes a row].
+    fn quantized_table(
+        &self,
+        args: &[usize],
+        op: &str,
+        dtype: DType,
+    ) -> Result<(crate::pte::Blob, [usize; 2]), String> {
+        let wv = args[0];
+        let info = self.info(wv)?;
+        let TensorData::Constant(blob) = &info.data else {
+            return Err(format!("{op} weight is not a constant"));
+        };
+        let [rows, cols] = info.sizes[..] else {
+            return Err(format!("{op} weight {:?} is not 2-D", info.sizes));
+        };
+        if value_dtype(info.dtype, wv)? != dtype {
+            return Err(format!(
+                "{op} table of {} ({} only)",
+                info.dtype,
+                dtype.name()
+            ));
+        }
+        Ok((blob.clone(), [rows, cols]))
+    }
+
+    /// The IR embedding of table `w` (`cols` wide) with its qparams, by the indices (argument 5).
+    fn quantized_embedding(
+        &mut self,
+        args: &[usize],
+        w: TensorId,
+        cols: usize,
+        four: bool,
+        offset: f32,
+    ) -> Result<TensorId, String> {
+        let rows = self.g.tensors[w].max_shape[0];
+        let (scales, biases, groups) = self.embedding_qparams(args, rows, cols, offset)?;
+        let (s, b) = self.qparam_tensors(args[1], rows, groups, &scales, &biases);
+        let idx = self.tensor(args[5])?;
+        let shape = [self.g.tensors[idx].max_shape.clone(), vec![cols]].concat();
+        let o = self.new_tensor(format!("embedding %{}", args[0]), DType::F32, shape);
+        let group = cols / groups;
+        let weight = if four {
+            ir::Weight::Q4 { group }
+        } else {
+            ir::Weight::Q8 { group }
+        };
+        self.g
+            .op(OpKind::Embedding { weight }, vec![w, s, b, idx], vec![o]);
+        Ok(o)
+    }
+
     /// `embedding_byte(weight i8 [V, D], scales [V] or [V, G], zero_points?, qmin, qmax,
     /// indices [, dtype])` as the IR's 8-bit embedding (`w = s·q + b`, b = -s·zp).
     fn embedding_byte(&mut self, args: &[usize]) -> Result<TensorId, String> {
-        let (wv, sv, iv) = (args[0], args[1], args[5]);
-        let info = self.info(wv)?.clone();
-        let TensorData::Constant(_) = &info.data else {
-            return Err("embedding_byte weight is not a constant".into());
-        };
-        let [rows, cols] = info.sizes[..] else {
-            return Err(format!("embedding_byte weight {:?} is not 2-D", info.sizes));
-        };
-        if value_dtype(info.dtype, wv)? != DType::I8 {
-            return Err(format!("embedding_byte table of {} (i8 only)", info.dtype));
-        }
-        let (scales, biases, groups) = self.embedding_qparams(args, rows, cols, 0.0)?;
-        let w = self.tensor(wv)?;
-        let (s, b) = self.qparam_tensors(sv, rows, groups, &scales, &biases);
-        let idx = self.tensor(iv)?;
-        let o = self.new_tensor(
-            format!("embedding %{wv}"),
-            DType::F32,
-            [self.g.tensors[idx].max_shape.clone(), vec![cols]].concat(),
+        let (_, [_, cols]) = self.quantized_table(args, "embedding_byte", DType::I8)?;
+        let w = self.tensor(args[0])?;
+        self.quantized_embedding(args, w, cols, false, 0.0)
+    }
+
+    /// `embedding_4bit(weight u8 [V, D/2], scales [V] or [V, G], zero_points?, qmin, qmax,
+    /// indices [, dtype])` as the IR's 4-bit embedding: ExecuTorch packs column 2j in the high
+    /// nibble, stored as q + 8; the IR reads 2j from the low nibble, so the nibbles swap at load,
+    /// and w = s·(u - 8 - zp) gives b = -s·(8 + zp).
+    fn embedding_4bit(&mut self, args: &[usize]) -> Result<TensorId, String> {
+        let (blob, [rows, half]) = self.quantized_table(args, "embedding_4bit", DType::U8)?;
+        let swapped: Vec<u8> = blob.iter().map(|b| b.rotate_left(4)).collect();
+        let blob = crate::pte::Blob::whole(std::sync::Arc::new(crate::pte::Bytes::Owned(swapped)));
+        let w = self.g.add_tensor(
+            format!("%{} low nibble first", args[0]),
+            DType::U8,
+            vec![rows, half],
+            Role::Constant(blob),
         );
-        self.g.op(
-            OpKind::Embedding {
-                weight: ir::Weight::Q8 {
-                    group: cols / groups,
-                },
-            },
-            vec![w, s, b, idx],
-            vec![o],
-        );
-        Ok(o)
+        self.quantized_embedding(args, w, half * 2, true, 8.0)
     }
 
     /// `et_view(self, size) -> out`: the same elements in a new shape (sizes may be symbols).
@@ -741,44 +783,6 @@ impl Lowerer<'_> {
         }
         self.g.op(OpKind::Reshape { shape }, vec![x], vec![o]);
         self.write(args[2], o)
-    }
-
-    /// `embedding_4bit(weight u8 [V, D/2], scales [V] or [V, G], zero_points?, qmin, qmax,
-    /// indices [, dtype])` as the IR's 4-bit embedding: ExecuTorch packs column 2j in the high
-    /// nibble, stored as q + 8; the IR reads 2j from the low nibble, so the nibbles swap at load,
-    /// and w = s·(u - 8 - zp) gives b = -s·(8 + zp).
-    fn embedding_4bit(&mut self, args: &[usize]) -> Result<TensorId, String> {
-        let (wv, iv) = (args[0], args[5]);
-        let info = self.info(wv)?.clone();
-        let TensorData::Constant(blob) = &info.data else {
-            return Err("embedding_4bit weight is not a constant".into());
-        };
-        let [rows, half] = info.sizes[..] else {
-            return Err(format!("embedding_4bit weight {:?} is not 2-D", info.sizes));
-        };
-        if value_dtype(info.dtype, wv)? != DType::U8 {
-            return Err(format!("embedding_4bit table of {} (u8 only)", info.dtype));
-        }
-        let cols = half * 2;
-        let (scales, biases, groups) = self.embedding_qparams(args, rows, cols, 8.0)?;
-        let swapped: Vec<u8> = blob.iter().map(|b| b.rotate_left(4)).collect();
-        let blob = crate::pte::Blob::whole(std::sync::Arc::new(crate::pte::Bytes::Owned(swapped)));
-        let w = self.g.add_tensor(
-            format!("%{wv} low nibble first"),
-            DType::U8,
-            vec![rows, half],
-            Role::Constant(blob),
-        );
-        let (s, b) = self.qparam_tensors(args[1], rows, groups, &scales, &biases);
-        let idx = self.tensor(iv)?;
-        let shape = [self.g.tensors[idx].max_shape.clone(), vec![cols]].concat();
-        let o = self.new_tensor(format!("embedding %{wv}"), DType::F32, shape);
-        let weight = ir::Weight::Q4 {
-            group: cols / groups,
-        };
-        self.g
-            .op(OpKind::Embedding { weight }, vec![w, s, b, idx], vec![o]);
-        Ok(o)
     }
 
     /// Whether value `v` may be changed in place at instruction `i`: nothing reads it later but
