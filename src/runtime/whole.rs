@@ -69,6 +69,8 @@ const LOWERED: &[&str] = &[
     "aten::gt.Tensor_out",
     "aten::ge.Tensor_out",
     "aten::squeeze_copy.dims_out",
+    "aten::expand_copy.out",
+    "aten::any.out",
     "quantized_decomposed::embedding_4bit.out",
     "quantized_decomposed::embedding_4bit.dtype_out",
 ];
@@ -139,6 +141,9 @@ struct Lowerer<'a> {
     /// Tensors that are one element of a method input (`select_copy` of the input positions),
     /// so `_local_scalar_dense` reads them on the host: (input, element).
     input_element: HashMap<TensorId, (TensorId, usize)>,
+    /// Tensors that are a run of a 1-D input's elements (`slice_copy` of `input_pos` with constant
+    /// bounds): (input, first element, length).
+    input_run: HashMap<TensorId, (TensorId, usize, usize)>,
 }
 
 /// Lowers `plan` into one IR graph, or says why it cannot.
@@ -228,6 +233,7 @@ pub fn lower_method(
         root: HashMap::new(),
         readers,
         input_element: HashMap::new(),
+        input_run: HashMap::new(),
     };
     for (k, &v) in plan.inputs.iter().enumerate() {
         let b = match plan.values.get(v) {
@@ -1083,6 +1089,19 @@ impl Lowerer<'_> {
                     .filter(|&s| s > 0)
                     .ok_or_else(|| format!("slice step {step} must be positive"))?;
                 let o = out_like(self, args[5])?;
+                if let (Role::Input(_), 1, Int::Lit(a), Int::Lit(b), 1) = (
+                    &self.g.tensors[x].role,
+                    self.g.tensors[x].max_shape.len(),
+                    start,
+                    end,
+                    step,
+                ) {
+                    if let (Ok(a), Ok(b)) = (usize::try_from(a), usize::try_from(b)) {
+                        if b > a {
+                            self.input_run.insert(o, (x, a, b - a));
+                        }
+                    }
+                }
                 let kind = OpKind::Slice {
                     dim,
                     start,
@@ -1100,6 +1119,15 @@ impl Lowerer<'_> {
                 let index = self.int(args[2])?;
                 let o = out_like(self, args[3])?;
                 self.g.op(OpKind::Select { dim, index }, vec![x], vec![o]);
+                // One element of a constant run of an input's elements: the same, offset.
+                if let (Some(&(input, first, n)), Int::Lit(i), 0) =
+                    (self.input_run.get(&x), index, dim)
+                {
+                    let i = if i < 0 { i + n as i64 } else { i };
+                    if (0..n as i64).contains(&i) {
+                        self.input_element.insert(o, (input, first + i as usize));
+                    }
+                }
                 // One element of an input (the start position of `input_pos`): readable on the
                 // host, so `_local_scalar_dense` needs no readback.
                 let others_one = shape.iter().enumerate().all(|(d, &n)| d == dim || n == 1);
@@ -1472,6 +1500,57 @@ impl Lowerer<'_> {
                 let y = self.cast_to(y, self.g.tensors[o].dtype, "embedding as out".into());
                 self.g.op(OpKind::Copy, vec![y], vec![o]);
                 self.write_out(args[n - 2], args[n - 1], o)
+            }
+            "aten::expand_copy.out" => {
+                // (self, size, implicit, out): -1 keeps that dim of self (aligned from the right).
+                let x = self.tensor(args[0])?;
+                let mut shape = self.int_list(args[1])?;
+                let sizes = self.sizes(x);
+                let off = shape
+                    .len()
+                    .checked_sub(sizes.len())
+                    .ok_or("expand to fewer dims")?;
+                for (d, s) in shape.iter_mut().enumerate() {
+                    if *s == Int::Lit(-1) {
+                        *s = *sizes.get(d.wrapping_sub(off)).ok_or("-1 for a new dim")?;
+                    }
+                }
+                let o = out_like(self, args[3])?;
+                self.g.op(OpKind::Expand { shape }, vec![x], vec![o]);
+                self.write_out(args[3], args[4], o)
+            }
+            "aten::any.out" => {
+                // (self, dim, keepdim, out): whether the dim holds a nonzero, as sum(x != 0) > 0.
+                let x = self.tensor(args[0])?;
+                let max = self.g.tensors[x].max_shape.clone();
+                let dim = norm_dim(self.lit(args[1])?, max.len())?;
+                let keepdim = scalar(args[2])? != 0.0;
+                let ne = self.new_tensor(format!("%{} != 0", args[0]), DType::F32, max);
+                let kind = OpKind::BinaryScalar {
+                    op: ir::BinaryOp::Ne,
+                    scalar: 0.0,
+                    scalar_first: false,
+                };
+                let nz = self.new_tensor(
+                    format!("%{} != 0", args[0]),
+                    DType::Bool,
+                    self.g.tensors[x].max_shape.clone(),
+                );
+                self.g.op(kind, vec![x], vec![nz]);
+                self.g.op(OpKind::Cast, vec![nz], vec![ne]);
+                let o = out_like(self, args[3])?;
+                let sum_shape = self.g.tensors[o].max_shape.clone();
+                let sum = self.new_tensor(format!("%{} count", args[0]), DType::F32, sum_shape);
+                let dims = vec![dim];
+                self.g
+                    .op(OpKind::Sum { dims, keepdim }, vec![ne], vec![sum]);
+                let kind = OpKind::BinaryScalar {
+                    op: ir::BinaryOp::Gt,
+                    scalar: 0.0,
+                    scalar_first: false,
+                };
+                self.g.op(kind, vec![sum], vec![o]);
+                self.write_out(args[3], args[4], o)
             }
             _ => Err("no IR lowering".into()),
         }
