@@ -308,15 +308,17 @@ fn generate_runs_an_xnnpack_program_on_the_cpu_and_the_gpu_executor() {
     assert!(err.contains("unknown device `tpu`"), "{err}");
 }
 
-/// `--kv f16` says when the caches are not all f16: the XNNPACK program's caches live with CPU
-/// ops; the stock Vulkan export's are cache updates on the GPU, all f16, and nothing is said.
+/// `--kv f16` says when the caches are not all f16: a program without delegates keeps its caches
+/// with CPU ops; the XNNPACK and stock Vulkan exports run as one graph whose caches are cache
+/// updates on the GPU, all f16, and nothing is said.
 #[test]
 fn generate_says_when_kv_f16_finds_no_cache_to_hold() {
     if common::gpu_context().is_none() {
         return;
     }
     for (program, note) in [
-        ("llama_tiny_xnnpack_8da4w.pte", true),
+        ("llama_tiny_portable_fp32.pte", true),
+        ("llama_tiny_xnnpack_8da4w.pte", false),
         ("gemma4_tiny_vulkan_stock_8da4w_emb4.pte", false),
     ] {
         let dir = byte_model_dir(program);
