@@ -1054,13 +1054,17 @@ impl Lowerer<'_> {
                 self.write_out(args[5], args[6], o)
             }
             "quantized_decomposed::embedding_byte.out"
-            | "quantized_decomposed::embedding_byte.dtype_out" => {
+            | "quantized_decomposed::embedding_byte.dtype_out"
+            | "quantized_decomposed::embedding_4bit.out"
+            | "quantized_decomposed::embedding_4bit.dtype_out" => {
+                // The IR's embedding writes the out value itself (`write` converts its dtype).
                 let n = args.len();
-                let y = self.embedding_byte(args)?;
-                let o = out_like(self, args[n - 2])?;
-                let y = self.cast_to(y, self.g.tensors[o].dtype, "embedding as out".into());
-                self.g.op(OpKind::Copy, vec![y], vec![o]);
-                self.write_out(args[n - 2], args[n - 1], o)
+                let y = if key.contains("4bit") {
+                    self.embedding_4bit(args)?
+                } else {
+                    self.embedding_byte(args)?
+                };
+                self.write_out(args[n - 2], args[n - 1], y)
             }
             "aten::full_like.out" => {
                 // (self, fill_value, memory_format?, out)
@@ -1491,15 +1495,6 @@ impl Lowerer<'_> {
                     vec![cache],
                 );
                 Ok(())
-            }
-            "quantized_decomposed::embedding_4bit.out"
-            | "quantized_decomposed::embedding_4bit.dtype_out" => {
-                let n = args.len();
-                let y = self.embedding_4bit(args)?;
-                let o = out_like(self, args[n - 2])?;
-                let y = self.cast_to(y, self.g.tensors[o].dtype, "embedding as out".into());
-                self.g.op(OpKind::Copy, vec![y], vec![o]);
-                self.write_out(args[n - 2], args[n - 1], o)
             }
             "aten::expand_copy.out" => {
                 // (self, size, implicit, out): -1 keeps that dim of self (aligned from the right).
