@@ -391,6 +391,21 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// ExecuTorch's attention over BSHD caches that already hold this call's rows
+    /// (`custom_sdpa`, `sdpa_with_kv_cache`), whichever front end meets it: a null scale is
+    /// 1/sqrt(head_dim).
+    pub fn cached_sdpa(scale: Option<f32>, head_dim: usize, causal: bool, start: Int) -> OpKind {
+        OpKind::Sdpa {
+            layout: AttnLayout::Bshd,
+            scale: scale.unwrap_or(1.0 / (head_dim as f32).sqrt()),
+            causal,
+            window: None,
+            softcap: None,
+            start,
+            all_rows: false,
+        }
+    }
+
     /// Every integer the op takes, symbols among them.
     pub fn ints(&self) -> Vec<Int> {
         match self {

@@ -1307,23 +1307,12 @@ impl Lowerer<'_> {
                     .last()
                     .ok_or("scalar query")?;
                 let scale = match self.plan.values.get(args[7]) {
-                    Some(EValue::Null) => 1.0 / (d as f32).sqrt(),
-                    _ => scalar(args[7])? as f32,
+                    Some(EValue::Null) => None,
+                    _ => Some(scalar(args[7])? as f32),
                 };
                 let o = out_like(self, args[8])?;
-                self.g.op(
-                    OpKind::Sdpa {
-                        layout: ir::AttnLayout::Bshd,
-                        scale,
-                        causal,
-                        window: None,
-                        softcap: None,
-                        start,
-                        all_rows: false,
-                    },
-                    ins,
-                    vec![o],
-                );
+                let kind = OpKind::cached_sdpa(scale, d, causal, start);
+                self.g.op(kind, ins, vec![o]);
                 self.write_out(args[8], args[9], o)
             }
             "aten::rsqrt.out" | "aten::sigmoid.out" | "aten::logical_not.out" => {

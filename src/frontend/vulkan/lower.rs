@@ -582,25 +582,14 @@ impl Lower<'_> {
         let causal = self.boolean(a(ci)?)?;
         let d = *self.g.tensors[q].max_shape.last().ok_or("scalar query")?;
         let scale = match self.map[a(si)?] {
-            Mapped::Null => 1.0 / (d as f32).sqrt(),
-            _ => self.double(a(si)?)? as f32,
+            Mapped::Null => None,
+            _ => Some(self.double(a(si)?)? as f32),
         };
         let y = self.out(c)?;
         let mut ins = vec![q, kc, vc];
         ins.extend(mask);
-        self.g.op(
-            OpKind::Sdpa {
-                layout: AttnLayout::Bshd,
-                scale,
-                causal,
-                window: None,
-                softcap: None,
-                start,
-                all_rows: false,
-            },
-            ins,
-            vec![y],
-        );
+        let kind = OpKind::cached_sdpa(scale, d, causal, start);
+        self.g.op(kind, ins, vec![y]);
         Ok(())
     }
 
