@@ -73,6 +73,50 @@ fn inspect_says_which_ops_run_where() {
     );
 }
 
+/// `inspect --ir` lists the graph the executors run: one line an op (as many as the summary
+/// counts) or host integer, after the load-time passes.
+#[test]
+fn inspect_lists_the_ir_graph_after_its_passes() {
+    let file = fixture("gemma4_tiny_xnnpack_8da4w.pte");
+    let (ok, out, err) = pteria(&["inspect", "--ir", &file]);
+    assert!(ok, "{err}");
+    let listing = out
+        .split("forward IR:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no listing:\n{out}"));
+    let count: usize = out
+        .split("as one IR graph (")
+        .nth(1)
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no op count:\n{out}"));
+    let ops: Vec<&str> = listing.lines().filter(|l| l.contains(") -> (")).collect();
+    assert_eq!(ops.len(), count, "{listing}");
+    // The 8 caches are written in place, and attention reads them whole: neither the export's
+    // cuts to pos + S rows nor copies of the whole cache are left.
+    let updates = ops
+        .iter()
+        .filter(|l| l.contains("cache_update CacheUpdate") && l.contains("] state, "))
+        .count();
+    assert_eq!(updates, 8, "{listing}");
+    assert!(
+        !ops.iter()
+            .any(|l| l.contains("Slice { dim: 2,") || l.contains(" Copy ")),
+        "{listing}"
+    );
+    assert!(listing.contains("ReadInput {"), "{listing}");
+    assert!(
+        listing.lines().last().unwrap().contains("outputs: %"),
+        "{listing}"
+    );
+    let (ok, out, err) = pteria(&["inspect", "--ir", &fixture("gemma4_tiny_portable_fp32.pte")]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("(not one graph: the method has no delegates)"),
+        "{out}"
+    );
+}
+
 /// `inspect --instructions` lists every instruction, in order, with its arguments.
 #[test]
 fn inspect_lists_instructions_with_their_arguments() {

@@ -15,6 +15,9 @@ pub struct Args {
     /// Also list every method's instructions with their arguments (values as `%N`).
     #[arg(long)]
     instructions: bool,
+    /// Also list each method's IR graph as the executors run it (after the load-time passes).
+    #[arg(long)]
+    ir: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -24,6 +27,11 @@ pub fn run(a: Args) -> Result<()> {
     if a.instructions {
         for m in p.plans.iter().filter(|m| !m.is_constant()) {
             text += &instructions(m);
+        }
+    }
+    if a.ir {
+        for m in p.plans.iter().filter(|m| !m.is_constant()) {
+            text += &ir_listing(&p, m);
         }
     }
     // A reader that stops early (`| head`) is not an error; `print!` would panic on it.
@@ -120,6 +128,53 @@ fn instructions(m: &pteria::pte::ExecutionPlan) -> String {
         let args: Vec<String> = args.iter().map(|&v| arg_desc(m, v)).collect();
         s += &format!("  {i:5} {name}({})\n", args.join(", "));
     }
+    s
+}
+
+/// One line a node of the method's graph: ops with their tensors (`%id dtype[upper bounds]`,
+/// the role where it is not an activation), host integers as they are computed.
+fn ir_listing(p: &Program, m: &pteria::pte::ExecutionPlan) -> String {
+    use pteria::ir::{Node, Role};
+    use std::fmt::Write;
+    let backends = pteria::frontend::backends(pteria::runtime::delegate::cpu_executor());
+    let g = pteria::runtime::whole::lower_method(m, &p.named_data, &backends);
+    let mut s = format!("  {} IR:\n", m.name);
+    let g = match g {
+        Ok(g) => g,
+        Err(why) => {
+            let _ = writeln!(s, "    (not one graph: {why})");
+            return s;
+        }
+    };
+    let t = |id: usize| {
+        let d = &g.tensors[id];
+        let role = match d.role {
+            Role::Activation => "",
+            Role::Input(_) => " input",
+            Role::Constant(_) => " const",
+            Role::State(_) => " state",
+        };
+        format!("%{id} {:?}{:?}{role}", d.dtype, d.max_shape)
+    };
+    for (i, n) in g.nodes.iter().enumerate() {
+        let _ = match n {
+            Node::Op(o) => {
+                let ins: Vec<String> = o.inputs.iter().map(|&x| t(x)).collect();
+                let outs: Vec<String> = o.outputs.iter().map(|&x| t(x)).collect();
+                writeln!(
+                    s,
+                    "    {i:5} {} {:?} ({}) -> ({})",
+                    o.kind.name(),
+                    o.kind,
+                    ins.join(", "),
+                    outs.join(", ")
+                )
+            }
+            Node::Sym(op) => writeln!(s, "    {i:5} {op:?}"),
+        };
+    }
+    let outs: Vec<String> = g.outputs.iter().map(|&x| t(x)).collect();
+    let _ = writeln!(s, "    outputs: {}", outs.join(", "));
     s
 }
 

@@ -22,7 +22,7 @@ pub type TensorId = usize;
 pub type SymId = usize;
 
 /// An integer attribute that is either fixed or read from a host symbol at run time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Int {
     Lit(i64),
     Sym(SymId),
@@ -455,7 +455,7 @@ pub struct Op {
     pub outputs: Vec<TensorId>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SymArith {
     Add,
     Sub,
@@ -467,7 +467,7 @@ pub enum SymArith {
 }
 
 /// Host-side integer computations; they run in graph order before and between kernels.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SymOp {
     /// Current size of a tensor dim.
     Size {

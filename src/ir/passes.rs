@@ -538,19 +538,141 @@ pub fn uncut_attention_windows(g: &mut Graph) -> usize {
             break;
         }
     }
-    for &i in &cuts {
-        if let Node::Op(Op {
-            kind: OpKind::Slice { end, .. },
-            inputs,
-            outputs,
-        }) = &mut g.nodes[i]
-        {
-            *end = Int::Lit(i64::MAX);
-            let full = g.tensors[inputs[0]].max_shape.clone();
-            g.tensors[outputs[0]].max_shape = full;
+    // The views on the way to attention had room for pos + S rows at most: now they hold the
+    // whole (which would otherwise size the storage they alias by the larger bound).
+    type Sizes = std::collections::HashMap<SymId, (TensorId, usize)>;
+    fn widen(g: &mut Graph, size_of: &Sizes, t: TensorId, dim: usize, len: usize) {
+        let views: Vec<(TensorId, usize)> = g
+            .ops()
+            .filter(|o| o.inputs.first() == Some(&t))
+            .filter_map(|o| match &o.kind {
+                OpKind::Permute { perm } => {
+                    Some((o.outputs[0], perm.iter().position(|&p| p == dim)?))
+                }
+                OpKind::Reshape { shape } => {
+                    let cut =
+                        |d: &Int| matches!(d, Int::Sym(s) if size_of.get(s) == Some(&(t, dim)));
+                    Some((o.outputs[0], shape.iter().position(cut)?))
+                }
+                _ => None,
+            })
+            .collect();
+        for (v, d) in views {
+            g.tensors[v].max_shape[d] = len;
+            widen(g, size_of, v, d, len);
         }
     }
+    for &i in &cuts {
+        let Node::Op(o) = &mut g.nodes[i] else {
+            continue;
+        };
+        // Uncut, the slice is a copy, which `drop_noop_copies` then drops where it may.
+        let OpKind::Slice { dim, .. } = o.kind else {
+            continue;
+        };
+        o.kind = OpKind::Copy;
+        let (x, y) = (o.inputs[0], o.outputs[0]);
+        let full = g.tensors[x].max_shape.clone();
+        let len = full[dim];
+        g.tensors[y].max_shape = full;
+        widen(g, &size_of, y, dim, len);
+    }
     cuts.len()
+}
+
+/// A `Slice` from 0 with step 1 to at least its dim's upper bound keeps every row: a `Copy`
+/// (the XNNPACK exports slice masks `[:, 0:1024]` of 1024 columns), which `drop_noop_copies`
+/// may then drop.
+pub fn full_slices_to_copies(g: &mut Graph) -> usize {
+    let mut n = 0;
+    for node in &mut g.nodes {
+        let Node::Op(o) = node else { continue };
+        let OpKind::Slice {
+            dim,
+            start: Int::Lit(0),
+            end: Int::Lit(end),
+            step: 1,
+        } = o.kind
+        else {
+            continue;
+        };
+        let (x, y) = (&g.tensors[o.inputs[0]], &g.tensors[o.outputs[0]]);
+        let whole = x.max_shape.get(dim).is_some_and(|&d| end >= d as i64);
+        if whole && x.max_shape == y.max_shape && x.dtype == y.dtype {
+            o.kind = OpKind::Copy;
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Host symbols defined alike (an input's element, a tensor's size, the same arithmetic of
+/// the same symbols) become one: ExecuTorch exports read `input_pos` again for every layer, so
+/// that each layer's slices of the same mask row looked different to `merge_common_ops`.
+pub fn merge_common_syms(g: &mut Graph) -> usize {
+    let mut writes = vec![0usize; g.sym_names.len()];
+    for n in &g.nodes {
+        if let Node::Sym(
+            SymOp::Size { out, .. } | SymOp::ReadInput { out, .. } | SymOp::Arith { out, .. },
+        ) = n
+        {
+            writes[*out] += 1;
+        }
+    }
+    // A symbol the caller writes (a delegate's integer input) has no defining node.
+    for io in &g.inputs {
+        if let Io::Sym(s) = io {
+            writes[*s] += 1;
+        }
+    }
+    let mut repl: Vec<SymId> = (0..g.sym_names.len()).collect();
+    let mut seen: std::collections::HashMap<SymOp, SymId> = Default::default();
+    let mut dropped = vec![false; g.nodes.len()];
+    for (node, drop) in g.nodes.iter_mut().zip(dropped.iter_mut()) {
+        let Node::Sym(op) = node else { continue };
+        let r = |i: &mut Int| {
+            if let Int::Sym(s) = i {
+                *s = repl[*s];
+            }
+        };
+        let out = match op {
+            SymOp::Arith { out, a, b, .. } => {
+                r(a);
+                r(b);
+                *out
+            }
+            SymOp::Size { out, .. } | SymOp::ReadInput { out, .. } => *out,
+        };
+        if writes[out] != 1 {
+            continue;
+        }
+        let mut key = op.clone();
+        match &mut key {
+            SymOp::Arith { out, .. } | SymOp::Size { out, .. } | SymOp::ReadInput { out, .. } => {
+                *out = 0
+            }
+        }
+        match seen.get(&key) {
+            Some(&first) => {
+                repl[out] = first;
+                *drop = true;
+            }
+            None => {
+                seen.insert(key, out);
+            }
+        }
+    }
+    for node in &mut g.nodes {
+        if let Node::Op(o) = node {
+            o.kind.map_syms(|s| repl[s]);
+        }
+    }
+    for (_, s) in &mut g.sym_outputs {
+        *s = repl[*s];
+    }
+    let mut k = dropped.iter();
+    g.nodes.retain(|_| !k.next().copied().unwrap_or(false));
+    dropped.iter().filter(|&&d| d).count()
 }
 
 /// A reader that is not an op (a size read by a host symbol).
@@ -1624,15 +1746,18 @@ pub fn optimize(g: &mut Graph) -> Vec<(&'static str, usize)> {
     vec![
         ("fold_permutes", fold_permutes(g)),
         ("unit_permutes_to_reshapes", unit_permutes_to_reshapes(g)),
+        ("full_slices_to_copies", full_slices_to_copies(g)),
         ("drop_noop_copies", drop_noop_copies(g)),
         ("fuse_rms_norm", fuse_rms_norm(g)),
         ("fuse_rotate_half", fuse_rotate_half(g)),
         ("dedupe_constants", dedupe_constants(g)),
+        ("merge_common_syms", merge_common_syms(g)),
         ("merge_common_ops", merge_common_ops(g)),
         ("unexpand_matmul_operands", unexpand_matmul_operands(g)),
         ("fold_transpose_into_matmul", fold_transpose_into_matmul(g)),
         ("fuse_attention", fuse_attention(g)),
         ("uncut_attention_windows", uncut_attention_windows(g)),
+        ("drop_uncut_copies", drop_noop_copies(g)),
         ("eliminate_dead", eliminate_dead(g)),
     ]
 }
@@ -2353,7 +2478,9 @@ mod tests {
             axis: 2,
             start: Int::Sym(p),
         };
-        g.op(update, vec![cache, knew], vec![cache]);
+        // The update's output aliases the cache (as `whole` lowers `slice_scatter`).
+        let updated = g.add_tensor("updated", f, vec![1, 1, len, d], Role::Activation);
+        g.op(update, vec![cache, knew], vec![updated]);
         let cut = |g: &mut Graph, x: TensorId, dim: usize| {
             let y = g.add_tensor("cut", f, g.tensors[x].max_shape.clone(), Role::Activation);
             let kind = OpKind::Slice {
@@ -2367,8 +2494,9 @@ mod tests {
         };
         let mut kv = Vec::new();
         for _ in 0..2 {
-            let c = cut(&mut g, cache, 2);
-            let t = g.add_tensor("bshd", f, vec![1, len, 1, d], Role::Activation);
+            let c = cut(&mut g, updated, 2);
+            // Room for pos + S rows, as the export bounds them.
+            let t = g.add_tensor("bshd", f, vec![1, len + smax - 1, 1, d], Role::Activation);
             let perm = vec![0, 2, 1, 3];
             g.op(OpKind::Permute { perm }, vec![c], vec![t]);
             kv.push(t);
@@ -2394,15 +2522,26 @@ mod tests {
         let g = windowed_attention();
         let mut uncut = g.clone();
         assert_eq!(uncut_attention_windows(&mut uncut), 3);
-        // Keys, values and mask no longer follow the position: the slices end past the cache.
-        for o in uncut.ops() {
-            if let OpKind::Slice { end, .. } = o.kind {
-                assert_eq!(end, Int::Lit(i64::MAX));
-            }
-        }
+        // Keys, values and mask no longer follow the position: the cuts copy the whole, and
+        // the views on the way to attention hold the whole cache, no more.
+        let whole_views = |g: &Graph| {
+            assert!(g.ops().all(|o| !matches!(o.kind, OpKind::Slice { .. })));
+            let views: Vec<_> = g
+                .ops()
+                .filter(|o| matches!(o.kind, OpKind::Permute { .. } | OpKind::Reshape { .. }))
+                .map(|o| g.tensors[o.outputs[0]].max_shape.clone())
+                .collect();
+            assert_eq!(views, [[1, 16, 1, 8], [1, 16, 1, 8]]);
+        };
+        whole_views(&uncut);
+        // Nothing writes what they copy after them: the copies go.
+        let mut dropped = uncut.clone();
+        assert_eq!(drop_noop_copies(&mut dropped), 3);
         let mut viewed = g.clone();
         unit_permutes_to_reshapes(&mut viewed);
         assert_eq!(uncut_attention_windows(&mut viewed), 3);
+        whole_views(&viewed);
+        assert_eq!(drop_noop_copies(&mut viewed), 3);
         // A cut that something else reads too stays.
         let mut shared = g.clone();
         let first_cut = shared
@@ -2459,7 +2598,120 @@ mod tests {
         };
         let want = outs(g);
         assert_eq!(outs(uncut), want);
+        assert_eq!(outs(dropped), want);
         assert_eq!(outs(viewed), want);
+    }
+
+    /// Runs `g` on the CPU executor with f32 input `x` and i64 input `pos`.
+    fn run_x_pos(g: Graph, x: &[f32], shape: Vec<usize>, pos: i64) -> Vec<Vec<u8>> {
+        let mut e = CpuExecutor::new(g).unwrap();
+        let data: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let p = pos.to_le_bytes();
+        let ins = [
+            InputValue::Tensor { shape, data: &data },
+            InputValue::Tensor {
+                shape: vec![1],
+                data: &p,
+            },
+        ];
+        e.run(&ins).unwrap().into_iter().map(|t| t.data).collect()
+    }
+
+    #[test]
+    fn slices_of_every_row_become_copies_with_the_same_results() {
+        let f = DType::F32;
+        let mut g = Graph::default();
+        let x = g.add_tensor("x", f, vec![3, 5], Role::Input(0));
+        let pos = g.add_tensor("pos", DType::I64, vec![1], Role::Input(1));
+        g.inputs = vec![Io::Tensor(x), Io::Tensor(pos)];
+        let slice = |g: &mut Graph, end: i64, n: usize| {
+            let y = g.add_tensor("cut", f, vec![3, n], Role::Activation);
+            let kind = OpKind::Slice {
+                dim: 1,
+                start: Int::Lit(0),
+                end: Int::Lit(end),
+                step: 1,
+            };
+            g.op(kind, vec![x], vec![y]);
+            y
+        };
+        let (a, b, c) = (
+            slice(&mut g, 5, 5),
+            slice(&mut g, i64::MAX, 5),
+            slice(&mut g, 4, 4),
+        );
+        let ab = g.add_tensor("a+b", f, vec![3, 5], Role::Activation);
+        g.op(OpKind::Binary(BinaryOp::Add), vec![a, b], vec![ab]);
+        g.outputs = vec![ab, c];
+        let mut copied = g.clone();
+        assert_eq!(
+            full_slices_to_copies(&mut copied),
+            2,
+            "0..4 of 5 stays a slice"
+        );
+        let mut dropped = copied.clone();
+        assert_eq!(drop_noop_copies(&mut dropped), 2);
+        assert_eq!(dropped.ops().count(), 2);
+        let xs: Vec<f32> = (0..15).map(|i| (i as f32 * 0.3).sin()).collect();
+        let want = run_x_pos(g, &xs, vec![3, 5], 0);
+        assert_eq!(run_x_pos(copied, &xs, vec![3, 5], 0), want);
+        assert_eq!(run_x_pos(dropped, &xs, vec![3, 5], 0), want);
+    }
+
+    #[test]
+    fn symbols_defined_alike_merge_and_so_do_the_ops_reading_them() {
+        let f = DType::F32;
+        let mut g = Graph::default();
+        let x = g.add_tensor("x", f, vec![6, 4], Role::Input(0));
+        let pos = g.add_tensor("pos", DType::I64, vec![1], Role::Input(1));
+        g.inputs = vec![Io::Tensor(x), Io::Tensor(pos)];
+        // Each "layer" reads the position anew and takes row pos of x, as the exports do.
+        let mut rows = Vec::new();
+        for layer in 0..3 {
+            let (p, e) = (g.add_sym("pos"), g.add_sym("end"));
+            g.nodes.push(Node::Sym(SymOp::ReadInput {
+                out: p,
+                tensor: pos,
+                index: 0,
+            }));
+            // The last layer's end is pos + 2: not the same symbol, nor the same slice.
+            let more = if layer == 2 { 2 } else { 1 };
+            g.nodes.push(Node::Sym(SymOp::Arith {
+                out: e,
+                op: SymArith::Add,
+                a: Int::Sym(p),
+                b: Int::Lit(more),
+            }));
+            let y = g.add_tensor("row", f, vec![more as usize, 4], Role::Activation);
+            let kind = OpKind::Slice {
+                dim: 0,
+                start: Int::Sym(p),
+                end: Int::Sym(e),
+                step: 1,
+            };
+            g.op(kind, vec![x], vec![y]);
+            rows.push(y);
+        }
+        let sum = g.add_tensor("sum", f, vec![1, 4], Role::Activation);
+        g.op(OpKind::Binary(BinaryOp::Add), rows[..2].to_vec(), vec![sum]);
+        g.outputs = vec![sum, rows[2]];
+        let mut merged = g.clone();
+        // The second and third position reads, the second end.
+        assert_eq!(merge_common_syms(&mut merged), 3);
+        let mut common = merged.clone();
+        assert_eq!(
+            merge_common_ops(&mut common),
+            1,
+            "the first two rows are one slice"
+        );
+        let mut untouched = g.clone();
+        assert_eq!(merge_common_ops(&mut untouched), 0);
+        let xs: Vec<f32> = (0..24).map(|i| (i as f32 * 0.7).cos()).collect();
+        for pos in [0, 3] {
+            let want = run_x_pos(g.clone(), &xs, vec![6, 4], pos);
+            assert_eq!(run_x_pos(merged.clone(), &xs, vec![6, 4], pos), want);
+            assert_eq!(run_x_pos(common.clone(), &xs, vec![6, 4], pos), want);
+        }
     }
 
     #[test]
