@@ -1414,3 +1414,120 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         y[m * p.ldy + p.n0 + row0 + r] = v;
     }
 }
+
+// ---- xnn_matvec: xnn_gemm's arithmetic for one row of x (decode), 4-bit weights ----
+// The same exact integer sums and the same float terms in the same order as xnn_gemm, so the
+// same bits, laid out for a single x row: a workgroup owns XR weight rows; each (row, group)
+// pair's integer sums are one invocation's (a coalesced run of GROUP / 2 bytes), kept in shared
+// memory with the row's scales and its ksum run sums (16 columns each, as i8: |Σ w| <= 128);
+// then XR invocations add each row's float terms in order (ksum's runs, then the groups' fused
+// terms). Needs GROUP % 64 == 0; XG = K / GROUP groups a row.
+override XG: u32 = 1u;
+
+var<workgroup> xv_runs: array<u32, XR * XG * ((GROUP + 63u) / 64u)>;
+var<workgroup> xv_uw: array<i32, XR * XG>;
+var<workgroup> xv_s: array<f32, XR * XG>;
+var<workgroup> xv_sq: array<i32, XG>;
+
+@compute @workgroup_size(WG)
+fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) t: u32) {
+    let ones = 0x01010101u;
+    let m4 = 0x0f0f0f0fu;
+    let row0 = (wg.x + wg.y * nwg.x) * XR;
+    let last = p.n - 1u;
+    // x: K / 4 int8 words, then (1 / multiplier, zero point) (act_quant_packed).
+    let xq = GROUP / 16u;
+    if t == 0u {
+        xnn_zero_shared = 0u;
+    }
+    for (var g = t; g < XG; g += WG) {
+        var sq = 0;
+        for (var j = 0u; j < xq; j++) {
+            let v = xu4[g * xq + j];
+            sq += dot4I8Packed(v.x, ones) + dot4I8Packed(v.y, ones) + dot4I8Packed(v.z, ones)
+                + dot4I8Packed(v.w, ones);
+        }
+        xv_sq[g] = sq;
+    }
+    // Weight words of a group (8 nibbles each) in quads, and run-sum words (4 runs each).
+    let wq = GROUP / 32u;
+    let rw = GROUP / 64u;
+    for (var u = t; u < XR * XG; u += WG) {
+        let r = u / XG;
+        let g = u % XG;
+        let row = min(row0 + r, last);
+        let wb = row * (p.k / 32u) + g * wq;
+        var qn = 0;
+        var sn = 0;
+        var runs = 0u;
+        for (var i = 0u; i < wq; i++) {
+            let wv = w4[wb + i];
+            let xa = xu4[g * xq + 2u * i];
+            let xb = xu4[g * xq + 2u * i + 1u];
+            // Word j of the quad meets x words 2j and 2j + 1 (act_quant_packed's nibble order).
+            var ws = array<u32, 4>(wv.x, wv.y, wv.z, wv.w);
+            var xs = array<u32, 8>(xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w);
+            var run = 0;
+            for (var j = 0u; j < 4u; j++) {
+                let lo = ws[j] & m4;
+                let hi = (ws[j] >> 4u) & m4;
+                qn += dot4I8Packed(lo, xs[2u * j]) + dot4I8Packed(hi, xs[2u * j + 1u]);
+                let wn = i32(dot4U8Packed(lo + hi, ones));
+                sn += wn;
+                run += wn;
+                if j % 2u == 1u {
+                    // Σ (n - 8) over the run's 16 columns, as a byte of its word.
+                    let k = (i * 4u + j) / 2u;
+                    runs |= (bitcast<u32>(run - 128) & 0xffu) << (8u * (k % 4u));
+                    run = 0;
+                    if k % 4u == 3u {
+                        xv_runs[u * rw + k / 4u] = runs;
+                        runs = 0u;
+                    }
+                }
+            }
+        }
+        // Σ (q + 128)·(n - 8) is this plus -8 Σ q (added after the barrier, with Σ q).
+        xv_uw[u] = qn + 128 * (sn - 8 * i32(GROUP));
+        xv_s[u] = scales[row * p.groups + g];
+    }
+    workgroupBarrier();
+    xnn_zero = xnn_zero_shared;
+    if t >= XR {
+        return;
+    }
+    let r = t;
+    let row = min(row0 + r, last);
+    let inv = bitcast<f32>(x_word(p.k / 4u));
+    let zp = bitcast<f32>(x_word(p.k / 4u + 1u));
+    let zpu = zp + 128.0;
+    var ksum = 0.0;
+    for (var g = 0u; g < XG; g++) {
+        let s = xv_s[r * XG + g];
+        for (var i = 0u; i < rw; i++) {
+            let pk = xv_runs[(r * XG + g) * rw + i];
+            for (var b = 0u; b < 4u; b++) {
+                let ws = bitcast<i32>(pk << (24u - 8u * b)) >> 24u;
+                ksum -= opq(f32(ws) * s);
+            }
+        }
+    }
+    var yv = opq(ksum * zpu);
+    var rest_sum = 0.0;
+    for (var g = 0u; g < XG; g++) {
+        let s = xv_s[r * XG + g];
+        yv = fma_rn(f32(xv_uw[r * XG + g] - 8 * xv_sq[g]), s, yv);
+        let rest = bias_at(row * p.groups + g) + opq(8.0 * s);
+        if rest != 0.0 {
+            rest_sum += opq(rest * f32(xv_sq[g] - i32(zp) * i32(GROUP)));
+        }
+    }
+    if row0 + r < p.n {
+        var v = opq((yv + rest_sum) * inv);
+        if HAS_BIAS {
+            v += bias[p.n0 + row0 + r];
+        }
+        y[p.n0 + row0 + r] = v;
+    }
+}

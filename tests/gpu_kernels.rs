@@ -796,16 +796,23 @@ fn xnnpack_linears_are_bit_exact_with_the_cpu_executor() {
         (Weight::Q4 { group: 32 }, 1, 4096, 24, true, false),
         (Weight::Q8 { group: 32 }, 3, 128, 40, false, true),
         (Weight::Q8 { group: 4 }, 1, 96, 19, true, false),
+        // One row of x at groups of 64 and more (`xnn_matvec`): E2B's widest K, rows that
+        // leave the last workgroup part empty, stored biases, a model's bias.
+        (Weight::Q4 { group: 128 }, 1, 12288, 37, true, false),
+        (Weight::Q4 { group: 128 }, 1, 1536, 300, true, true),
+        (Weight::Q4 { group: 64 }, 1, 640, 45, false, false),
+        (Weight::Q4 { group: 256 }, 1, 2048, 70, false, true),
     ];
     for (w, m, k, n, symmetric, bias) in cases {
         let mut t = T::default();
-        // Residual-stream-like rows: small values with a few large ones; one row all >= 0.
+        // Residual-stream-like rows: small values with a few large ones; with more than one,
+        // one row all >= 0 (its zero point makes the weights' column sums drop out).
         let mut xv = rng.floats(m * k, 1.0);
         for (i, v) in xv.iter_mut().enumerate() {
             if i % 97 == 5 {
                 *v *= 40.0;
             }
-            if i / k == m / 2 {
+            if m > 1 && i / k == m / 2 {
                 *v = v.abs();
             }
         }
