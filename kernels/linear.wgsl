@@ -1419,12 +1419,13 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 // The same exact integer sums and the same float terms in the same order as xnn_gemm, so the
 // same bits, laid out for a single x row: a workgroup owns XR weight rows; each (row, group)
 // pair's integer sums are one invocation's (a coalesced run of GROUP / 2 bytes), kept in shared
-// memory with the row's scales and its ksum run sums (16 columns each, as i8: |Σ w| <= 128);
-// then XR invocations add each row's float terms in order (ksum's runs, then the groups' fused
-// terms). Needs GROUP % 64 == 0; XG = K / GROUP groups a row.
+// memory with the row's scales; then XR invocations add each row's float terms in order onto
+// its ksum · zero point. The ksums (Σ over each 16 columns, in order, of -(Σ w) · scale, which
+// depend on the weights alone) come computed at load (src/gpu/ksums.rs). Needs GROUP % 32 == 0;
+// XG = K / GROUP groups a row.
 override XG: u32 = 1u;
+@group(0) @binding(8) var<storage, read> ksums: array<f32>;
 
-var<workgroup> xv_runs: array<u32, XR * XG * ((GROUP + 63u) / 64u)>;
 var<workgroup> xv_uw: array<i32, XR * XG>;
 var<workgroup> xv_s: array<f32, XR * XG>;
 var<workgroup> xv_sq: array<i32, XG>;
@@ -1450,9 +1451,8 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         }
         xv_sq[g] = sq;
     }
-    // Weight words of a group (8 nibbles each) in quads, and run-sum words (4 runs each).
+    // A group's weight words (8 nibbles each) in quads.
     let wq = GROUP / 32u;
-    let rw = GROUP / 64u;
     for (var u = t; u < XR * XG; u += WG) {
         let r = u / XG;
         let g = u % XG;
@@ -1460,7 +1460,6 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         let wb = row * (p.k / 32u) + g * wq;
         var qn = 0;
         var sn = 0;
-        var runs = 0u;
         for (var i = 0u; i < wq; i++) {
             let wv = w4[wb + i];
             let xa = xu4[g * xq + 2u * i];
@@ -1468,24 +1467,11 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             // Word j of the quad meets x words 2j and 2j + 1 (act_quant_packed's nibble order).
             var ws = array<u32, 4>(wv.x, wv.y, wv.z, wv.w);
             var xs = array<u32, 8>(xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w);
-            var run = 0;
             for (var j = 0u; j < 4u; j++) {
                 let lo = ws[j] & m4;
                 let hi = (ws[j] >> 4u) & m4;
                 qn += dot4I8Packed(lo, xs[2u * j]) + dot4I8Packed(hi, xs[2u * j + 1u]);
-                let wn = i32(dot4U8Packed(lo + hi, ones));
-                sn += wn;
-                run += wn;
-                if j % 2u == 1u {
-                    // Σ (n - 8) over the run's 16 columns, as a byte of its word.
-                    let k = (i * 4u + j) / 2u;
-                    runs |= (bitcast<u32>(run - 128) & 0xffu) << (8u * (k % 4u));
-                    run = 0;
-                    if k % 4u == 3u {
-                        xv_runs[u * rw + k / 4u] = runs;
-                        runs = 0u;
-                    }
-                }
+                sn += i32(dot4U8Packed(lo + hi, ones));
             }
         }
         // Σ (q + 128)·(n - 8) is this plus -8 Σ q (added after the barrier, with Σ q).
@@ -1501,19 +1487,7 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let row = min(row0 + r, last);
     let inv = bitcast<f32>(x_word(p.k / 4u));
     let zp = bitcast<f32>(x_word(p.k / 4u + 1u));
-    let zpu = zp + 128.0;
-    var ksum = 0.0;
-    for (var g = 0u; g < XG; g++) {
-        let s = xv_s[r * XG + g];
-        for (var i = 0u; i < rw; i++) {
-            let pk = xv_runs[(r * XG + g) * rw + i];
-            for (var b = 0u; b < 4u; b++) {
-                let ws = bitcast<i32>(pk << (24u - 8u * b)) >> 24u;
-                ksum -= opq(f32(ws) * s);
-            }
-        }
-    }
-    var yv = opq(ksum * zpu);
+    var yv = opq(ksums[p.n0 + row] * (zp + 128.0));
     var rest_sum = 0.0;
     for (var g = 0u; g < XG; g++) {
         let s = xv_s[r * XG + g];

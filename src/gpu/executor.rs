@@ -300,6 +300,7 @@ impl GpuExecutor {
     /// `GpuError::Unsupported`.
     pub fn new(ctx: Arc<Context>, mut graph: Graph) -> Result<Self, GpuError> {
         graph.validate()?;
+        super::ksums::attach(&mut graph);
         let host = super::host_gather::split(&mut graph, ctx.host_gather_min_bytes())
             .map_err(GpuError::Device)?;
         let (mem, mut problems) = MemoryPlan::new(

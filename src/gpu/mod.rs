@@ -10,6 +10,7 @@ pub mod bench;
 mod context;
 mod executor;
 mod host_gather;
+mod ksums;
 mod memory;
 mod ops;
 pub mod phase_chain;

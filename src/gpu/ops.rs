@@ -2201,16 +2201,16 @@ fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
 }
 
 /// `xnn_matvec`'s rows a workgroup and invocations, where it takes an XNNPACK-quantized linear
-/// (one row of x, 4-bit weights in groups of a multiple of 64): enough rows that their
+/// (one row of x, 4-bit weights in groups of a multiple of 32): enough rows that their
 /// (row, group) pairs fill about two passes of the workgroup, within 16 KiB of shared memory
-/// (a pair's integer sum, scale and run-sum words, and a word a group).
+/// (a pair's integer sum and scale, and a word a group).
 fn xnn_matvec_layout(kind: u32, m: usize, k: usize, group: usize) -> Option<(usize, usize)> {
     let groups = k.checked_div(group)?;
-    if kind != 1 || m != 1 || group % 64 != 0 || groups == 0 {
+    if kind != 1 || m != 1 || group % 32 != 0 || groups == 0 {
         return None;
     }
     let rows = 1usize << (512 / groups).clamp(8, 32).ilog2();
-    let words = rows * groups * (2 + group / 64) + groups + 1;
+    let words = rows * groups * 2 + groups + 1;
     let wg = (rows * groups).next_power_of_two().clamp(64, 256);
     (words <= 4096).then_some((rows, wg))
 }
@@ -2416,16 +2416,23 @@ fn linear(
         } else {
             None
         };
-        let xnn_mv = xnn_exact
-            .then(|| xnn_matvec_layout(kind, m, k, group))
-            .flatten();
-        if let Some((xr, wg)) = xnn_mv {
+        // The rows' ksums, computed at load (src/gpu/ksums.rs) where the weights are
+        // constants, in one binding.
+        let ksums = op
+            .inputs
+            .get(1 + wc + has_bias as usize)
+            .copied()
+            .filter(|&t| env.mem.split[env.mem.root[t]].is_none());
+        let xnn_mv = ksums
+            .filter(|_| xnn_exact)
+            .and_then(|t| Some((t, xnn_matvec_layout(kind, m, k, group)?)));
+        if let Some((ksums, (xr, wg))) = xnn_mv {
             consts.extend([
                 ("XR", xr as f64),
                 ("XG", (k / group) as f64),
                 ("WG", wg as f64),
             ]);
-            steps.push(step(
+            let mut s = step(
                 kernel,
                 "xnn_matvec",
                 consts,
@@ -2433,7 +2440,9 @@ fn linear(
                 Res::Tensor(out),
                 inputs,
                 env.grid(nc.div_ceil(xr), 1),
-            ));
+            );
+            s.reads_after.push(Res::Tensor(ksums));
+            steps.push(s);
         } else if xnn_exact {
             // XR weight rows and XM rows of x a workgroup; the integer sums of XC groups at a
             // time in shared memory (under 15 KiB with the kernel's other arrays).

@@ -1273,24 +1273,57 @@ fn linear_q4_pairs(
 /// chunks of 16 columns (`nibble - 8` each; kr = 8, two nibble planes), each times its group's
 /// scale, summed in order.
 fn q4_ksums(qw: &QuantWeight, [k, n]: [usize; 2], group: usize) -> Vec<f32> {
-    const CHUNK: usize = 16;
     by_weight_rows([1, k, n], |j, out, _| {
         let (q, s, _) = qw.row(j);
-        let mut ksum = 0f32;
-        const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
-        for (c, bytes) in q[..k / 2].chunks_exact(CHUNK / 2).enumerate() {
-            // A chunk's 8 bytes as one word: both nibble planes masked to bytes (30 at most
-            // each), then the 8 bytes summed by one multiply into the top byte (240 at most, no
-            // carries): a model's weights once at load, byte by byte most of a cold first call.
-            let mut w = [0u8; 8];
-            w.copy_from_slice(bytes);
-            let v = u64::from_le_bytes(w);
-            let b = (v & LOW) + ((v >> 4) & LOW);
-            let nib = (b.wrapping_mul(0x0101_0101_0101_0101) >> 56) as i32;
-            ksum -= (nib - 8 * CHUNK as i32) as f32 * s[c * CHUNK / group];
-        }
-        out[0] = ksum;
+        out[0] = q4_row_ksum(&q[..k / 2], |g| s[g / group]);
     })
+}
+
+/// One row's ksum from its packed bytes; `scale(c)` is column c's group scale.
+fn q4_row_ksum(q: &[u8], scale: impl Fn(usize) -> f32) -> f32 {
+    const CHUNK: usize = 16;
+    const LOW: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+    let mut ksum = 0f32;
+    for (c, bytes) in q.chunks_exact(CHUNK / 2).enumerate() {
+        // A chunk's 8 bytes as one word: both nibble planes masked to bytes (30 at most
+        // each), then the 8 bytes summed by one multiply into the top byte (240 at most, no
+        // carries): a model's weights once at load, byte by byte most of a cold first call.
+        let mut w = [0u8; 8];
+        w.copy_from_slice(bytes);
+        let v = u64::from_le_bytes(w);
+        let b = (v & LOW) + ((v >> 4) & LOW);
+        let nib = (b.wrapping_mul(0x0101_0101_0101_0101) >> 56) as i32;
+        ksum -= (nib - 8 * CHUNK as i32) as f32 * scale(c * CHUNK);
+    }
+    ksum
+}
+
+/// XNNPACK's per-row ksums (Σ over each 16 columns, in order, of -(Σ w) · scale) of 4-bit
+/// weights packed `[n, k / 2]` with f32 scales `[n, k / group]` (little-endian bytes), as the
+/// qd8-f32-qb4w GEMM packs them: the GPU's decode mat-vec reads them instead of summing every
+/// weight again each call. `None` where the sizes do not fit.
+pub fn xnn_q4_ksums(
+    packed: &[u8],
+    scales: &[u8],
+    [k, n]: [usize; 2],
+    group: usize,
+) -> Option<Vec<f32>> {
+    let groups = k.checked_div(group)?;
+    let fits = group % 16 == 0
+        && k % group == 0
+        && packed.len() >= n.checked_mul(k / 2)?
+        && scales.len() >= n.checked_mul(groups)?.checked_mul(4)?;
+    if !fits || n == 0 {
+        return fits.then(Vec::new);
+    }
+    Some(by_weight_rows([1, k, n], |j, out, _| {
+        let q = &packed[j * k / 2..(j + 1) * k / 2];
+        let s = &scales[j * groups * 4..(j + 1) * groups * 4];
+        out[0] = q4_row_ksum(q, |c| {
+            let at = c / group * 4;
+            f32::from_le_bytes([s[at], s[at + 1], s[at + 2], s[at + 3]])
+        });
+    }))
 }
 
 /// Per row of x (`k` wide, quantized with its zero point; the kernels' unsigned bytes are
