@@ -63,3 +63,12 @@ fn fmas(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     out[gid.x] = bitcast<u32>(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
 }
+
+// Whether fma() rounds once (src/gpu/context.rs `fused_fma`): a and c arrive as the params'
+// bits, so that no compiler folds them.
+@compute @workgroup_size(1)
+fn fma_probe() {
+    let a = bitcast<f32>(p.iters);
+    let c = bitcast<f32>(p.seed);
+    out[0] = bitcast<u32>(fma(a, a, c));
+}

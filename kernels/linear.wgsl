@@ -36,6 +36,9 @@ struct Params {
 override KIND: u32 = 0u;
 override GROUP: u32 = 32u;
 override HAS_BIAS: bool = false;
+// XNNPACK's fused multiply-adds: WGSL's fma() where the device fuses it (src/gpu/context.rs
+// `fused_fma` probes), else rounded once by fma_rn.
+override FMA_NATIVE: bool = false;
 // matvec: invocations per output (a power of two) and outputs per workgroup.
 override TPR: u32 = 32u;
 override RPW: u32 = 8u;
@@ -1324,6 +1327,7 @@ fn fma_rn(a: f32, b: f32, c: f32) -> f32 {
     return t.x + v;
 }
 
+
 @compute @workgroup_size(WG)
 fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) t: u32) {
@@ -1393,7 +1397,11 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
                 if four {
                     // Σ (q + 128)·(n - 8) from Σ q·n, Σ q and Σ n.
                     let uw = qn - 8 * sq + 128 * (xnn_n[r * XC + c] - 8 * i32(GROUP));
-                    yv = fma_rn(f32(uw), s, yv);
+                    if FMA_NATIVE {
+                        yv = fma(f32(uw), s, yv);
+                    } else {
+                        yv = fma_rn(f32(uw), s, yv);
+                    }
                 } else {
                     yv += opq(f32(qn) * s);
                 }
@@ -1426,8 +1434,11 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 override XG: u32 = 1u;
 @group(0) @binding(8) var<storage, read> ksums: array<f32>;
 
-var<workgroup> xv_uw: array<i32, XR * XG>;
-var<workgroup> xv_s: array<f32, XR * XG>;
+// Per (row, group) at row · XS + group, XS = XG | 1: an odd stride, so that the XR invocations
+// adding rows' terms read different banks.
+override XS: u32 = 1u;
+var<workgroup> xv_uw: array<i32, XR * XS>;
+var<workgroup> xv_s: array<f32, XR * XS>;
 var<workgroup> xv_sq: array<i32, XG>;
 
 @compute @workgroup_size(WG)
@@ -1475,8 +1486,8 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             }
         }
         // Σ (q + 128)·(n - 8) is this plus -8 Σ q (added after the barrier, with Σ q).
-        xv_uw[u] = qn + 128 * (sn - 8 * i32(GROUP));
-        xv_s[u] = scales[row * p.groups + g];
+        xv_uw[r * XS + g] = qn + 128 * (sn - 8 * i32(GROUP));
+        xv_s[r * XS + g] = scales[row * p.groups + g];
     }
     workgroupBarrier();
     xnn_zero = xnn_zero_shared;
@@ -1490,11 +1501,19 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     var yv = opq(ksums[p.n0 + row] * (zp + 128.0));
     var rest_sum = 0.0;
     for (var g = 0u; g < XG; g++) {
-        let s = xv_s[r * XG + g];
-        yv = fma_rn(f32(xv_uw[r * XG + g] - 8 * xv_sq[g]), s, yv);
-        let rest = bias_at(row * p.groups + g) + opq(8.0 * s);
-        if rest != 0.0 {
-            rest_sum += opq(rest * f32(xv_sq[g] - i32(zp) * i32(GROUP)));
+        let s = xv_s[r * XS + g];
+        let uw = f32(xv_uw[r * XS + g] - 8 * xv_sq[g]);
+        if FMA_NATIVE {
+            yv = fma(uw, s, yv);
+        } else {
+            yv = fma_rn(uw, s, yv);
+        }
+        // Biases of -8 · s (DERIVED_BIAS) leave b + 8 · s exactly 0.
+        if !DERIVED_BIAS {
+            let rest = biases[row * p.groups + g] + opq(8.0 * s);
+            if rest != 0.0 {
+                rest_sum += opq(rest * f32(xv_sq[g] - i32(zp) * i32(GROUP)));
+            }
         }
     }
     if row0 + r < p.n {

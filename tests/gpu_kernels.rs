@@ -80,6 +80,19 @@ fn no_subgroup_ctx() -> Option<Arc<Context>> {
     .clone()
 }
 
+/// A device whose kernels round XNNPACK's multiply-adds by their own sequence even where
+/// `fma()` is fused.
+fn emulated_fma_ctx() -> Option<Arc<Context>> {
+    static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        open(ContextOptions {
+            emulated_fma: true,
+            ..Default::default()
+        })
+    })
+    .clone()
+}
+
 /// A device whose executors hold KV caches as f16.
 fn f16_kv_ctx() -> Option<Arc<Context>> {
     static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
@@ -863,6 +876,7 @@ fn xnnpack_linears_are_bit_exact_with_the_cpu_executor() {
             ("", ctx()),
             (" (no subgroups)", no_subgroup_ctx()),
             (" (split weights)", small_binding_ctx()),
+            (" (fma emulated)", emulated_fma_ctx()),
         ] {
             let Some(c) = c else { continue };
             // (The 64 KiB binding splits weights, not activations.)

@@ -166,6 +166,9 @@ pub struct ContextOptions {
     /// Store every 4-bit weight's biases, never compute those that are -8 · scale from the
     /// scales (tests compare).
     pub stored_biases: bool,
+    /// Round XNNPACK's multiply-adds once by the kernels' own sequence even where WGSL's
+    /// `fma()` is fused (tests compare).
+    pub emulated_fma: bool,
     /// Run three linears of one input as a pair and one alone, never all three in one dispatch
     /// (tests compare).
     pub separate_triples: bool,
@@ -246,6 +249,9 @@ pub struct Context {
     features: wgpu::Features,
     max_binding: u64,
     f16_kv_cache: bool,
+    emulated_fma: bool,
+    /// Whether WGSL's `fma()` rounds once here, probed on first use (`fused_fma`).
+    fused_fma: std::sync::OnceLock<bool>,
     host_gather_min_bytes: u64,
     quad_matvec_rows: usize,
     matvec_x_rows: Option<usize>,
@@ -397,6 +403,8 @@ impl Context {
             features,
             max_binding,
             f16_kv_cache: opts.f16_kv_cache,
+            emulated_fma: opts.emulated_fma,
+            fused_fma: std::sync::OnceLock::new(),
             quad_matvec_rows: opts
                 .quad_matvec_rows
                 .map_or(super::ops::QUAD_MATVEC_MAX_M, |r| {
@@ -532,6 +540,66 @@ impl Context {
     /// Keeps every gather table in GPU memory from now on (for executors made after it).
     pub fn keep_tables_on_gpu(&mut self) {
         self.host_gather_min_bytes = u64::MAX;
+    }
+
+    /// Whether WGSL's `fma()` rounds once on this device, as XNNPACK's fused multiply-adds
+    /// do: a kernel may then call it where it otherwise computes the one rounding itself (about
+    /// twenty dependent operations). SPIR-V's Fma does not promise it (lavapipe multiplies, then
+    /// adds), so one dispatch asks, the first time: fma(a, a, c) with a = 1 + 2^-12 and
+    /// c = -(1 + 2^-11) is 2^-24 fused and 0 unfused. A probe that fails reads as unfused.
+    pub fn fused_fma(&self) -> bool {
+        !self.emulated_fma
+            && *self
+                .fused_fma
+                .get_or_init(|| self.probe_fma().unwrap_or(false))
+    }
+
+    /// `fused_fma` as probed so far (false before the first probe): for a call's recording,
+    /// which must not submit work of its own.
+    pub(crate) fn fused_fma_probed(&self) -> bool {
+        !self.emulated_fma && self.fused_fma.get().copied().unwrap_or(false)
+    }
+
+    fn probe_fma(&self) -> Result<bool, GpuError> {
+        use wgpu::util::DeviceExt;
+        let pipe = self.pipeline(
+            "arith_probe",
+            "fma_probe",
+            &[],
+            &[Slot::Uniform, Slot::Write],
+        )?;
+        let dev = &self.device;
+        let (a, c) = (1.0f32 + 2f32.powi(-12), -(1.0f32 + 2f32.powi(-11)));
+        let params = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("fma probe params"),
+            contents: bytemuck::cast_slice(&[a.to_bits(), c.to_bits(), 0, 0]),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let out = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("fma probe out"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let read = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("fma probe read"),
+            size: 16,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let bind = super::bench::bind_in_order(self, &pipe.layout, &[&params, &out]);
+        let mut enc = dev.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipe.pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        enc.copy_buffer_to_buffer(&out, 0, &read, 0, 16);
+        self.queue.submit([enc.finish()]);
+        let bytes = super::executor::read_back(self, &read)?;
+        let got = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        Ok(got == 2f32.powi(-24))
     }
 
     /// Whether executors hold KV caches as f16 (`ContextOptions::f16_kv_cache`).

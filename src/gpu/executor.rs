@@ -301,6 +301,19 @@ impl GpuExecutor {
     pub fn new(ctx: Arc<Context>, mut graph: Graph) -> Result<Self, GpuError> {
         graph.validate()?;
         super::ksums::attach(&mut graph);
+        // XNNPACK's linears ask (once a context, not while a call records).
+        let xnn = graph.ops().any(|o| {
+            matches!(
+                o.kind,
+                OpKind::Linear {
+                    act_quant: crate::ir::ActQuant::Xnnpack,
+                    ..
+                }
+            )
+        });
+        if xnn {
+            ctx.fused_fma();
+        }
         let host = super::host_gather::split(&mut graph, ctx.host_gather_min_bytes())
             .map_err(GpuError::Device)?;
         let (mem, mut problems) = MemoryPlan::new(
@@ -1448,6 +1461,7 @@ impl GpuExecutor {
                 max_workgroup_bytes: self.ctx.limits().max_compute_workgroup_storage_size,
                 quad_rows: self.ctx.quad_matvec_rows(),
                 x_rows: self.ctx.matvec_x_rows(),
+                fused_fma: self.ctx.fused_fma_probed(),
                 view_of: &self.view_of,
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {

@@ -73,6 +73,8 @@ pub(crate) struct Env<'a> {
     pub quad_rows: usize,
     /// Rows of x a prompt's quad mat-vec workgroup takes, if fixed (else `x_rows`).
     pub x_rows: Option<usize>,
+    /// Whether WGSL's `fma()` rounds once here (`Context::fused_fma`).
+    pub fused_fma: bool,
     /// Per tensor root: the root whose storage holds its values in this call (a view op's
     /// output reads its input's, a select's from an offset; `views`), else itself.
     pub view_of: &'a [TensorId],
@@ -2210,7 +2212,7 @@ fn xnn_matvec_layout(kind: u32, m: usize, k: usize, group: usize) -> Option<(usi
         return None;
     }
     let rows = 1usize << (512 / groups).clamp(8, 32).ilog2();
-    let words = rows * groups * 2 + groups + 1;
+    let words = rows * (groups | 1) * 2 + groups + 1;
     let wg = (rows * groups).next_power_of_two().clamp(64, 256);
     (words <= 4096).then_some((rows, wg))
 }
@@ -2430,7 +2432,9 @@ fn linear(
             consts.extend([
                 ("XR", xr as f64),
                 ("XG", (k / group) as f64),
+                ("XS", ((k / group) | 1) as f64),
                 ("WG", wg as f64),
+                ("FMA_NATIVE", b(env.fused_fma)),
             ]);
             let mut s = step(
                 kernel,
@@ -2463,6 +2467,7 @@ fn linear(
                 ("XC", xc as f64),
                 ("RPG", rpg as f64),
                 ("WG", 64.0),
+                ("FMA_NATIVE", b(env.fused_fma)),
             ]);
             steps.push(step(
                 kernel,
