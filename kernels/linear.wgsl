@@ -1425,10 +1425,11 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 
 // ---- xnn_matvec: xnn_gemm's arithmetic for one row of x (decode), 4-bit weights ----
 // The same exact integer sums and the same float terms in the same order as xnn_gemm, so the
-// same bits, laid out for a single x row: a workgroup owns XR weight rows; each (row, group)
-// pair's integer sums are one invocation's (a coalesced run of GROUP / 2 bytes), kept in shared
-// memory with the row's scales; then XR invocations add each row's float terms in order onto
-// its ksum · zero point. The ksums (Σ over each 16 columns, in order, of -(Σ w) · scale, which
+// same bits, laid out for a single x row: a workgroup owns XR weight rows; each 16-byte quad of
+// weights is one invocation's (consecutive invocations read consecutive quads, and the x words
+// they meet), its integer sums added to its (row, group)'s in shared memory (integers: any
+// order gives the same sums); then XR invocations add each row's float terms in order onto its
+// ksum · zero point. The ksums (Σ over each 16 columns, in order, of -(Σ w) · scale, which
 // depend on the weights alone) come computed at load (src/gpu/ksums.rs). Needs GROUP % 32 == 0;
 // XG = K / GROUP groups a row.
 override XG: u32 = 1u;
@@ -1437,7 +1438,7 @@ override XG: u32 = 1u;
 // Per (row, group) at row · XS + group, XS = XG | 1: an odd stride, so that the XR invocations
 // adding rows' terms read different banks.
 override XS: u32 = 1u;
-var<workgroup> xv_uw: array<i32, XR * XS>;
+var<workgroup> xv_uw: array<atomic<i32>, XR * XS>;
 var<workgroup> xv_s: array<f32, XR * XS>;
 var<workgroup> xv_sq: array<i32, XG>;
 
@@ -1453,6 +1454,15 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     if t == 0u {
         xnn_zero_shared = 0u;
     }
+    for (var i = t; i < XR * XS; i += WG) {
+        atomicStore(&xv_uw[i], 0);
+    }
+    // The rows' scales, ahead of the terms that add them in order.
+    for (var i = t; i < XR * XG; i += WG) {
+        let r = i / XG;
+        let g = i % XG;
+        xv_s[r * XS + g] = scales[min(row0 + r, last) * p.groups + g];
+    }
     for (var g = t; g < XG; g += WG) {
         var sq = 0;
         for (var j = 0u; j < xq; j++) {
@@ -1462,32 +1472,29 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         }
         xv_sq[g] = sq;
     }
-    // A group's weight words (8 nibbles each) in quads.
-    let wq = GROUP / 32u;
-    for (var u = t; u < XR * XG; u += WG) {
-        let r = u / XG;
-        let g = u % XG;
+    workgroupBarrier();
+    // Quads a row: K / 32 (8 nibbles a word); quad c meets x quads 2c and 2c + 1.
+    let quads = p.k / 32u;
+    for (var u = t; u < XR * quads; u += WG) {
+        let r = u / quads;
+        let c = u % quads;
         let row = min(row0 + r, last);
-        let wb = row * (p.k / 32u) + g * wq;
+        let wv = w4[row * quads + c];
+        let xa = xu4[2u * c];
+        let xb = xu4[2u * c + 1u];
+        // Word j of the quad meets x words 2j and 2j + 1 (act_quant_packed's nibble order).
+        var ws = array<u32, 4>(wv.x, wv.y, wv.z, wv.w);
+        var xs = array<u32, 8>(xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w);
         var qn = 0;
         var sn = 0;
-        for (var i = 0u; i < wq; i++) {
-            let wv = w4[wb + i];
-            let xa = xu4[g * xq + 2u * i];
-            let xb = xu4[g * xq + 2u * i + 1u];
-            // Word j of the quad meets x words 2j and 2j + 1 (act_quant_packed's nibble order).
-            var ws = array<u32, 4>(wv.x, wv.y, wv.z, wv.w);
-            var xs = array<u32, 8>(xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w);
-            for (var j = 0u; j < 4u; j++) {
-                let lo = ws[j] & m4;
-                let hi = (ws[j] >> 4u) & m4;
-                qn += dot4I8Packed(lo, xs[2u * j]) + dot4I8Packed(hi, xs[2u * j + 1u]);
-                sn += i32(dot4U8Packed(lo + hi, ones));
-            }
+        for (var j = 0u; j < 4u; j++) {
+            let lo = ws[j] & m4;
+            let hi = (ws[j] >> 4u) & m4;
+            qn += dot4I8Packed(lo, xs[2u * j]) + dot4I8Packed(hi, xs[2u * j + 1u]);
+            sn += i32(dot4U8Packed(lo + hi, ones));
         }
-        // Σ (q + 128)·(n - 8) is this plus -8 Σ q (added after the barrier, with Σ q).
-        xv_uw[r * XS + g] = qn + 128 * (sn - 8 * i32(GROUP));
-        xv_s[r * XS + g] = scales[row * p.groups + g];
+        // Σ (q + 128)·(n - 8) over the group is the sum of these, -1024 · GROUP and -8 Σ q.
+        atomicAdd(&xv_uw[r * XS + c / (GROUP / 32u)], qn + 128 * sn);
     }
     workgroupBarrier();
     xnn_zero = xnn_zero_shared;
@@ -1502,7 +1509,7 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     var rest_sum = 0.0;
     for (var g = 0u; g < XG; g++) {
         let s = xv_s[r * XS + g];
-        let uw = f32(xv_uw[r * XS + g] - 8 * xv_sq[g]);
+        let uw = f32(atomicLoad(&xv_uw[r * XS + g]) - 1024 * i32(GROUP) - 8 * xv_sq[g]);
         if FMA_NATIVE {
             yv = fma(uw, s, yv);
         } else {

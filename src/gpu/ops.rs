@@ -2203,17 +2203,19 @@ fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
 }
 
 /// `xnn_matvec`'s rows a workgroup and invocations, where it takes an XNNPACK-quantized linear
-/// (one row of x, 4-bit weights in groups of a multiple of 32): enough rows that their
-/// (row, group) pairs fill about two passes of the workgroup, within 16 KiB of shared memory
-/// (a pair's integer sum and scale, and a word a group).
+/// (one row of x, 4-bit weights in groups of a multiple of 32): enough rows that their 16-byte
+/// weight quads fill about two passes of 256 invocations (at least 8 rows, the invocations
+/// that add the rows' terms in order), within 16 KiB of shared memory (two words a row's group
+/// and one a group).
 fn xnn_matvec_layout(kind: u32, m: usize, k: usize, group: usize) -> Option<(usize, usize)> {
     let groups = k.checked_div(group)?;
     if kind != 1 || m != 1 || group % 32 != 0 || groups == 0 {
         return None;
     }
-    let rows = 1usize << (512 / groups).clamp(8, 32).ilog2();
+    let quads = k / 32;
+    let rows = 1usize << (512 / quads).clamp(8, 32).ilog2();
     let words = rows * (groups | 1) * 2 + groups + 1;
-    let wg = (rows * groups).next_power_of_two().clamp(64, 256);
+    let wg = (rows * quads).next_power_of_two().clamp(64, 256);
     (words <= 4096).then_some((rows, wg))
 }
 
