@@ -361,12 +361,25 @@ pub fn fuse_rotate_half(g: &mut Graph) -> usize {
 /// Replaces `Copy` ops of activations by their input (a copy the graph never mutates is a no-op).
 pub fn drop_noop_copies(g: &mut Graph) -> usize {
     let mut n = 0;
-    // A copy that a cache update then writes into (or whose source one writes) is a snapshot.
-    let written_in_place: std::collections::HashSet<TensorId> = g
+    // A copy that a cache update then writes into (or whose source one writes) is a snapshot;
+    // so is one of an update's output (which aliases its cache) where that cache is updated
+    // more than once.
+    let mut written_in_place: std::collections::HashSet<TensorId> = g
         .ops()
         .filter(|o| matches!(o.kind, OpKind::CacheUpdate { .. }))
         .filter_map(|o| o.inputs.first().copied())
         .collect();
+    let mut cache_of: Vec<TensorId> = (0..g.tensors.len()).collect();
+    let mut updates = vec![0usize; g.tensors.len()];
+    for o in g.ops() {
+        if let (OpKind::CacheUpdate { .. }, Some(&c), Some(&out)) =
+            (&o.kind, o.inputs.first(), o.outputs.first())
+        {
+            cache_of[out] = cache_of[c];
+            updates[cache_of[c]] += 1;
+        }
+    }
+    written_in_place.extend((0..g.tensors.len()).filter(|&t| updates[cache_of[t]] > 1));
     loop {
         let hit = g.nodes.iter().enumerate().find_map(|(i, node)| match node {
             Node::Op(o) if o.kind == OpKind::Copy => {
@@ -2537,6 +2550,20 @@ mod tests {
         // Nothing writes what they copy after them: the copies go.
         let mut dropped = uncut.clone();
         assert_eq!(drop_noop_copies(&mut dropped), 3);
+        // Unless the cache is updated again: then the cache's copies stay (the mask's goes).
+        let mut twice = uncut.clone();
+        let cache = twice
+            .ops()
+            .find(|o| matches!(o.kind, OpKind::CacheUpdate { .. }))
+            .map(|o| o.inputs.clone())
+            .unwrap();
+        let again = twice.add_tensor("again", DType::F32, vec![1, 1, 16, 8], Role::Activation);
+        let update = OpKind::CacheUpdate {
+            axis: 2,
+            start: Int::Lit(0),
+        };
+        twice.op(update, cache, vec![again]);
+        assert_eq!(drop_noop_copies(&mut twice), 1);
         let mut viewed = g.clone();
         unit_permutes_to_reshapes(&mut viewed);
         assert_eq!(uncut_attention_windows(&mut viewed), 3);
