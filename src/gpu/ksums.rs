@@ -37,6 +37,10 @@ pub(crate) fn attach(g: &mut Graph) -> usize {
         let Some(ks) = crate::ir::cpu::xnn_q4_ksums(wb, sb, [half * 2, n], group) else {
             continue;
         };
+        // The upload reads them again, page by page: until then they need not stay resident
+        // (E2B's XNNPACK weights are 1.1 GB).
+        wb.release_pages();
+        sb.release_pages();
         let bytes: Vec<u8> = ks.iter().flat_map(|v| v.to_le_bytes()).collect();
         let blob = Blob::whole(Arc::new(Bytes::Owned(bytes)));
         let name = format!("{} ksums", g.tensors[w].name);
