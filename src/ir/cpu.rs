@@ -2643,6 +2643,15 @@ mod tests {
             };
             let chunk = 16;
             let ks = q4_ksums(&qw, [k, n], group);
+            // The GPU's ksums at load, from the bytes: the same values.
+            let sb: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert_eq!(xnn_q4_ksums(&raw, &sb, [k, n], group), Some(ks.clone()));
+            // Sizes that do not fit are refused, not read past.
+            assert_eq!(xnn_q4_ksums(&raw[1..], &sb, [k, n], group), None);
+            assert_eq!(xnn_q4_ksums(&raw, &sb[4..], [k, n], group), None);
+            assert_eq!(xnn_q4_ksums(&raw, &sb, [k, usize::MAX], group), None);
+            assert_eq!(xnn_q4_ksums(&raw, &sb, [k + 16, n], group), None);
+            assert_eq!(xnn_q4_ksums(&raw, &sb, [k, n], 0), None);
             let got = linear_q4_pairs(&qw, &xq, &params, [m, k, n], group, &ks);
             // The unpacking form, element by element.
             let mut want = vec![0f32; m * n];
