@@ -906,7 +906,9 @@ pub fn grid_barrier(
         }
         last = grid_barrier_run(ctx, workgroups, wg, many)?;
     }
-    let mut best = f64::INFINITY;
+    // The least time of each length, then their difference: the least of the differences
+    // instead came out at or below zero when one short run was slowed (a busy CPU driver).
+    let (mut short, mut long) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..5 {
         let a = grid_barrier_run(ctx, workgroups, wg, few)?;
         let b = grid_barrier_run(ctx, workgroups, wg, many)?;
@@ -915,10 +917,11 @@ pub fn grid_barrier(
                 return Ok((None, r));
             }
         }
-        best = best.min((b.seconds - a.seconds) / (many - few) as f64);
+        short = short.min(a.seconds);
+        long = long.min(b.seconds);
         last = b;
     }
-    Ok((Some(best.max(0.0)), last))
+    Ok((Some(((long - short) / (many - few) as f64).max(0.0)), last))
 }
 
 /// A graph whose one output is `rows` rows of `values` (a constant) plus its one input, a single
