@@ -39,6 +39,9 @@ override HAS_BIAS: bool = false;
 // XNNPACK's fused multiply-adds: WGSL's fma() where the device fuses it (src/gpu/context.rs
 // `fused_fma` probes), else rounded once by fma_rn.
 override FMA_NATIVE: bool = false;
+// xnn_gemm, xnn_matvec: each weight row's ksum computed at load (src/gpu/ksums.rs), at binding 8.
+override KSUMS: bool = false;
+@group(0) @binding(8) var<storage, read> ksums: array<f32>;
 // matvec: invocations per output (a power of two) and outputs per workgroup.
 override TPR: u32 = 32u;
 override RPW: u32 = 8u;
@@ -1353,9 +1356,13 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     workgroupBarrier();
     xnn_zero = xnn_zero_shared;
     let one_chunk = p.groups <= XC;
-    // ksum starts y: over several chunks it takes its own weight-only pass first.
+    // ksum starts y: over several chunks it takes its own weight-only pass first (unless it
+    // comes computed).
     var ksum = 0.0;
-    for (var u0 = 0u; u0 < p.groups * RPG && !one_chunk; u0 += XC * RPG) {
+    if KSUMS && t < XR * XM {
+        ksum = ksums[p.n0 + mine];
+    }
+    for (var u0 = 0u; u0 < p.groups * RPG && !one_chunk && !KSUMS; u0 += XC * RPG) {
         let nc = min(XC * RPG, p.groups * RPG - u0);
         for (var i = t; i < XR * nc; i += WG) {
             xnn_ws[(i / nc) * XC * RPG + i % nc] = xnn_wsum(min(row0 + i / nc, last), u0 + i % nc);
@@ -1381,7 +1388,7 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         }
         workgroupBarrier();
         if t < XR * XM {
-            if one_chunk {
+            if one_chunk && !KSUMS {
                 for (var u = 0u; u < nc * RPG; u++) {
                     ksum -= opq(f32(xnn_ws[r * XC * RPG + u]) * scales[mine * p.groups + u / RPG]);
                 }
@@ -1433,7 +1440,6 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 // depend on the weights alone) come computed at load (src/gpu/ksums.rs). Needs GROUP % 32 == 0;
 // XG = K / GROUP groups a row.
 override XG: u32 = 1u;
-@group(0) @binding(8) var<storage, read> ksums: array<f32>;
 
 // Per (row, group) at row · XS + group, XS = XG | 1: an odd stride, so that the XR invocations
 // adding rows' terms read different banks.

@@ -2470,8 +2470,9 @@ fn linear(
                 ("RPG", rpg as f64),
                 ("WG", 64.0),
                 ("FMA_NATIVE", b(env.fused_fma)),
+                ("KSUMS", b(ksums.is_some())),
             ]);
-            steps.push(step(
+            let mut s = step(
                 kernel,
                 "xnn_gemm",
                 consts,
@@ -2479,7 +2480,10 @@ fn linear(
                 Res::Tensor(out),
                 inputs,
                 env.grid(nc.div_ceil(xr), m.div_ceil(xm)),
-            ));
+            );
+            // (Bound either way: the kernel names it, read or not.)
+            s.reads_after.push(ksums.map_or(Res::Dummy, Res::Tensor));
+            steps.push(s);
         } else if let Some((team, wg, mut rpt)) = quad {
             // Storing a chain of the pair's two outputs: a team owns rows of both halves.
             let glu = second.and_then(|_| glu_fused(env, node));
