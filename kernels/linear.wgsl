@@ -1260,7 +1260,8 @@ fn xnn_group(row: u32, r: u32, g: u32, c: u32, m0: u32) {
         }
         sn += wn;
         run_sum += wn;
-        if (j + 1u) % run_words == 0u {
+        // (Computed at load where KSUMS.)
+        if !KSUMS && (j + 1u) % run_words == 0u {
             let zero = select(0, 8 * i32(GROUP / RPG), KIND == 1u);
             xnn_ws[(r * XC + c) * RPG + j / run_words] = run_sum - zero;
             run_sum = 0;
