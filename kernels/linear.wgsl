@@ -39,9 +39,19 @@ override HAS_BIAS: bool = false;
 // XNNPACK's fused multiply-adds: WGSL's fma() where the device fuses it (src/gpu/context.rs
 // `fused_fma` probes), else rounded once by fma_rn.
 override FMA_NATIVE: bool = false;
-// xnn_gemm, xnn_matvec: each weight row's ksum computed at load (src/gpu/ksums.rs), at binding 8.
+// xnn_gemm, xnn_matvec: each weight row's ksum computed at load (src/gpu/ksums.rs), bound after
+// the outputs: at 8 alone (`linear`), 9 after a pair's second output or a gate/up chain's
+// ranges (`linear_xnn`), 10 after a triple's third (`linear3`).
 override KSUMS: bool = false;
+// #if ks8
 @group(0) @binding(8) var<storage, read> ksums: array<f32>;
+// #endif
+// #if ks9
+@group(0) @binding(9) var<storage, read> ksums: array<f32>;
+// #endif
+// #if triple
+@group(0) @binding(10) var<storage, read> ksums: array<f32>;
+// #endif
 // matvec: invocations per output (a power of two) and outputs per workgroup.
 override TPR: u32 = 32u;
 override RPW: u32 = 8u;
@@ -91,6 +101,17 @@ fn put(m: u32, row: u32, v: f32) {
     } else {
         y2[m * (end2 - p.split) + row - p.split] = v;
     }
+}
+
+// An XNNPACK linear's output `row` of x row m: straight into y where its ksums take binding 8
+// (no second output bound), else by `put` (a pair's or a triple's rows).
+fn xnn_put(m: u32, row: u32, v: f32) {
+    // #if ks8
+    y[m * p.ldy + p.n0 + row] = v;
+    // #endif
+    // #if xnn_wide
+    put(m, row, v);
+    // #endif
 }
 
 // ---- act_quant: one workgroup per row of x; writes y = quant_dequant(x) (same shape). ----
@@ -1427,7 +1448,7 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         if HAS_BIAS {
             v += bias[p.n0 + row0 + r];
         }
-        y[m * p.ldy + p.n0 + row0 + r] = v;
+        xnn_put(m, row0 + r, v);
     }
 }
 
@@ -1449,13 +1470,22 @@ var<workgroup> xv_uw: array<atomic<i32>, XR * XS>;
 var<workgroup> xv_s: array<f32, XR * XS>;
 var<workgroup> xv_sq: array<i32, XG>;
 
-@compute @workgroup_size(WG)
-fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) t: u32) {
+// Weight row of this workgroup's row r (of XR). GLU (a gate/up pair storing its chain, as
+// `glu_store`): the first XR / 2 are the gate's rows from row0 / 2, the rest the up's same rows.
+fn xnn_row(row0: u32, r: u32) -> u32 {
+    if GLU {
+        let half = XR / 2u;
+        let g = min(row0 / 2u + r % half, p.split - 1u);
+        return select(g, p.split + g, r >= half);
+    }
+    return min(row0 + r, p.n - 1u);
+}
+
+// Row t's output (t < XR; 0 for the other invocations), bias aside. Every invocation calls it
+// (barriers).
+fn xnn_rows(row0: u32, t: u32) -> f32 {
     let ones = 0x01010101u;
     let m4 = 0x0f0f0f0fu;
-    let row0 = (wg.x + wg.y * nwg.x) * XR;
-    let last = p.n - 1u;
     // x: K / 4 int8 words, then (1 / multiplier, zero point) (act_quant_packed).
     let xq = GROUP / 16u;
     if t == 0u {
@@ -1468,7 +1498,7 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     for (var i = t; i < XR * XG; i += WG) {
         let r = i / XG;
         let g = i % XG;
-        xv_s[r * XS + g] = scales[min(row0 + r, last) * p.groups + g];
+        xv_s[r * XS + g] = scales[xnn_row(row0, r) * p.groups + g];
     }
     for (var g = t; g < XG; g += WG) {
         var sq = 0;
@@ -1485,8 +1515,7 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     for (var u = t; u < XR * quads; u += WG) {
         let r = u / quads;
         let c = u % quads;
-        let row = min(row0 + r, last);
-        let wv = w4[row * quads + c];
+        let wv = w4[xnn_row(row0, r) * quads + c];
         let xa = xu4[2u * c];
         let xb = xu4[2u * c + 1u];
         // Word j of the quad meets x words 2j and 2j + 1 (act_quant_packed's nibble order).
@@ -1506,10 +1535,10 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     workgroupBarrier();
     xnn_zero = xnn_zero_shared;
     if t >= XR {
-        return;
+        return 0.0;
     }
     let r = t;
-    let row = min(row0 + r, last);
+    let row = xnn_row(row0, r);
     let inv = bitcast<f32>(x_word(p.k / 4u));
     let zp = bitcast<f32>(x_word(p.k / 4u + 1u));
     var yv = opq(ksums[p.n0 + row] * (zp + 128.0));
@@ -1530,11 +1559,62 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             }
         }
     }
-    if row0 + r < p.n {
-        var v = opq((yv + rest_sum) * inv);
+    return opq((yv + rest_sum) * inv);
+}
+
+var<workgroup> xv_out: array<f32, XR>;
+
+// GLU: the chain of each gate row's output and its up row's, stored as `glu_store` does; returns
+// the invocation's stored value (0 where it stores none). Every invocation calls it (barrier).
+fn xnn_glu(row0: u32, t: u32, v: f32) -> f32 {
+    if t < XR {
+        xv_out[t] = v;
+    }
+    workgroupBarrier();
+    let g = row0 / 2u + t;
+    if t < XR / 2u && g < p.split {
+        let a = xv_out[t];
+        let z = xv_out[t + XR / 2u];
+        let ins = vec3<f32>(select(z, a, GLU_FIRST), select(a, z, GLU_FIRST), 0.0);
+        let c = apply_chain(ins.x, ins, p.words);
+        y[g] = c;
+        return c;
+    }
+    return 0.0;
+}
+
+@compute @workgroup_size(WG)
+fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) t: u32) {
+    let row0 = (wg.x + wg.y * nwg.x) * XR;
+    let v = xnn_rows(row0, t);
+    if GLU {
+        xnn_glu(row0, t, v);
+        return;
+    }
+    if t < XR && row0 + t < p.n {
+        var o = v;
         if HAS_BIAS {
-            v += bias[p.n0 + row0 + r];
+            o += bias[p.n0 + row0 + t];
         }
-        y[p.n0 + row0 + r] = v;
+        xnn_put(0u, row0 + t, o);
     }
 }
+
+// `xnn_matvec` with GLU whose stores also leave their range (as `matvec_ranged`), each
+// workgroup on its own slot where there are enough. Only where the ksums do not take the ranges'
+// binding.
+// #if xnn_wide
+@compute @workgroup_size(WG)
+fn xnn_matvec_ranged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) t: u32) {
+    let wgi = wg.x + wg.y * nwg.x;
+    let row0 = wgi * XR;
+    let b = run_max(range_bits(xnn_glu(row0, t, xnn_rows(row0, t))));
+    let at = p.range_at + 2u * (wgi % RANGE_SLOTS);
+    if t % max(SG_LANES, 1u) == 0u && any(b != vec2<u32>(0u)) {
+        atomicMax(&ranges[at], b.x);
+        atomicMax(&ranges[at + 1u], b.y);
+    }
+}
+// #endif

@@ -1553,6 +1553,176 @@ fn paired_gate_up_linears_store_their_chain() {
     }
 }
 
+/// Runs `t` on `ctx` and asserts every output has the CPU executor's bits (XNNPACK's linears);
+/// returns the GPU executor and its kernel entries.
+fn same_bits_as_cpu(ctx: Arc<Context>, what: &str, t: &T) -> (GpuExecutor, Vec<String>) {
+    let vals = values(&t.inputs);
+    let want = CpuExecutor::new(t.g.clone()).unwrap().run(&vals).unwrap();
+    let mut gpu = GpuExecutor::new(ctx, t.g.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let got = gpu.run(&vals).unwrap_or_else(|e| panic!("{what}: {e}"));
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (g, w) = (g.to_f32().unwrap(), w.to_f32().unwrap());
+        let differ = g.iter().zip(&w).filter(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(
+            differ.count(),
+            0,
+            "{what}: output {i} differs from the CPU's"
+        );
+    }
+    let entries = gpu.last_entries();
+    (gpu, entries)
+}
+
+/// XNNPACK-quantized 4-bit linears of one input run as one dispatch with their ksums joined
+/// (q/k/v in threes, gate/up in pairs): the CPU executor's bits (so XNNPACK's), with and without
+/// subgroups and fused multiply-adds; a device of 8 storage bindings keeps them apart and one of
+/// 9 pairs but does not triple. A gate/up pair whose outputs only gelu(one) · the other reads
+/// stores that chain from its decode mat-vec, leaving its range for the next linear's
+/// quantization: the same bits as the chain and the pair apart.
+#[test]
+fn xnnpack_linears_pair_and_store_their_chain() {
+    use pteria::ir::ActQuant;
+    let Some(fused) = ctx() else { return };
+    let apart = |o: ContextOptions| open(o);
+    let others: Vec<(Arc<Context>, &str)> = [
+        (no_subgroup_ctx(), " (no subgroups)"),
+        (emulated_fma_ctx(), " (fma emulated)"),
+    ]
+    .into_iter()
+    .filter_map(|(c, n)| Some((c?, n)))
+    .collect();
+    let mut rng = Rng::new(71);
+    let count = |e: &[String], entry: &str| e.iter().filter(|e| e.ends_with(entry)).count();
+    // (M, K, group, the three Ns, symmetric): decode rows take xnn_matvec, more xnn_gemm.
+    for (m, k, group, ns, symmetric) in [
+        (1usize, 256usize, 32usize, [40usize, 9, 9], true),
+        (1, 1536, 128, [300, 64, 64], false),
+        (3, 256, 64, [45, 17, 17], true),
+    ] {
+        let mut t = T::default();
+        let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+        for n in ns {
+            let w = Weight::Q4 { group };
+            let mut ins = vec![x];
+            if symmetric {
+                ins.extend(symmetric_q4(&mut t, &mut rng, n, k, group, 0));
+            } else {
+                ins.extend(quant_weight(&mut t, &mut rng, w, n, k));
+            }
+            let kind = OpKind::Linear {
+                weight: w,
+                act_quant: ActQuant::Xnnpack,
+                has_bias: false,
+            };
+            let y = t.op(kind, ins, DType::F32, &[m, n]);
+            t.out(y);
+        }
+        let what = format!("xnnpack q/k/v {m}x{k}->{ns:?} g{group}");
+        let entry = if m == 1 { ":xnn_matvec" } else { ":xnn_gemm" };
+        let (_, e) = same_bits_as_cpu(fused.clone(), &what, &t);
+        assert_eq!(count(&e, entry), 1, "{what}: {e:?}");
+        for (c, name) in &others {
+            let (_, e) = same_bits_as_cpu(c.clone(), &format!("{what}{name}"), &t);
+            assert_eq!(count(&e, entry), 1, "{what}{name}: {e:?}");
+        }
+        for (max, linears) in [(8, 3), (9, 2)] {
+            let Some(c) = apart(ContextOptions {
+                max_storage_buffers: Some(max),
+                ..Default::default()
+            }) else {
+                continue;
+            };
+            let what = format!("{what}, {max} bindings");
+            let (_, e) = same_bits_as_cpu(c, &what, &t);
+            assert_eq!(count(&e, entry), linears, "{what}: {e:?}");
+        }
+    }
+    // (M, K, group, N, the next linear's group and N): gate/up, gelu · up, a down projection.
+    for (m, k, group, n, down) in [
+        (1usize, 256usize, 32usize, 96usize, (32usize, 40usize)),
+        (1, 1536, 128, 1024, (128, 300)),
+        // A chain row past MATVEC_ROWS' norm kernel: apart, it takes a dispatch of its own.
+        (1, 256, 32, 2560, (32, 40)),
+        (4, 256, 64, 64, (32, 24)),
+    ] {
+        for gelu_second in [false, true] {
+            let mut t = T::default();
+            let x = t.input_f(&[m, k], &rng.floats(m * k, 1.0));
+            let q4 = (Weight::Q4 { group }, ActQuant::Xnnpack);
+            let h = gate_up(&mut t, &mut rng, x, [m, k, n], q4, gelu_second);
+            let mut ins = vec![h];
+            ins.extend(symmetric_q4(&mut t, &mut rng, down.1, n, down.0, 0));
+            let kind = OpKind::Linear {
+                weight: Weight::Q4 { group: down.0 },
+                act_quant: ActQuant::Xnnpack,
+                has_bias: false,
+            };
+            let y = t.op(kind, ins, DType::F32, &[m, down.1]);
+            t.out(y);
+            assert_eq!(pteria::ir::passes::fuse_elementwise_chains(&mut t.g), 1);
+            let what = format!(
+                "xnnpack gate/up {m}x{k}->{n} g{group}, down to {}, gelu of the {}",
+                down.1,
+                if gelu_second { "second" } else { "first" }
+            );
+            // (The chain's tanh is the GPU's, a few ulps from the CPU's: against the CPU within
+            // the tolerance, against each other bit for bit.)
+            let run = |c: Arc<Context>, name: &str| {
+                let what = format!("{what}{name}");
+                let mut gpu = check_on(c, &what, &t, TOL, 0.05);
+                let out = gpu.run(&values(&t.inputs)).unwrap()[0].to_f32().unwrap();
+                let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                (bits, gpu.last_entries())
+            };
+            let (want, e) = run(fused.clone(), "");
+            for (c, name) in &others {
+                let (got, e2) = run(c.clone(), name);
+                assert!(got == want, "{what}{name}: bits");
+                assert_eq!(e2, e, "{what}{name}");
+            }
+            let apart_e = |o: ContextOptions, name: &str| {
+                let (got, e) = run(apart(o)?, name);
+                assert!(got == want, "{what}{name}: bits");
+                Some(e)
+            };
+            let no_glu = apart_e(
+                ContextOptions {
+                    separate_glu: true,
+                    ..Default::default()
+                },
+                ", chain apart",
+            );
+            let no_pairs = apart_e(
+                ContextOptions {
+                    separate_linears: true,
+                    ..Default::default()
+                },
+                ", apart",
+            );
+            // Apart, a chain row of up to 2048 quantizes itself (a row kernel); a longer one
+            // runs apart and then a quantization.
+            let long = (n > 2048) as usize;
+            if m == 1 {
+                // The quantization, the pair storing its chain and range, the ranged
+                // quantization, the down projection.
+                assert_eq!(e.len(), 4, "{what}: {e:?}");
+                assert_eq!(count(&e, ":xnn_matvec_ranged"), 1, "{what}: {e:?}");
+                assert_eq!(count(&e, ":act_quant_ranged"), 1, "{what}: {e:?}");
+                if let Some(a) = &no_glu {
+                    assert_eq!(a.len(), 4 + long, "{what}, chain apart: {a:?}");
+                }
+            } else {
+                // The pair's chain runs apart, and never quantizes (decode calls would not).
+                assert_eq!(count(&e, ":xnn_gemm"), 2, "{what}: {e:?}");
+                assert_eq!(e.len(), 5, "{what}: {e:?}");
+            }
+            if let Some(a) = no_pairs {
+                assert_eq!(a.len(), 5 + long, "{what}, apart: {a:?}");
+            }
+        }
+    }
+}
+
 /// A prompt's int8 quad mat-vec taking 2, 4 or 8 rows of x a workgroup (each weight quad loaded
 /// once for all of them) gives the bits of one row a workgroup, for 4- and 8-bit weights, with
 /// biases, rows past the last group of x, a gate/up pair storing its chain, and with and without

@@ -26,7 +26,7 @@ fn kernel_source(name: &str) -> Option<&'static str> {
         // ranges (range.wgsl) pass from the linears and attention that store them to the
         // linears that quantize them.
         // `linear3`: the variant with a third output (`variant_blocks`).
-        "linear" | "linear3" => concat!(
+        "linear" | "linear3" | "linear_xnn" => concat!(
             include_str!("../../kernels/chain.wgsl"),
             include_str!("../../kernels/quant.wgsl"),
             include_str!("../../kernels/range.wgsl"),
@@ -77,12 +77,17 @@ fn kernel_source(name: &str) -> Option<&'static str> {
 /// The `// #if` blocks a kernel variant keeps beyond the device's (a variant shares its file).
 /// `linear3`: linear.wgsl with a third output binding (`triple`), which every other linear
 /// would otherwise have to bind too: a binding that a kernel names must be in its layout.
+/// XNNPACK's ksums follow the outputs a variant binds: at 8 (`ks8`) where no second output is
+/// bound, 9 in `linear_xnn` (a pair's second output or a chain's ranges at 8), 10 in `linear3`;
+/// `xnn_wide` stores by `put`.
 /// `sdpa_kv`: sdpa.wgsl with its caches bound read-write (`kv_write`, for `split_kv`), where
 /// every other attention binds them read-only (`kv_read`).
 fn variant_blocks(kernel: &str) -> &'static [&'static str] {
     match kernel {
-        "linear3" => &["triple"],
-        "linear_norm" => &["norm"],
+        "linear" => &["ks8"],
+        "linear3" => &["triple", "xnn_wide"],
+        "linear_xnn" => &["ks9", "xnn_wide"],
+        "linear_norm" => &["norm", "ks8"],
         "sdpa" => &["kv_read"],
         "sdpa_kv" => &["kv_write"],
         _ => &[],
@@ -394,6 +399,7 @@ impl Context {
             triples: !opts.separate_linears
                 && !opts.separate_triples
                 && limits.max_storage_buffers_per_shader_stage >= super::ops::WIDE_BINDINGS,
+            storage_buffers: limits.max_storage_buffers_per_shader_stage,
         };
         Ok(Context {
             device,
@@ -781,6 +787,7 @@ mod tests {
         assert_eq!(kept(&["subgroups"]), "abce");
         assert_eq!(kept(variant_blocks("linear3")), "acde");
         assert_eq!(kept(&["subgroups", "triple"]), "abcde");
-        assert!(variant_blocks("linear").is_empty());
+        assert_eq!(variant_blocks("linear"), ["ks8"]);
+        assert_eq!(variant_blocks("linear_xnn"), ["ks9", "xnn_wide"]);
     }
 }

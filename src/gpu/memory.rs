@@ -177,6 +177,22 @@ pub(crate) struct Fusions {
     pub derived_biases: bool,
     /// Pair linears in threes (`third`: a third output binding, `ops::WIDE_BINDINGS`).
     pub triples: bool,
+    /// Storage buffers a kernel may bind: XNNPACK's linears bind their ksums after their
+    /// outputs, so a pair of them needs 9 and a triple 10.
+    pub storage_buffers: u32,
+}
+
+/// The constants a paired linear's partner appends to its own (`MemoryPlan::partner`): its
+/// weight's, and XNNPACK's ksums (src/gpu/ksums.rs, its last input).
+fn pair_tensors(op: &crate::ir::Op) -> Vec<TensorId> {
+    match op.kind {
+        OpKind::Linear {
+            act_quant: crate::ir::ActQuant::Xnnpack,
+            has_bias: false,
+            ..
+        } => op.inputs[1..].to_vec(),
+        _ => ops::weight_tensors(op),
+    }
 }
 
 /// Per root: whether it is a 4-bit weight's biases equal to -8 · its scales bit for bit (as the
@@ -368,6 +384,7 @@ impl MemoryPlan {
             kv_splits: fuse_kv_splits,
             derived_biases,
             triples,
+            storage_buffers,
         } = fusions;
         let nt = g.tensors.len();
         let mut errors = Vec::new();
@@ -605,10 +622,14 @@ impl MemoryPlan {
                     return None;
                 };
                 let out = *op.outputs.first()?;
+                // XNNPACK's: 4-bit with ksums (xnn_matvec's), one more binding for them.
+                let xnn = *act_quant == crate::ir::ActQuant::Xnnpack;
                 let ok = !*has_bias
-                    && *act_quant != crate::ir::ActQuant::Xnnpack
-                    && op.inputs.len() == 1 + weight.tensor_count()
-                    && ops::weight_tensors(op).iter().all(|&t| {
+                    && (!xnn
+                        || (matches!(weight, crate::ir::Weight::Q4 { .. })
+                            && storage_buffers >= ops::WIDE_BINDINGS))
+                    && op.inputs.len() == 1 + weight.tensor_count() + xnn as usize
+                    && pair_tensors(op).iter().all(|&t| {
                         root[t] == t
                             && reads[t].len() == 1
                             && split[t].is_none()
@@ -638,8 +659,8 @@ impl MemoryPlan {
                             let Node::Op(lead) = &g.nodes[m] else {
                                 continue;
                             };
-                            let lead_w = ops::weight_tensors(lead);
-                            let fits = lead_w.iter().zip(ops::weight_tensors(op)).all(|(&a, b)| {
+                            let lead_w = pair_tensors(lead);
+                            let fits = lead_w.iter().zip(pair_tensors(op)).all(|(&a, b)| {
                                 let laid: u64 = joined[a].iter().map(|&j| bytes[j]).sum();
                                 (bytes[a] + laid) % 4 == 0
                                     && bytes[a] + laid + bytes[b] <= max_binding
@@ -647,7 +668,15 @@ impl MemoryPlan {
                             if fits {
                                 if partner[m].is_none() {
                                     partner[m] = Some(n);
-                                    if triples {
+                                    // (An XNNPACK triple's ksums bind after a third output.)
+                                    let xnn = matches!(
+                                        lead.kind,
+                                        OpKind::Linear {
+                                            act_quant: crate::ir::ActQuant::Xnnpack,
+                                            ..
+                                        }
+                                    );
+                                    if triples && (!xnn || storage_buffers > ops::WIDE_BINDINGS) {
                                         open.push((k, m));
                                     }
                                 } else {
@@ -656,7 +685,7 @@ impl MemoryPlan {
                                 merged_into[n] = Some(m);
                                 let out = op.outputs[0];
                                 first_write[out] = first_write[out].min(m);
-                                for (a, b) in lead_w.into_iter().zip(ops::weight_tensors(op)) {
+                                for (a, b) in lead_w.into_iter().zip(pair_tensors(op)) {
                                     joined[a].push(b);
                                     absorbed[b] = true;
                                 }

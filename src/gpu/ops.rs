@@ -1917,15 +1917,23 @@ pub(crate) fn glu_fused<'a>(env: &'a Env, lead: usize) -> Option<(usize, &'a [Ch
     let c = env.mem.glu_chain.get(lead).copied().flatten()?;
     let second = env.mem.partner.get(lead).copied().flatten()?;
     let (op, op2, chain) = (env.op(lead)?, env.op(second)?, env.op(c)?);
-    let (OpKind::Linear { weight, .. }, OpKind::ElementwiseChain { steps }) =
-        (&op.kind, &chain.kind)
+    let (
+        OpKind::Linear {
+            weight, act_quant, ..
+        },
+        OpKind::ElementwiseChain { steps },
+    ) = (&op.kind, &chain.kind)
     else {
         return None;
     };
     let k = *env.shape(op.inputs[0]).last()?;
     let m = env.numel(op.inputs[0]).checked_div(k)?;
     let rows = env.shape(op.outputs[0]).last()? + env.shape(op2.outputs[0]).last()?;
-    let fused = matvec_rows(env, *weight, k, rows, m) && quad_matvec(*weight, k, rows, m).is_some();
+    let fused = if *act_quant == crate::ir::ActQuant::Xnnpack {
+        xnn_matvec_of(env, op, m, k).is_some()
+    } else {
+        matvec_rows(env, *weight, k, rows, m) && quad_matvec(*weight, k, rows, m).is_some()
+    };
     fused.then_some((c, steps.as_slice(), chain.inputs[0] == op.outputs[0]))
 }
 
@@ -2214,9 +2222,28 @@ fn xnn_matvec_layout(kind: u32, m: usize, k: usize, group: usize) -> Option<(usi
     }
     let quads = k / 32;
     let rows = 1usize << (512 / quads).clamp(8, 32).ilog2();
-    let words = rows * (groups | 1) * 2 + groups + 1;
+    // (And a word a row for a gate/up pair's chain, `xnn_glu`.)
+    let words = rows * (groups | 1) * 2 + groups + 1 + rows;
     let wg = (rows * quads).next_power_of_two().clamp(64, 256);
     (words <= 4096).then_some((rows, wg))
+}
+
+/// XNNPACK's decode mat-vec for linear `op` over `m` rows of x (k wide), where it takes the
+/// call: the ksums computed at load (src/gpu/ksums.rs, in one binding) and `xnn_matvec_layout`.
+fn xnn_matvec_of(env: &Env, op: &Op, m: usize, k: usize) -> Option<(TensorId, (usize, usize))> {
+    let OpKind::Linear {
+        weight: Weight::Q4 { group },
+        act_quant: crate::ir::ActQuant::Xnnpack,
+        has_bias,
+    } = op.kind
+    else {
+        return None;
+    };
+    let ksums = *op.inputs.get(4 + has_bias as usize)?;
+    if env.mem.split[env.mem.root[ksums]].is_some() {
+        return None;
+    }
+    Some((ksums, xnn_matvec_layout(1, m, k, group)?))
 }
 
 fn linear(
@@ -2427,10 +2454,19 @@ fn linear(
             .get(1 + wc + has_bias as usize)
             .copied()
             .filter(|&t| env.mem.split[env.mem.root[t]].is_none());
-        let xnn_mv = ksums
-            .filter(|_| xnn_exact)
-            .and_then(|t| Some((t, xnn_matvec_layout(kind, m, k, group)?)));
-        if let Some((ksums, (xr, wg))) = xnn_mv {
+        // A pair's (or a gate/up chain's ranges) binding precedes the ksums (`linear_xnn`), a
+        // triple's two outputs (`linear3`).
+        let xnn_kernel = match (second, third) {
+            (_, Some(_)) => "linear3",
+            (Some(_), None) => "linear_xnn",
+            (None, None) => kernel,
+        };
+        let xnn_writes = |y2: Res| match third {
+            Some((o3, _)) => vec![y2, Res::Tensor(o3)],
+            None if second.is_some() => vec![y2],
+            None => Vec::new(),
+        };
+        if let Some((ksums, (xr, wg))) = xnn_matvec_of(env, op, m, k) {
             consts.extend([
                 ("XR", xr as f64),
                 ("XG", (k / group) as f64),
@@ -2438,15 +2474,44 @@ fn linear(
                 ("WG", wg as f64),
                 ("FMA_NATIVE", b(env.fused_fma)),
             ]);
+            // Storing a chain of the pair's two outputs (as the quad mat-vec's GLU), its
+            // range maybe in the ranges buffer bound where the second output would be.
+            let glu = second.and_then(|_| glu_fused(env, node));
+            let range = glu.and_then(|_| range_out(env, node));
+            let (mut p, mut y, mut groups) = (p, Res::Tensor(out), nc.div_ceil(xr));
+            if let Some((c, chain, first)) = glu {
+                if range.is_some() {
+                    y2 = Res::Ranges;
+                    consts.extend([
+                        ("RANGE_SLOTS", RANGE_SLOTS as f64),
+                        (
+                            "SG_LANES",
+                            env.subgroup.map_or(1, |s| (xr / 2).min(s as usize)) as f64,
+                        ),
+                    ]);
+                }
+                let (q, cc) = chain_steps(p.u(range.unwrap_or(0) as usize), chain);
+                p = q;
+                consts.extend(cc);
+                consts.extend([("GLU", 1.0), ("GLU_FIRST", b(first))]);
+                y = Res::Tensor(env.op(c).ok_or("a fused chain is not an op")?.outputs[0]);
+                // (A workgroup's rows of the gate, and as many of the up.)
+                groups = nn.div_ceil(xr / 2);
+            }
             let mut s = step(
-                kernel,
-                "xnn_matvec",
+                xnn_kernel,
+                if range.is_some() {
+                    "xnn_matvec_ranged"
+                } else {
+                    "xnn_matvec"
+                },
                 consts,
                 p,
-                Res::Tensor(out),
+                y,
                 inputs,
-                env.grid(nc.div_ceil(xr), 1),
+                env.grid(groups, 1),
             );
+            s.writes = xnn_writes(y2);
             s.reads_after.push(Res::Tensor(ksums));
             steps.push(s);
         } else if xnn_exact {
@@ -2473,7 +2538,7 @@ fn linear(
                 ("KSUMS", b(ksums.is_some())),
             ]);
             let mut s = step(
-                kernel,
+                xnn_kernel,
                 "xnn_gemm",
                 consts,
                 p,
@@ -2481,6 +2546,7 @@ fn linear(
                 inputs,
                 env.grid(nc.div_ceil(xr), m.div_ceil(xm)),
             );
+            s.writes = xnn_writes(y2);
             // (Bound either way: the kernel names it, read or not.)
             s.reads_after.push(ksums.map_or(Res::Dummy, Res::Tensor));
             steps.push(s);
