@@ -1481,8 +1481,18 @@ fn xnn_row(row0: u32, r: u32) -> u32 {
     return min(row0 + r, p.n - 1u);
 }
 
+// x's 16-byte word i: act_quant_packed's, or (CHAIN_X) the chain's row quantized in workgroup
+// memory.
+fn xnn_x4(i: u32) -> vec4<u32> {
+    if CHAIN_X {
+        return vec4<u32>(chain_words[4u * i], chain_words[4u * i + 1u], chain_words[4u * i + 2u],
+                         chain_words[4u * i + 3u]);
+    }
+    return xu4[i];
+}
+
 // Row t's output (t < XR; 0 for the other invocations), bias aside. Every invocation calls it
-// (barriers).
+// (barriers). CHAIN_X: after `chain_quad`.
 fn xnn_rows(row0: u32, t: u32) -> f32 {
     let ones = 0x01010101u;
     let m4 = 0x0f0f0f0fu;
@@ -1503,7 +1513,7 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
     for (var g = t; g < XG; g += WG) {
         var sq = 0;
         for (var j = 0u; j < xq; j++) {
-            let v = xu4[g * xq + j];
+            let v = xnn_x4(g * xq + j);
             sq += dot4I8Packed(v.x, ones) + dot4I8Packed(v.y, ones) + dot4I8Packed(v.z, ones)
                 + dot4I8Packed(v.w, ones);
         }
@@ -1516,8 +1526,8 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
         let r = u / quads;
         let c = u % quads;
         let wv = w4[xnn_row(row0, r) * quads + c];
-        let xa = xu4[2u * c];
-        let xb = xu4[2u * c + 1u];
+        let xa = xnn_x4(2u * c);
+        let xb = xnn_x4(2u * c + 1u);
         // Word j of the quad meets x words 2j and 2j + 1 (act_quant_packed's nibble order).
         var ws = array<u32, 4>(wv.x, wv.y, wv.z, wv.w);
         var xs = array<u32, 8>(xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w);
@@ -1539,8 +1549,12 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
     }
     let r = t;
     let row = xnn_row(row0, r);
-    let inv = bitcast<f32>(x_word(p.k / 4u));
-    let zp = bitcast<f32>(x_word(p.k / 4u + 1u));
+    var inv = bitcast<f32>(x_word(p.k / 4u));
+    var zp = bitcast<f32>(x_word(p.k / 4u + 1u));
+    if CHAIN_X {
+        inv = s_x;
+        zp = zp_x;
+    }
     var yv = opq(ksums[p.n0 + row] * (zp + 128.0));
     var rest_sum = 0.0;
     for (var g = 0u; g < XG; g++) {
@@ -1587,6 +1601,13 @@ fn xnn_glu(row0: u32, t: u32, v: f32) -> f32 {
 fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) t: u32) {
     let row0 = (wg.x + wg.y * nwg.x) * XR;
+    // CHAIN_X: the chain of x and y2, quantized as act_quant_packed would (sets s_x, zp_x); only
+    // where y2 does not take the ksums' binding (nor the ranges', `xnn_matvec_ranged`).
+    // #if xnn_wide
+    if CHAIN_X {
+        chain_quad(t);
+    }
+    // #endif
     let v = xnn_rows(row0, t);
     if GLU {
         xnn_glu(row0, t, v);

@@ -1878,9 +1878,10 @@ fn producers_leave_the_range_their_linear_quantizes_by() {
 /// computes the chain as its decode mat-vec loads the chain's inputs and quantizes the row in
 /// each team (Gemma's per-layer input: gelu(gate) · a slice of the per-layer inputs, read in
 /// place): no dispatch for the chain, the same bits as the chain quantizing apart, for 4- and
-/// 8-bit weights, one or two chain inputs, with and without subgroups. The chain's inputs stay
+/// 8-bit weights, one or two chain inputs, with and without subgroups, by torchao's rounding and
+/// XNNPACK's (4-bit `xnn_matvec`, the whole workgroup chaining the row). The chain's inputs stay
 /// alive until the linear although a tensor is written in between. Prefill rows, rows longer
-/// than a team holds, and XNNPACK's rounding (its own GEMM) keep the chain's dispatch.
+/// than a team holds, and XNNPACK's 8-bit GEMM keep the chain's dispatch.
 #[test]
 fn linears_compute_the_chain_they_quantize() {
     use pteria::ir::ActQuant;
@@ -1893,6 +1894,8 @@ fn linears_compute_the_chain_they_quantize() {
         (Weight::Q4 { group: 32 }, ActQuant::Torchao),
         (Weight::Q4 { group: 128 }, ActQuant::Torchao),
         (Weight::Q8 { group: 32 }, ActQuant::Torchao),
+        (Weight::Q4 { group: 32 }, ActQuant::Xnnpack),
+        (Weight::Q4 { group: 128 }, ActQuant::Xnnpack),
     ];
     // (rows, K, N, two inputs, format, fused)
     let mut cases = Vec::new();
@@ -1907,12 +1910,13 @@ fn linears_compute_the_chain_they_quantize() {
             cases.push((m, k, n, two, w, aq, fused));
         }
     }
+    // XNNPACK's 8-bit linears keep their GEMM.
     cases.push((
         1,
         256,
         40,
         true,
-        Weight::Q4 { group: 32 },
+        Weight::Q8 { group: 32 },
         ActQuant::Xnnpack,
         false,
     ));

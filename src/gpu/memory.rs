@@ -879,7 +879,7 @@ impl MemoryPlan {
                 let shape = &g.tensors[o].max_shape;
                 let ok = matches!(cop.kind, OpKind::ElementwiseChain { .. })
                     && matches!(lop.kind, OpKind::Linear { act_quant, .. }
-                        if act_quant == crate::ir::ActQuant::Torchao)
+                        if act_quant != crate::ir::ActQuant::None)
                     && (1..=2).contains(&cop.inputs.len())
                     && (cop.inputs.iter())
                         .all(|&i| g.tensors[i].max_shape == *shape && repr[root[i]] == Repr::F32)

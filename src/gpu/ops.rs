@@ -2062,9 +2062,17 @@ pub(crate) fn chain_loaded<'a>(env: &'a Env, l: usize) -> Option<(&'a Op, &'a [C
     let (team, _, _) = quad_matvec(weight, k, n, 1)?;
     let shape = env.shape(by.outputs[0]);
     let storage = |t: TensorId| env.view_of[env.mem.root[t]];
+    // XNNPACK's mat-vec chains the row with the whole workgroup, its ksums bound after the
+    // chain's second input (`linear_xnn`).
+    let fits = if act_quant == crate::ir::ActQuant::Xnnpack {
+        xnn_matvec_of(env, lop, m, k).is_some() && env.max_storage >= WIDE_BINDINGS
+    } else {
+        k <= team * per_quad
+    };
     let ok = m == 1
         && int_x(env, weight, act_quant, k, n, 1)
-        && k <= (team * per_quad).min(CHAIN_LOAD_MAX_K)
+        && fits
+        && k <= CHAIN_LOAD_MAX_K
         && env.chunks(lop.inputs[1], n).1 == 1
         && by.inputs.iter().all(|&i| env.shape(i) == shape)
         && (by.inputs.len() < 2 || storage(by.inputs[0]) != storage(by.inputs[1]));
@@ -2459,11 +2467,12 @@ fn linear(
         let xnn_kernel = match (second, third) {
             (_, Some(_)) => "linear3",
             (Some(_), None) => "linear_xnn",
+            (None, None) if loaded.is_some() => "linear_xnn",
             (None, None) => kernel,
         };
         let xnn_writes = |y2: Res| match third {
             Some((o3, _)) => vec![y2, Res::Tensor(o3)],
-            None if second.is_some() => vec![y2],
+            None if second.is_some() || loaded.is_some() => vec![y2],
             None => Vec::new(),
         };
         if let Some((ksums, (xr, wg))) = xnn_matvec_of(env, op, m, k) {
@@ -2497,6 +2506,17 @@ fn linear(
                 y = Res::Tensor(env.op(c).ok_or("a fused chain is not an op")?.outputs[0]);
                 // (A workgroup's rows of the gate, and as many of the up.)
                 groups = nn.div_ceil(xr / 2);
+            }
+            // The chain making x, computed and quantized by every workgroup (`chain_quad`).
+            if let Some((_, chain)) = loaded {
+                let (q, cc) = chain_steps(p.u(0), chain);
+                p = q;
+                consts.extend(cc);
+                consts.extend([
+                    ("CHAIN_X", 1.0),
+                    ("CHAIN_K4", (k / 4) as f64),
+                    ("XNN_ROUNDING", 1.0),
+                ]);
             }
             let mut s = step(
                 xnn_kernel,
