@@ -52,6 +52,9 @@ override KSUMS: bool = false;
 // #if triple
 @group(0) @binding(10) var<storage, read> ksums: array<f32>;
 // #endif
+// #if norm
+@group(0) @binding(11) var<storage, read> ksums: array<f32>;
+// #endif
 // matvec: invocations per output (a power of two) and outputs per workgroup.
 override TPR: u32 = 32u;
 override RPW: u32 = 8u;
@@ -1481,10 +1484,10 @@ fn xnn_row(row0: u32, r: u32) -> u32 {
     return min(row0 + r, p.n - 1u);
 }
 
-// x's 16-byte word i: act_quant_packed's, or (CHAIN_X) the chain's row quantized in workgroup
-// memory.
+// x's 16-byte word i: act_quant_packed's, or (CHAIN_X, NORM_X) the chain's or the norm's row
+// quantized in workgroup memory.
 fn xnn_x4(i: u32) -> vec4<u32> {
-    if CHAIN_X {
+    if CHAIN_X || NORM_X {
         return vec4<u32>(chain_words[4u * i], chain_words[4u * i + 1u], chain_words[4u * i + 2u],
                          chain_words[4u * i + 3u]);
     }
@@ -1551,7 +1554,7 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
     let row = xnn_row(row0, r);
     var inv = bitcast<f32>(x_word(p.k / 4u));
     var zp = bitcast<f32>(x_word(p.k / 4u + 1u));
-    if CHAIN_X {
+    if CHAIN_X || NORM_X {
         inv = s_x;
         zp = zp_x;
     }
@@ -1636,6 +1639,22 @@ fn xnn_matvec_ranged(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     if t % max(SG_LANES, 1u) == 0u && any(b != vec2<u32>(0u)) {
         atomicMax(&ranges[at], b.x);
         atomicMax(&ranges[at + 1u], b.y);
+    }
+}
+// #endif
+
+// #if norm
+// `xnn_matvec` of the row the norm makes (as `matvec_normed`). After the
+// overrides it reads (naga 30 fails on an override declared after its first use).
+@compute @workgroup_size(WG)
+fn xnn_matvec_normed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) t: u32) {
+    let wgi = wg.x + wg.y * nwg.x;
+    norm_row(wgi == 0u, t);
+    let row0 = wgi * XR;
+    let v = xnn_rows(row0, t);
+    if t < XR && row0 + t < p.n {
+        y[p.n0 + row0 + t] = v;
     }
 }
 // #endif

@@ -1146,8 +1146,9 @@ fn norms_run_the_norm_that_reads_their_rows() {
             assert_eq!(pteria::ir::passes::fuse_norm_chains(&mut t.g), 1);
             let packed = m <= MATVEC_ROWS || aq == ActQuant::Xnnpack;
             // The fused run also runs the output's norm (n6) in its linear's mat-vec
-            // (`norm_load`) for one row by torchao's rounding.
-            let loaded = m == 1 && aq == ActQuant::Torchao && k <= 2048;
+            // (`norm_load`) for one row by torchao's rounding, or XNNPACK's with 4-bit weights.
+            let quad = aq == ActQuant::Torchao || matches!(w, Weight::Q4 { .. });
+            let loaded = m == 1 && quad && k <= 2048;
             let saved = if packed && k <= 2048 { 2 } else { 0 } + loaded as usize;
             let what = format!("{m}x{k} norm pairs for {w:?}/{aq:?}");
             fusion_saves(&pairs, &what, &t, saved);
@@ -1969,9 +1970,10 @@ fn linears_compute_the_chain_they_quantize() {
 /// mat-vec: no dispatch for the norm, the same bits as apart and the CPU's values, for 4- and
 /// 8-bit weights, weighted or not, with or without its chain, with and without subgroups. Its
 /// rows are still stored for their other reader, and its inputs (activations that die at the
-/// norm) stay alive until the linear although tensors are written in between. Prompt rows,
-/// linears of many rows, linears sharing the quantization, XNNPACK's rounding, a broadcast chain
-/// operand and rows past 2048 keep the norm's dispatch.
+/// norm) stay alive until the linear although tensors are written in between. By torchao's
+/// rounding and XNNPACK's (4-bit `xnn_matvec`). Prompt rows, linears of many rows, linears
+/// sharing the quantization, XNNPACK's 8-bit GEMM, a broadcast chain operand and rows past 2048
+/// keep the norm's dispatch.
 #[test]
 fn linears_norm_the_row_they_quantize() {
     use pteria::ir::ActQuant;
@@ -1992,6 +1994,7 @@ fn linears_norm_the_row_they_quantize() {
     let q4 = Weight::Q4 { group: 128 };
     let q8 = Weight::Q8 { group: 32 };
     let tao = ActQuant::Torchao;
+    let xnn = ActQuant::Xnnpack;
     // (rows, K, N, weight, rounding, norm, fused)
     let cases = [
         (1, 1536, 256, q4, tao, Norm::Residual, true),
@@ -2010,15 +2013,20 @@ fn linears_norm_the_row_they_quantize() {
         (3, 256, 40, q4, tao, Norm::Residual, false),
         (1, 256, 1536, q4, tao, Norm::Residual, false),
         (1, 256, 40, q4, tao, Norm::Shared, false),
+        // XNNPACK's 4-bit mat-vec, the whole workgroup norming the row.
+        (1, 1536, 256, q4, xnn, Norm::Residual, true),
         (
             1,
             256,
             40,
             Weight::Q4 { group: 32 },
-            ActQuant::Xnnpack,
-            Norm::Residual,
-            false,
+            xnn,
+            Norm::Weighted,
+            true,
         ),
+        (1, 512, 29, q4, xnn, Norm::Plain, true),
+        (3, 256, 40, q4, xnn, Norm::Residual, false),
+        (1, 256, 40, q8, xnn, Norm::Residual, false),
         (1, 256, 40, q4, tao, Norm::Broadcast, false),
         (1, 2560, 40, q4, tao, Norm::Residual, false),
         (1, 256, 40, q4, tao, Norm::ReadBetween, false),

@@ -78,8 +78,8 @@ fn kernel_source(name: &str) -> Option<&'static str> {
 /// `linear3`: linear.wgsl with a third output binding (`triple`), which every other linear
 /// would otherwise have to bind too: a binding that a kernel names must be in its layout.
 /// XNNPACK's ksums follow the outputs a variant binds: at 8 (`ks8`) where no second output is
-/// bound, 9 in `linear_xnn` (a pair's second output or a chain's ranges at 8), 10 in `linear3`;
-/// `xnn_wide` stores by `put`.
+/// bound, 9 in `linear_xnn` (a pair's second output or a chain's ranges at 8), 10 in `linear3`,
+/// 11 in `linear_norm` (after the norm's output and weight); `xnn_wide` stores by `put`.
 /// `sdpa_kv`: sdpa.wgsl with its caches bound read-write (`kv_write`, for `split_kv`), where
 /// every other attention binds them read-only (`kv_read`).
 fn variant_blocks(kernel: &str) -> &'static [&'static str] {
@@ -87,7 +87,7 @@ fn variant_blocks(kernel: &str) -> &'static [&'static str] {
         "linear" => &["ks8"],
         "linear3" => &["triple", "xnn_wide"],
         "linear_xnn" => &["ks9", "xnn_wide"],
-        "linear_norm" => &["norm", "ks8"],
+        "linear_norm" => &["norm"],
         "sdpa" => &["kv_read"],
         "sdpa_kv" => &["kv_write"],
         _ => &[],

@@ -919,7 +919,7 @@ impl MemoryPlan {
                         OpKind::RmsNorm { .. } | OpKind::RmsNormChain { .. }
                     )
                     && matches!(lop.kind, OpKind::Linear { act_quant, .. }
-                        if act_quant == crate::ir::ActQuant::Torchao)
+                        if act_quant != crate::ir::ActQuant::None)
                     && last_sharer[l] == l
                     && partner[l].is_none()
                     && merged_into[l].is_none()

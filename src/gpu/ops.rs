@@ -2028,6 +2028,13 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
 }
 
 /// Elements in a 16-byte quad of a packed weight (the quad mat-vec's unit); None for f32.
+fn packed_group(weight: Weight) -> Option<usize> {
+    match weight {
+        Weight::Q4 { group } | Weight::Q8 { group } => Some(group),
+        Weight::F32 => None,
+    }
+}
+
 fn packed_quad(weight: Weight) -> Option<usize> {
     match weight {
         Weight::Q4 { .. } => Some(32),
@@ -2132,10 +2139,27 @@ pub(crate) fn norm_loaded<'a>(env: &'a Env, l: usize) -> Option<NormLoad<'a>> {
     let per_quad = packed_quad(weight)?;
     let (team, _, _) = quad_matvec(weight, k, n, 1)?;
     let (norm_wg, lanes) = norm_workgroup(env, k / 4);
-    let wg = norm_wg.div_ceil(team) * team;
-    // Its workgroup arrays: the team sums' (a vec4 an invocation), the row's words as floats
-    // and packed, the norm's sums and the range's (quant.wgsl, two floats an invocation).
-    let shared = 16 * wg + 20 * (k / 4) + 4 * norm_wg + 8 * wg;
+    // XNNPACK's mat-vec (`xnn_matvec_normed`) binds its ksums after the norm's weight.
+    let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
+    let (wg, sums) = match (xnn, xnn_matvec_of(env, lop, m, k)) {
+        // Its workgroup's rows' sums and scales, the row's groups' sums, the chain's stores.
+        (true, Some((_, (xr, xwg)))) => {
+            let groups = k / packed_group(weight)?;
+            (
+                xwg.max(norm_wg),
+                4 * (xr * (groups | 1) * 2 + groups + 1 + xr),
+            )
+        }
+        (true, None) => return None,
+        // The team sums' (a vec4 an invocation).
+        (false, _) => {
+            let wg = norm_wg.div_ceil(team) * team;
+            (wg, 16 * wg)
+        }
+    };
+    // Its workgroup arrays: the mat-vec's, the row's words as floats and packed, the norm's
+    // sums and the range's (quant.wgsl, two floats an invocation).
+    let shared = sums + 20 * (k / 4) + 4 * norm_wg + 8 * wg;
     let out = by.outputs[0];
     let others = &by.inputs[1 + weighted as usize..];
     let ok = m == 1
@@ -2157,7 +2181,7 @@ pub(crate) fn norm_loaded<'a>(env: &'a Env, l: usize) -> Option<NormLoad<'a>> {
         && norm_pair(env, pn).is_none()
         && wg <= env.max_invocations as usize
         && shared <= env.max_workgroup_bytes as usize
-        && env.max_storage >= NORM_LOAD_BINDINGS;
+        && env.max_storage >= NORM_LOAD_BINDINGS + xnn as u32;
     ok.then_some(NormLoad {
         op: by,
         eps,
@@ -2518,10 +2542,33 @@ fn linear(
                     ("XNN_ROUNDING", 1.0),
                 ]);
             }
+            // The norm making x, run by every workgroup (`norm_row`), stored by the first.
+            if let Some(nl) = &normed {
+                let (q, cc) = chain_steps(p.u(0), nl.chain.map_or(&[], |(_, st)| st));
+                p = q.f(nl.eps).u(nl.chain.map_or(0, |(i, _)| i));
+                consts.retain(|(name, _)| *name != "WG");
+                consts.extend(cc);
+                consts.extend([
+                    ("WG", nl.wg as f64),
+                    ("NORM_X", 1.0),
+                    ("CHAIN_K4", (k / 4) as f64),
+                    ("NORM_W", b(nl.weighted)),
+                    ("NORM_CHAIN", b(nl.chain.is_some())),
+                    ("NORM_WG", nl.norm_wg as f64),
+                    ("NORM_LANES", nl.lanes as f64),
+                    ("XNN_ROUNDING", 1.0),
+                ]);
+            }
             let mut s = step(
-                xnn_kernel,
+                if normed.is_some() {
+                    "linear_norm"
+                } else {
+                    xnn_kernel
+                },
                 if range.is_some() {
                     "xnn_matvec_ranged"
+                } else if normed.is_some() {
+                    "xnn_matvec_normed"
                 } else {
                     "xnn_matvec"
                 },
@@ -2532,6 +2579,16 @@ fn linear(
                 env.grid(groups, 1),
             );
             s.writes = xnn_writes(y2);
+            // `linear_norm`: the norm's rows (stored by the first workgroup) and weight, then
+            // the ksums.
+            if let Some(nl) = &normed {
+                s.writes = vec![y2, Res::Tensor(nl.op.outputs[0])];
+                s.reads_after.push(if nl.weighted {
+                    Res::Tensor(nl.op.inputs[1])
+                } else {
+                    Res::Dummy
+                });
+            }
             s.reads_after.push(Res::Tensor(ksums));
             steps.push(s);
         } else if xnn_exact {
