@@ -1078,8 +1078,9 @@ fn norms_quantize_for_the_linears_they_feed() {
             // Packed rows (decode mat-vecs, XNNPACK's GEMM at any M) save all three
             // quantizations, short chain rows included.
             // A decode row short enough for a team is chained in its linear's loads: no
-            // dispatch for the chain either.
-            let chain = (k <= 2048) as usize + (m == 1 && k <= 512 && !xnn) as usize;
+            // dispatch for the chain either (XNNPACK's 4-bit mat-vec too, not its 8-bit GEMM).
+            let loads = !xnn || matches!(w, Weight::Q4 { .. });
+            let chain = (k <= 2048) as usize + (m == 1 && k <= 512 && loads) as usize;
             let saved = if m <= MATVEC_ROWS || xnn {
                 2 + chain
             } else {
@@ -1700,9 +1701,11 @@ fn xnnpack_linears_pair_and_store_their_chain() {
                 },
                 ", apart",
             );
-            // Apart, a chain row of up to 2048 quantizes itself (a row kernel); a longer one
+            // Apart, a chain row of up to 512 is computed by the down projection as it loads
+            // it (`chain_load`), one of up to 2048 quantizes itself (a row kernel), a longer one
             // runs apart and then a quantization.
             let long = (n > 2048) as usize;
+            let apart_chain = if n <= 512 { 0 } else { 1 + long };
             if m == 1 {
                 // The quantization, the pair storing its chain and range, the ranged
                 // quantization, the down projection.
@@ -1710,7 +1713,7 @@ fn xnnpack_linears_pair_and_store_their_chain() {
                 assert_eq!(count(&e, ":xnn_matvec_ranged"), 1, "{what}: {e:?}");
                 assert_eq!(count(&e, ":act_quant_ranged"), 1, "{what}: {e:?}");
                 if let Some(a) = &no_glu {
-                    assert_eq!(a.len(), 4 + long, "{what}, chain apart: {a:?}");
+                    assert_eq!(a.len(), 3 + apart_chain, "{what}, chain apart: {a:?}");
                 }
             } else {
                 // The pair's chain runs apart, and never quantizes (decode calls would not).
@@ -1718,7 +1721,8 @@ fn xnnpack_linears_pair_and_store_their_chain() {
                 assert_eq!(e.len(), 5, "{what}: {e:?}");
             }
             if let Some(a) = no_pairs {
-                assert_eq!(a.len(), 5 + long, "{what}, apart: {a:?}");
+                let apart = if m == 1 { 4 + apart_chain } else { 5 + long };
+                assert_eq!(a.len(), apart, "{what}, apart: {a:?}");
             }
         }
     }
