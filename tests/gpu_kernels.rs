@@ -1599,6 +1599,8 @@ fn xnnpack_linears_pair_and_store_their_chain() {
     for (m, k, group, ns, symmetric) in [
         (1usize, 256usize, 32usize, [40usize, 9, 9], true),
         (1, 1536, 128, [300, 64, 64], false),
+        // Two weight rows a workgroup (K >= 6144), the triple's split inside one.
+        (1, 6144, 128, [21, 9, 9], true),
         (3, 256, 64, [45, 17, 17], true),
     ] {
         let mut t = T::default();
@@ -1643,6 +1645,8 @@ fn xnnpack_linears_pair_and_store_their_chain() {
     for (m, k, group, n, down) in [
         (1usize, 256usize, 32usize, 96usize, (32usize, 40usize)),
         (1, 1536, 128, 1024, (128, 300)),
+        // A workgroup's one gate row and one up row (K >= 6144).
+        (1, 6144, 128, 96, (32, 40)),
         // A chain row past MATVEC_ROWS' norm kernel: apart, it takes a dispatch of its own.
         (1, 256, 32, 2560, (32, 40)),
         (4, 256, 64, 64, (32, 24)),
