@@ -2244,17 +2244,18 @@ fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
 
 /// `xnn_matvec`'s rows a workgroup and invocations, where it takes an XNNPACK-quantized linear
 /// (one row of x, 4-bit weights in groups of a multiple of 32): enough rows that their 16-byte
-/// weight quads fill about two passes of 256 invocations (at least 2, a gate/up pair's one of
-/// each: at K >= 6144 more workgroups of fewer rows measured faster, 3.13-3.15 -> 3.06 ms a
-/// step of the E2B-shaped XNNPACK program on an H200; a pass, not two, 3.29), within 16 KiB of
-/// shared memory (two words a row's group and one a group).
+/// weight quads fill about four passes of 256 invocations (at least 2, a gate/up pair's one of
+/// each), within 16 KiB of shared memory (two words a row's group and one a group). Measured
+/// on an H200, a step of the E2B-shaped XNNPACK program: two passes and at least 8 rows 3.13-3.15
+/// ms, at least 2 rows (K >= 6144 in more workgroups) 3.06, one pass 3.29; four passes 2.97
+/// against 3.02 for two, eight 3.19 against 3.01-3.04 for four (README).
 fn xnn_matvec_layout(kind: u32, m: usize, k: usize, group: usize) -> Option<(usize, usize)> {
     let groups = k.checked_div(group)?;
     if kind != 1 || m != 1 || group % 32 != 0 || groups == 0 {
         return None;
     }
     let quads = k / 32;
-    let rows = 1usize << (512 / quads).clamp(2, 32).ilog2();
+    let rows = 1usize << (1024 / quads).clamp(2, 32).ilog2();
     // (And a word a row for a gate/up pair's chain, `xnn_glu`.)
     let words = rows * (groups | 1) * 2 + groups + 1 + rows;
     let wg = (rows * quads).next_power_of_two().clamp(64, 256);
