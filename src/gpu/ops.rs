@@ -2193,6 +2193,22 @@ pub(crate) fn norm_loaded<'a>(env: &'a Env, l: usize) -> Option<NormLoad<'a>> {
     })
 }
 
+/// A mat-vec's parameters and constants for running the norm that makes its x (`norm_loaded`;
+/// linear.wgsl `norm_row`, K = `k`).
+fn norm_load_params(p: P, nl: &NormLoad, k: usize, consts: &mut Vec<(&'static str, f64)>) -> P {
+    let (q, cc) = chain_steps(p.u(0), nl.chain.map_or(&[], |(_, st)| st));
+    consts.extend(cc);
+    consts.extend([
+        ("NORM_X", 1.0),
+        ("CHAIN_K4", (k / 4) as f64),
+        ("NORM_W", b(nl.weighted)),
+        ("NORM_CHAIN", b(nl.chain.is_some())),
+        ("NORM_WG", nl.norm_wg as f64),
+        ("NORM_LANES", nl.lanes as f64),
+    ]);
+    q.f(nl.eps).u(nl.chain.map_or(0, |(i, _)| i))
+}
+
 /// `ranged` for the linear that producer `node` leaves its range for, if any.
 fn range_out(env: &Env, node: usize) -> Option<u32> {
     ranged(env, env.mem.range_for.get(node).copied().flatten()?)
@@ -2546,20 +2562,9 @@ fn linear(
             }
             // The norm making x, run by every workgroup (`norm_row`), stored by the first.
             if let Some(nl) = &normed {
-                let (q, cc) = chain_steps(p.u(0), nl.chain.map_or(&[], |(_, st)| st));
-                p = q.f(nl.eps).u(nl.chain.map_or(0, |(i, _)| i));
+                p = norm_load_params(p, nl, k, &mut consts);
                 consts.retain(|(name, _)| *name != "WG");
-                consts.extend(cc);
-                consts.extend([
-                    ("WG", nl.wg as f64),
-                    ("NORM_X", 1.0),
-                    ("CHAIN_K4", (k / 4) as f64),
-                    ("NORM_W", b(nl.weighted)),
-                    ("NORM_CHAIN", b(nl.chain.is_some())),
-                    ("NORM_WG", nl.norm_wg as f64),
-                    ("NORM_LANES", nl.lanes as f64),
-                    ("XNN_ROUNDING", 1.0),
-                ]);
+                consts.extend([("WG", nl.wg as f64), ("XNN_ROUNDING", 1.0)]);
             }
             let mut s = step(
                 if normed.is_some() {
@@ -2657,17 +2662,7 @@ fn linear(
             }
             let mut wg = wg;
             if let Some(nl) = &normed {
-                let (q, cc) = chain_steps(p.u(0), nl.chain.map_or(&[], |(_, st)| st));
-                p = q.f(nl.eps).u(nl.chain.map_or(0, |(i, _)| i));
-                consts.extend(cc);
-                consts.extend([
-                    ("NORM_X", 1.0),
-                    ("CHAIN_K4", (k / 4) as f64),
-                    ("NORM_W", b(nl.weighted)),
-                    ("NORM_CHAIN", b(nl.chain.is_some())),
-                    ("NORM_WG", nl.norm_wg as f64),
-                    ("NORM_LANES", nl.lanes as f64),
-                ]);
+                p = norm_load_params(p, nl, k, &mut consts);
                 wg = nl.wg;
             }
             consts.extend([
