@@ -885,22 +885,7 @@ fn xnnpack_linears_are_bit_exact_with_the_cpu_executor() {
             }
             let mut gpu = GpuExecutor::new(c, t.g.clone()).unwrap();
             let got = gpu.run(&values(&t.inputs)).unwrap()[0].to_f32().unwrap();
-            let differ = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            let first = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a.to_bits() != b.to_bits());
-            assert_eq!(
-                differ,
-                0,
-                "{what}{name}: {differ} of {} outputs differ, first at {first:?}: {:?}",
-                want.len(),
-                first.map(|i| (got[i], want[i]))
-            );
+            assert_same_bits(&format!("{what}{name}"), &got, &want);
         }
     }
 }
@@ -1555,6 +1540,22 @@ fn paired_gate_up_linears_store_their_chain() {
     }
 }
 
+/// Asserts `got` has `want`'s bits, naming how many differ and the first.
+fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: output length");
+    let differ = (got.iter().zip(want))
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let first = (got.iter().zip(want)).position(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(
+        differ,
+        0,
+        "{what}: {differ} of {} outputs differ, first at {first:?}: {:?}",
+        want.len(),
+        first.map(|i| (got[i], want[i]))
+    );
+}
+
 /// Runs `t` on `ctx` and asserts every output has the CPU executor's bits (XNNPACK's linears);
 /// returns the GPU executor and its kernel entries.
 fn same_bits_as_cpu(ctx: Arc<Context>, what: &str, t: &T) -> (GpuExecutor, Vec<String>) {
@@ -1562,14 +1563,10 @@ fn same_bits_as_cpu(ctx: Arc<Context>, what: &str, t: &T) -> (GpuExecutor, Vec<S
     let want = CpuExecutor::new(t.g.clone()).unwrap().run(&vals).unwrap();
     let mut gpu = GpuExecutor::new(ctx, t.g.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let got = gpu.run(&vals).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(got.len(), want.len(), "{what}: outputs");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let (g, w) = (g.to_f32().unwrap(), w.to_f32().unwrap());
-        let differ = g.iter().zip(&w).filter(|(a, b)| a.to_bits() != b.to_bits());
-        assert_eq!(
-            differ.count(),
-            0,
-            "{what}: output {i} differs from the CPU's"
-        );
+        assert_same_bits(&format!("{what}: output {i}"), &g, &w);
     }
     let entries = gpu.last_entries();
     (gpu, entries)

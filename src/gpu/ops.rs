@@ -2028,13 +2028,6 @@ pub(crate) fn ranged(env: &Env, l: usize) -> Option<u32> {
 }
 
 /// Elements in a 16-byte quad of a packed weight (the quad mat-vec's unit); None for f32.
-fn packed_group(weight: Weight) -> Option<usize> {
-    match weight {
-        Weight::Q4 { group } | Weight::Q8 { group } => Some(group),
-        Weight::F32 => None,
-    }
-}
-
 fn packed_quad(weight: Weight) -> Option<usize> {
     match weight {
         Weight::Q4 { .. } => Some(32),
@@ -2141,18 +2134,18 @@ pub(crate) fn norm_loaded<'a>(env: &'a Env, l: usize) -> Option<NormLoad<'a>> {
     let (norm_wg, lanes) = norm_workgroup(env, k / 4);
     // XNNPACK's mat-vec (`xnn_matvec_normed`) binds its ksums after the norm's weight.
     let xnn = act_quant == crate::ir::ActQuant::Xnnpack;
-    let (wg, sums) = match (xnn, xnn_matvec_of(env, lop, m, k)) {
+    let (wg, sums) = match (xnn, xnn_matvec_of(env, lop, m, k), weight) {
         // Its workgroup's rows' sums and scales, the row's groups' sums, the chain's stores.
-        (true, Some((_, (xr, xwg)))) => {
-            let groups = k / packed_group(weight)?;
+        (true, Some((_, (xr, xwg))), Weight::Q4 { group }) => {
+            let groups = k / group;
             (
                 xwg.max(norm_wg),
                 4 * (xr * (groups | 1) * 2 + groups + 1 + xr),
             )
         }
-        (true, None) => return None,
+        (true, ..) => return None,
         // The team sums' (a vec4 an invocation).
-        (false, _) => {
+        (false, ..) => {
             let wg = norm_wg.div_ceil(team) * team;
             (wg, 16 * wg)
         }
@@ -2207,6 +2200,43 @@ fn norm_load_params(p: P, nl: &NormLoad, k: usize, consts: &mut Vec<(&'static st
         ("NORM_LANES", nl.lanes as f64),
     ]);
     q.f(nl.eps).u(nl.chain.map_or(0, |(i, _)| i))
+}
+
+/// A gate/up pair's mat-vec storing the chain of its two outputs (`glu_fused`: the chain's node,
+/// steps, and whether its input 0 is the lead's output): its parameters (the ranges site, then
+/// the chain's words), constants and output (the chain's). Where its stores leave their range
+/// (`range`), the ranges buffer takes the second output's binding, `y2`.
+fn glu_params(
+    env: &Env,
+    (c, chain, first): (usize, &[ChainStep], bool),
+    range: Option<u32>,
+    p: P,
+    y2: &mut Res,
+    consts: &mut Vec<(&'static str, f64)>,
+) -> Result<(P, Res), String> {
+    if range.is_some() {
+        *y2 = Res::Ranges;
+        consts.push(("RANGE_SLOTS", RANGE_SLOTS as f64));
+    }
+    let (q, cc) = chain_steps(p.u(range.unwrap_or(0) as usize), chain);
+    consts.extend(cc);
+    consts.extend([("GLU", 1.0), ("GLU_FIRST", b(first))]);
+    let cop = env.op(c).ok_or("a fused chain is not an op")?;
+    Ok((q, Res::Tensor(cop.outputs[0])))
+}
+
+/// A mat-vec's parameters and constants for computing the chain that makes its x as it loads
+/// the chain's inputs (`chain_loaded`; linear.wgsl `chain_quad`, K = `k`).
+fn chain_load_params(
+    p: P,
+    chain: &[ChainStep],
+    k: usize,
+    consts: &mut Vec<(&'static str, f64)>,
+) -> P {
+    let (q, cc) = chain_steps(p.u(0), chain);
+    consts.extend(cc);
+    consts.extend([("CHAIN_X", 1.0), ("CHAIN_K4", (k / 4) as f64)]);
+    q
 }
 
 /// `ranged` for the linear that producer `node` leaves its range for, if any.
@@ -2530,35 +2560,19 @@ fn linear(
             let glu = second.and_then(|_| glu_fused(env, node));
             let range = glu.and_then(|_| range_out(env, node));
             let (mut p, mut y, mut groups) = (p, Res::Tensor(out), nc.div_ceil(xr));
-            if let Some((c, chain, first)) = glu {
+            if let Some(g) = glu {
+                (p, y) = glu_params(env, g, range, p, &mut y2, &mut consts)?;
                 if range.is_some() {
-                    y2 = Res::Ranges;
-                    consts.extend([
-                        ("RANGE_SLOTS", RANGE_SLOTS as f64),
-                        (
-                            "SG_LANES",
-                            env.subgroup.map_or(1, |s| (xr / 2).min(s as usize)) as f64,
-                        ),
-                    ]);
+                    let lanes = env.subgroup.map_or(1, |s| (xr / 2).min(s as usize));
+                    consts.push(("SG_LANES", lanes as f64));
                 }
-                let (q, cc) = chain_steps(p.u(range.unwrap_or(0) as usize), chain);
-                p = q;
-                consts.extend(cc);
-                consts.extend([("GLU", 1.0), ("GLU_FIRST", b(first))]);
-                y = Res::Tensor(env.op(c).ok_or("a fused chain is not an op")?.outputs[0]);
                 // (A workgroup's rows of the gate, and as many of the up.)
                 groups = nn.div_ceil(xr / 2);
             }
             // The chain making x, computed and quantized by every workgroup (`chain_quad`).
             if let Some((_, chain)) = loaded {
-                let (q, cc) = chain_steps(p.u(0), chain);
-                p = q;
-                consts.extend(cc);
-                consts.extend([
-                    ("CHAIN_X", 1.0),
-                    ("CHAIN_K4", (k / 4) as f64),
-                    ("XNN_ROUNDING", 1.0),
-                ]);
+                p = chain_load_params(p, chain, k, &mut consts);
+                consts.push(("XNN_ROUNDING", 1.0));
             }
             // The norm making x, run by every workgroup (`norm_row`), stored by the first.
             if let Some(nl) = &normed {
@@ -2641,24 +2655,12 @@ fn linear(
             // A chain's stores may leave their range for the linear that quantizes them, in
             // the ranges buffer bound where the second output would be (`matvec_ranged`).
             let range = glu.and_then(|_| range_out(env, node));
-            if let Some((c, chain, first)) = glu {
+            if let Some(g) = glu {
                 rpt = rpt.max(2);
-                if range.is_some() {
-                    y2 = Res::Ranges;
-                    consts.push(("RANGE_SLOTS", RANGE_SLOTS as f64));
-                }
-                let (q, cc) = chain_steps(p.u(range.unwrap_or(0) as usize), chain);
-                p = q;
-                consts.extend(cc);
-                consts.extend([("GLU", 1.0), ("GLU_FIRST", b(first))]);
-                let cop = env.op(c).ok_or("a fused chain is not an op")?;
-                y = Res::Tensor(cop.outputs[0]);
+                (p, y) = glu_params(env, g, range, p, &mut y2, &mut consts)?;
             }
             if let Some((_, chain)) = loaded {
-                let (q, cc) = chain_steps(p.u(0), chain);
-                p = q;
-                consts.extend(cc);
-                consts.extend([("CHAIN_X", 1.0), ("CHAIN_K4", (k / 4) as f64)]);
+                p = chain_load_params(p, chain, k, &mut consts);
             }
             let mut wg = wg;
             if let Some(nl) = &normed {
