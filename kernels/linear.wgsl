@@ -1470,6 +1470,7 @@ override XG: u32 = 1u;
 // adding rows' terms read different banks.
 override XS: u32 = 1u;
 var<workgroup> xv_uw: array<atomic<i32>, XR * XS>;
+var<workgroup> xv_ui: array<i32, XR * XS>;
 var<workgroup> xv_s: array<f32, XR * XS>;
 var<workgroup> xv_sq: array<i32, XG>;
 
@@ -1495,17 +1496,37 @@ fn xnn_x4(i: u32) -> vec4<u32> {
 }
 
 // Row t's output (t < XR; 0 for the other invocations), bias aside. Every invocation calls it
-// (barriers). CHAIN_X: after `chain_quad`.
+// (barrier). CHAIN_X: after `chain_quad`. Each quad's integer term is whole (its Σ q too), so a
+// group's quads add by subgroup shuffles where they share a run of lanes (one barrier, none
+// before the weight loads), else by shared-memory atomics.
 fn xnn_rows(row0: u32, t: u32) -> f32 {
     let ones = 0x01010101u;
     let m4 = 0x0f0f0f0fu;
     // x: K / 4 int8 words, then (1 / multiplier, zero point) (act_quant_packed).
     let xq = GROUP / 16u;
+    // Quads a group; quads a row: K / 32 (8 nibbles a word).
+    let qg = GROUP / 32u;
+    let quads = p.k / 32u;
+    let shuffled = SG_LANES >= qg && (qg & (qg - 1u)) == 0u;
     if t == 0u {
         xnn_zero_shared = 0u;
     }
-    for (var i = t; i < XR * XS; i += WG) {
-        atomicStore(&xv_uw[i], 0);
+    // The row's ksum and x's parameters, loaded before the weights so that their latency
+    // runs under the sums rather than after the barrier.
+    var ks = 0.0;
+    var inv = 0.0;
+    var zp = 0.0;
+    if !CHAIN_X && !NORM_X {
+        inv = bitcast<f32>(x_word(p.k / 4u));
+        zp = bitcast<f32>(x_word(p.k / 4u + 1u));
+    }
+    if t < XR {
+        ks = ksums[p.n0 + xnn_row(row0, t)];
+    }
+    if !shuffled {
+        for (var i = t; i < XR * XS; i += WG) {
+            atomicStore(&xv_uw[i], 0);
+        }
     }
     // The rows' scales, ahead of the terms that add them in order.
     for (var i = t; i < XR * XG; i += WG) {
@@ -1513,37 +1534,59 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
         let g = i % XG;
         xv_s[r * XS + g] = scales[xnn_row(row0, r) * p.groups + g];
     }
-    for (var g = t; g < XG; g += WG) {
-        var sq = 0;
-        for (var j = 0u; j < xq; j++) {
-            let v = xnn_x4(g * xq + j);
-            sq += dot4I8Packed(v.x, ones) + dot4I8Packed(v.y, ones) + dot4I8Packed(v.z, ones)
-                + dot4I8Packed(v.w, ones);
+    if !DERIVED_BIAS {
+        for (var g = t; g < XG; g += WG) {
+            var sq = 0;
+            for (var j = 0u; j < xq; j++) {
+                let v = xnn_x4(g * xq + j);
+                sq += dot4I8Packed(v.x, ones) + dot4I8Packed(v.y, ones)
+                    + dot4I8Packed(v.z, ones) + dot4I8Packed(v.w, ones);
+            }
+            xv_sq[g] = sq;
         }
-        xv_sq[g] = sq;
     }
-    workgroupBarrier();
-    // Quads a row: K / 32 (8 nibbles a word); quad c meets x quads 2c and 2c + 1.
-    let quads = p.k / 32u;
-    for (var u = t; u < XR * quads; u += WG) {
+    if !shuffled {
+        workgroupBarrier();
+    }
+    // Quad c meets x quads 2c and 2c + 1; every lane runs every pass (the shuffles).
+    let total = XR * quads;
+    for (var base = 0u; base < total; base += WG) {
+        let u = base + t;
         let r = u / quads;
         let c = u % quads;
-        let wv = w4[xnn_row(row0, r) * quads + c];
-        let xa = xnn_x4(2u * c);
-        let xb = xnn_x4(2u * c + 1u);
-        // Word j of the quad meets x words 2j and 2j + 1 (act_quant_packed's nibble order).
-        var ws = array<u32, 4>(wv.x, wv.y, wv.z, wv.w);
-        var xs = array<u32, 8>(xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w);
-        var qn = 0;
-        var sn = 0;
-        for (var j = 0u; j < 4u; j++) {
-            let lo = ws[j] & m4;
-            let hi = (ws[j] >> 4u) & m4;
-            qn += dot4I8Packed(lo, xs[2u * j]) + dot4I8Packed(hi, xs[2u * j + 1u]);
-            sn += i32(dot4U8Packed(lo + hi, ones));
+        var v = 0;
+        if u < total {
+            let wv = w4[xnn_row(row0, r) * quads + c];
+            let xa = xnn_x4(2u * c);
+            let xb = xnn_x4(2u * c + 1u);
+            // Word j of the quad meets x words 2j and 2j + 1 (act_quant_packed's nibble order).
+            var ws = array<u32, 4>(wv.x, wv.y, wv.z, wv.w);
+            var xs = array<u32, 8>(xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w);
+            var qn = 0;
+            var sn = 0;
+            var sq = 0;
+            for (var j = 0u; j < 4u; j++) {
+                let lo = ws[j] & m4;
+                let hi = (ws[j] >> 4u) & m4;
+                qn += dot4I8Packed(lo, xs[2u * j]) + dot4I8Packed(hi, xs[2u * j + 1u]);
+                sn += i32(dot4U8Packed(lo + hi, ones));
+                sq += dot4I8Packed(xs[2u * j], ones) + dot4I8Packed(xs[2u * j + 1u], ones);
+            }
+            // Σ (q + 128)·(n - 8) over the quad.
+            v = qn + 128 * sn - 8 * sq - 1024 * 32;
         }
-        // Σ (q + 128)·(n - 8) over the group is the sum of these, -1024 · GROUP and -8 Σ q.
-        atomicAdd(&xv_uw[r * XS + c / (GROUP / 32u)], qn + 128 * sn);
+        if shuffled {
+            // #if subgroups
+            for (var d = 1u; d < qg; d *= 2u) {
+                v += subgroupShuffleXor(v, d);
+            }
+            // #endif
+            if u < total && c % qg == 0u {
+                xv_ui[r * XS + c / qg] = v;
+            }
+        } else if u < total {
+            atomicAdd(&xv_uw[r * XS + c / qg], v);
+        }
     }
     workgroupBarrier();
     xnn_zero = xnn_zero_shared;
@@ -1552,17 +1595,18 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
     }
     let r = t;
     let row = xnn_row(row0, r);
-    var inv = bitcast<f32>(x_word(p.k / 4u));
-    var zp = bitcast<f32>(x_word(p.k / 4u + 1u));
     if CHAIN_X || NORM_X {
         inv = s_x;
         zp = zp_x;
     }
-    var yv = opq(ksums[p.n0 + row] * (zp + 128.0));
+    var yv = opq(ks * (zp + 128.0));
     var rest_sum = 0.0;
     for (var g = 0u; g < XG; g++) {
         let s = xv_s[r * XS + g];
-        let uw = f32(atomicLoad(&xv_uw[r * XS + g]) - 1024 * i32(GROUP) - 8 * xv_sq[g]);
+        var uw = f32(xv_ui[r * XS + g]);
+        if !shuffled {
+            uw = f32(atomicLoad(&xv_uw[r * XS + g]));
+        }
         if FMA_NATIVE {
             yv = fma(uw, s, yv);
         } else {

@@ -2301,7 +2301,13 @@ fn xnn_matvec_layout(kind: u32, m: usize, k: usize, group: usize) -> Option<(usi
         return None;
     }
     let quads = k / 32;
-    let rows = 1usize << (1024 / quads).clamp(2, 32).ilog2();
+    // About four passes of 256 invocations a workgroup; `PTERIA_XNN_QUADS=N` (weight quads a
+    // workgroup) overrides, for benchmark sweeps.
+    let budget = std::env::var("PTERIA_XNN_QUADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1024);
+    let rows = 1usize << (budget / quads).clamp(2, 32).ilog2();
     // (And a word a row for a gate/up pair's chain, `xnn_glu`.)
     let words = rows * (groups | 1) * 2 + groups + 1 + rows;
     let wg = (rows * quads).next_power_of_two().clamp(64, 256);
