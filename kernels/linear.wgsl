@@ -1465,6 +1465,8 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 // depend on the weights alone) come computed at load (src/gpu/ksums.rs). Needs GROUP % 32 == 0;
 // XG = K / GROUP groups a row.
 override XG: u32 = 1u;
+// The subgroup's lanes (1 without subgroups): a group's quads add by shuffles where they fit.
+override XSG: u32 = 1u;
 
 // Per (row, group) at row · XS + group, XS = XG | 1: an odd stride, so that the XR invocations
 // adding rows' terms read different banks.
@@ -1507,7 +1509,7 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
     // Quads a group; quads a row: K / 32 (8 nibbles a word).
     let qg = GROUP / 32u;
     let quads = p.k / 32u;
-    let shuffled = SG_LANES >= qg && (qg & (qg - 1u)) == 0u;
+    let shuffled = XSG >= qg && (qg & (qg - 1u)) == 0u;
     if t == 0u {
         xnn_zero_shared = 0u;
     }

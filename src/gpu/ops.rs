@@ -2291,11 +2291,19 @@ fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
 /// `xnn_matvec`'s rows a workgroup and invocations, where it takes an XNNPACK-quantized linear
 /// (one row of x, 4-bit weights in groups of a multiple of 32): enough rows that their 16-byte
 /// weight quads fill about four passes of 256 invocations (at least 2, a gate/up pair's one of
-/// each), within 16 KiB of shared memory (two words a row's group and one a group). Measured
-/// on an H200, a step of the E2B-shaped XNNPACK program: two passes and at least 8 rows 3.13-3.15
-/// ms, at least 2 rows (K >= 6144 in more workgroups) 3.06, one pass 3.29; four passes 2.97
-/// against 3.02 for two, eight 3.19 against 3.01-3.04 for four (README).
-fn xnn_matvec_layout(kind: u32, m: usize, k: usize, group: usize) -> Option<(usize, usize)> {
+/// each), but no more than leave about 256 workgroups for the `n` rows, within 16 KiB of shared
+/// memory (two words a row's group and one a group). Measured on an H200, a step of the
+/// E2B-shaped XNNPACK program: two passes and at least 8 rows 3.13-3.15 ms, at least 2 rows
+/// (K >= 6144 in more workgroups) 3.06, one pass 3.29; four passes 2.97 against 3.02 for two,
+/// eight 3.19 against 3.01-3.04 for four; later (shuffled sums) no floor 2.70 ms, a floor of
+/// 128 workgroups 2.66, 256 2.62, 512 2.64 (README).
+fn xnn_matvec_layout(
+    kind: u32,
+    m: usize,
+    k: usize,
+    n: usize,
+    group: usize,
+) -> Option<(usize, usize)> {
     let groups = k.checked_div(group)?;
     if kind != 1 || m != 1 || group % 32 != 0 || groups == 0 {
         return None;
@@ -2307,7 +2315,15 @@ fn xnn_matvec_layout(kind: u32, m: usize, k: usize, group: usize) -> Option<(usi
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(1024);
-    let rows = 1usize << (budget / quads).clamp(2, 32).ilog2();
+    // And few enough that about 256 workgroups share the rows (`PTERIA_XNN_WGS`; 0: no floor).
+    let min_wgs = std::env::var("PTERIA_XNN_WGS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(256);
+    let mut rows = 1usize << (budget / quads).clamp(2, 32).ilog2();
+    if min_wgs > 0 {
+        rows = rows.min(1 << (n / min_wgs).clamp(2, 32).ilog2());
+    }
     // (And a word a row for a gate/up pair's chain, `xnn_glu`.)
     let words = rows * (groups | 1) * 2 + groups + 1 + rows;
     let wg = (rows * quads).next_power_of_two().clamp(64, 256);
@@ -2329,7 +2345,8 @@ fn xnn_matvec_of(env: &Env, op: &Op, m: usize, k: usize) -> Option<(TensorId, (u
     if env.mem.split[env.mem.root[ksums]].is_some() {
         return None;
     }
-    Some((ksums, xnn_matvec_layout(1, m, k, group)?))
+    let n = env.numel(op.outputs[0]) / m.max(1);
+    Some((ksums, xnn_matvec_layout(1, m, k, n, group)?))
 }
 
 fn linear(
@@ -2560,6 +2577,7 @@ fn linear(
                 ("XS", ((k / group) | 1) as f64),
                 ("WG", wg as f64),
                 ("FMA_NATIVE", b(env.fused_fma)),
+                ("XSG", env.subgroup.unwrap_or(1) as f64),
             ]);
             // Storing a chain of the pair's two outputs (as the quad mat-vec's GLU), its
             // range maybe in the ranges buffer bound where the second output would be.
