@@ -3982,10 +3982,11 @@ fn norms_store_their_rows_into_the_kv_cache() {
 /// into just before it (`kv_guest`), norms the step's new k and v rows in its split: one
 /// dispatch fewer a decode call, and call after call the output and both caches hold the same
 /// bits as with the norms apart and match the CPU, for indexed and start-position updates,
-/// weighted or unweighted k, with and without subgroups; the new row at the first, middle and
-/// last rows of a chunk and of the cache. Prompts (3 rows) and calls of 2 queries keep the
-/// norms' dispatch; so does an op reading the k cache between the norms and the attention, and
-/// a device binding 12 storage buffers.
+/// weighted or unweighted k, attention over heads-first caches or (as XNNPACK's llama ops read
+/// the E2B-shaped program's one kv head) over row-first views of them, with and without
+/// subgroups; the new row at the first, middle and last rows of a chunk and of the cache.
+/// Prompts (3 rows) and calls of 2 queries keep the norms' dispatch; so does an op reading the
+/// k cache between the norms and the attention, and a device binding 12 storage buffers.
 #[test]
 fn attention_norms_the_new_k_and_v_rows_in_its_split() {
     let pairs = fused_and_apart(ContextOptions {
@@ -3997,14 +3998,19 @@ fn attention_norms_the_new_k_and_v_rows_in_its_split() {
         ..Default::default()
     });
     let mut rng = Rng::new(47);
-    let (hq, hkv, d, cache, max_t, max_pos) = (4usize, 2usize, 64usize, 48usize, 3usize, 64usize);
+    let (hq, d, cache, max_t, max_pos) = (4usize, 64usize, 48usize, 3usize, 64usize);
     let f = DType::F32;
-    for (indexed, weighted, peek) in [
-        (true, true, false),
-        (false, true, false),
-        (false, false, false),
-        (true, true, true),
+    for (indexed, weighted, peek, layout) in [
+        (true, true, false, AttnLayout::Bhsd),
+        (false, true, false, AttnLayout::Bhsd),
+        (false, false, false, AttnLayout::Bhsd),
+        (true, true, true, AttnLayout::Bhsd),
+        (true, true, false, AttnLayout::Bshd),
+        (false, false, false, AttnLayout::Bshd),
     ] {
+        let heads_first = layout == AttnLayout::Bhsd;
+        // (Row-first views of heads-first caches are views only with one kv head.)
+        let hkv = if heads_first { 2 } else { 1 };
         let mut t = T::default();
         let qx = [1, max_t, hq, d];
         let kx = [1, hkv, max_t, d];
@@ -4050,12 +4056,22 @@ fn attention_norms_the_new_k_and_v_rows_in_its_split() {
         t.out(between);
         let qw = t.const_f(&[d], &rng.floats(d, 1.5));
         let qn = t.op(rope(true, 1), vec![xq, qw, cos, sin], f, &qx);
-        let perm = OpKind::Permute {
-            perm: vec![0, 2, 1, 3],
+        let (q, ku, vu, ys) = if heads_first {
+            let perm = OpKind::Permute {
+                perm: vec![0, 2, 1, 3],
+            };
+            let ys = [1, hq, max_t, d];
+            (t.op(perm, vec![qn], f, &ys), ku, vu, ys)
+        } else {
+            let rows = [1, cache, 1, d];
+            let view = |t: &mut T, c: TensorId| {
+                let shape = rows.iter().map(|&n| Int::Lit(n as i64)).collect();
+                t.op(OpKind::Reshape { shape }, vec![c], f, &rows)
+            };
+            (qn, view(&mut t, ku), view(&mut t, vu), qx)
         };
-        let q = t.op(perm, vec![qn], f, &[1, hq, max_t, d]);
         let kind = OpKind::Sdpa {
-            layout: AttnLayout::Bhsd,
+            layout,
             scale: 0.125,
             causal: true,
             window: None,
@@ -4063,9 +4079,9 @@ fn attention_norms_the_new_k_and_v_rows_in_its_split() {
             start: Int::Sym(start),
             all_rows: false,
         };
-        let y = t.op(kind, vec![q, ku, vu], f, &[1, hq, max_t, d]);
+        let y = t.op(kind, vec![q, ku, vu], f, &ys);
         t.out(y);
-        let what = format!("indexed {indexed}, weighted {weighted}, peek {peek}");
+        let what = format!("indexed {indexed}, weighted {weighted}, peek {peek}, {layout:?}");
         let runs = (pairs
             .iter()
             .map(|(on, apart, name)| (on.clone(), apart.clone(), *name, !peek)))

@@ -1773,9 +1773,9 @@ struct KvSplit<'a> {
 
 /// For attention `a` that norms its q: the k and v norms storing into its caches, where this
 /// call's split may norm and store their rows itself: one query and batch, a row a kv head in
-/// the attention's head dim, f32 caches in the [batch, head, row, dim] layout updated along
-/// their rows, the k rotation by q's tables, the norms' workgroups q's, and a device binding
-/// 13 storage buffers. Both the norms and the attention ask, so they agree.
+/// the attention's head dim, f32 caches (either layout: split stores by the caches' strides)
+/// updated along their rows, the k rotation by q's tables, the norms' workgroups q's, and a
+/// device binding 13 storage buffers. Both the norms and the attention ask, so they agree.
 fn kv_split<'a>(env: &'a Env, a: usize) -> Option<KvSplit<'a>> {
     let h = env.mem.kv_split.get(a).copied().flatten()?;
     let qn = q_normed(env, a)?;
@@ -1802,7 +1802,6 @@ fn kv_split<'a>(env: &'a Env, a: usize) -> Option<KvSplit<'a>> {
         .all(|&c| env.mem.repr[env.mem.root[c]] == Repr::F32);
     let ok = dims.s == 1
         && dims.b == 1
-        && layout == AttnLayout::Bhsd
         && d == dims.d
         && env.numel(kn.op.inputs[0]) == dims.hkv * d
         && env.shape(vop.inputs[0]) == xs
