@@ -2320,8 +2320,8 @@ fn xnn_matvec_layout(
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(256);
     let mut rows = 1usize << (budget / quads).clamp(2, 32).ilog2();
-    if min_wgs > 0 {
-        rows = rows.min(1 << (n / min_wgs).clamp(2, 32).ilog2());
+    if let Some(per) = n.checked_div(min_wgs) {
+        rows = rows.min(1 << per.clamp(2, 32).ilog2());
     }
     // (And a word a row for a gate/up pair's chain, `xnn_glu`.)
     let words = rows * (groups | 1) * 2 + groups + 1 + rows;
