@@ -1570,11 +1570,16 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
             atomicStore(&xv_uw[i], 0);
         }
     }
-    // The rows' scales, ahead of the terms that add them in order.
-    for (var i = t; i < XR * XG; i += WG) {
-        let r = i / XG;
-        let g = i % XG;
-        xv_s[r * XS + g] = scales[xnn_row(row0, r) * p.groups + g];
+    // The rows' scales, ahead of the terms that add them in order: an invocation's first in a
+    // register until the sums are done (a store to shared memory would wait for its load
+    // before the weights' loads go out), any others stored at once.
+    let own = t < XR * XG;
+    var scale = 0.0;
+    if own {
+        scale = scales[xnn_row(row0, t / XG) * p.groups + t % XG];
+    }
+    for (var i = t + WG; i < XR * XG; i += WG) {
+        xv_s[(i / XG) * XS + i % XG] = scales[xnn_row(row0, i / XG) * p.groups + i % XG];
     }
     if !DERIVED_BIAS {
         for (var g = t; g < XG; g += WG) {
@@ -1603,6 +1608,9 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
                          xnn_x4(2u * c + 1u));
         }
         xnn_add(u, quads, total, shuffled, v);
+    }
+    if own {
+        xv_s[(t / XG) * XS + t % XG] = scale;
     }
     workgroupBarrier();
     xnn_zero = xnn_zero_shared;
