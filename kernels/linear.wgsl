@@ -1459,11 +1459,11 @@ fn xnn_gemm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 // The same exact integer sums and the same float terms in the same order as xnn_gemm, so the
 // same bits, laid out for a single x row: a workgroup owns XR weight rows; each 16-byte quad of
 // weights is one invocation's (consecutive invocations read consecutive quads, and the x words
-// they meet), its integer sums added to its (row, group)'s in shared memory (integers: any
-// order gives the same sums); then XR invocations add each row's float terms in order onto its
-// ksum · zero point. The ksums (Σ over each 16 columns, in order, of -(Σ w) · scale, which
-// depend on the weights alone) come computed at load (src/gpu/ksums.rs). Needs GROUP % 32 == 0;
-// XG = K / GROUP groups a row.
+// they meet), its integer sums added to its (row, group)'s by subgroup shuffles, or atomics in
+// shared memory (integers: any order gives the same sums); then XR invocations add each row's
+// float terms in order onto its ksum · zero point. The ksums (Σ over each 16 columns, in order,
+// of -(Σ w) · scale, which depend on the weights alone) come computed at load
+// (src/gpu/ksums.rs). Needs GROUP % 32 == 0; XG = K / GROUP groups a row.
 override XG: u32 = 1u;
 // The subgroup's lanes (1 without subgroups): a group's quads add by shuffles where they fit.
 override XSG: u32 = 1u;
