@@ -14,7 +14,7 @@
 
 use super::context::{Context, Slot};
 use super::memory::{elem_bytes, padded, BufferKind, MemoryPlan, MemoryReport, Repr};
-use super::ops::{self, Env, Res, Step};
+use super::ops::{self, Env, Res, Step, XNN_WORKGROUP_FLOOR};
 use super::wait::{await_map, WaitClock};
 use super::GpuError;
 use crate::ir::{Graph, InputValue, Int, Io, IrError, Node, OpKind, Plan, PlanCache, Role};
@@ -1462,6 +1462,12 @@ impl GpuExecutor {
                 quad_rows: self.ctx.quad_matvec_rows(),
                 x_rows: self.ctx.matvec_x_rows(),
                 fused_fma: self.ctx.fused_fma_probed(),
+                // (A CPU's Vulkan driver runs few workgroups at once: more only cost it.)
+                xnn_floor: if self.ctx.adapter().device_type == "cpu" {
+                    0
+                } else {
+                    XNN_WORKGROUP_FLOOR
+                },
                 view_of: &self.view_of,
             };
             for (n, node) in self.graph.nodes.iter().enumerate() {

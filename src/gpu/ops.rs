@@ -75,6 +75,8 @@ pub(crate) struct Env<'a> {
     pub x_rows: Option<usize>,
     /// Whether WGSL's `fma()` rounds once here (`Context::fused_fma`).
     pub fused_fma: bool,
+    /// Workgroups that `xnn_matvec` leaves at least for a linear's rows (`xnn_matvec_layout`).
+    pub xnn_floor: usize,
     /// Per tensor root: the root whose storage holds its values in this call (a view op's
     /// output reads its input's, a select's from an offset; `views`), else itself.
     pub view_of: &'a [TensorId],
@@ -2290,8 +2292,9 @@ fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
 /// `xnn_matvec`'s rows a workgroup and invocations, where it takes an XNNPACK-quantized linear
 /// (one row of x, 4-bit weights in groups of a multiple of 32): enough rows that their 16-byte
 /// weight quads fill about four passes of 256 invocations (at least 2, a gate/up pair's one of
-/// each), but no more than leave about 256 workgroups for the `n` rows, within 16 KiB of shared
-/// memory (two words a row's group and one a group). Measured on an H200, a step of the
+/// each), but no more than leave `floor` workgroups for the `n` rows (`XNN_WORKGROUP_FLOOR` on
+/// GPUs; none on a CPU's Vulkan driver, where lavapipe's demo step took 405 ms without against
+/// 462-508 with), within 16 KiB of shared memory (two words a row's group and one a group). Measured on an H200, a step of the
 /// E2B-shaped XNNPACK program: two passes and at least 8 rows 3.13-3.15 ms, at least 2 rows
 /// (K >= 6144 in more workgroups) 3.06, one pass 3.29; four passes 2.97 against 3.02 for two,
 /// eight 3.19 against 3.01-3.04 for four; later (shuffled sums) no floor 2.70 ms, a floor of
@@ -2302,6 +2305,7 @@ fn xnn_matvec_layout(
     k: usize,
     n: usize,
     group: usize,
+    floor: usize,
 ) -> Option<(usize, usize)> {
     let groups = k.checked_div(group)?;
     if kind != 1 || m != 1 || group % 32 != 0 || groups == 0 {
@@ -2314,11 +2318,11 @@ fn xnn_matvec_layout(
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(1024);
-    // And few enough that about 256 workgroups share the rows (`PTERIA_XNN_WGS`; 0: no floor).
+    // And few enough that `floor` workgroups share the rows (`PTERIA_XNN_WGS`; 0: no floor).
     let min_wgs = std::env::var("PTERIA_XNN_WGS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(256);
+        .unwrap_or(floor);
     let mut rows = 1usize << (budget / quads).clamp(2, 32).ilog2();
     if let Some(per) = n.checked_div(min_wgs) {
         rows = rows.min(1 << per.clamp(2, 32).ilog2());
@@ -2328,6 +2332,9 @@ fn xnn_matvec_layout(
     let wg = (rows * quads).next_power_of_two().clamp(64, 256);
     (words <= 4096).then_some((rows, wg))
 }
+
+/// `xnn_matvec`'s floor of workgroups for a linear's rows on a GPU (`xnn_matvec_layout`).
+pub(crate) const XNN_WORKGROUP_FLOOR: usize = 256;
 
 /// XNNPACK's decode mat-vec for linear `op` over `m` rows of x (k wide), where it takes the
 /// call: the ksums computed at load (src/gpu/ksums.rs, in one binding) and `xnn_matvec_layout`.
@@ -2345,7 +2352,7 @@ fn xnn_matvec_of(env: &Env, op: &Op, m: usize, k: usize) -> Option<(TensorId, (u
         return None;
     }
     let n = env.numel(op.outputs[0]) / m.max(1);
-    Some((ksums, xnn_matvec_layout(1, m, k, n, group)?))
+    Some((ksums, xnn_matvec_layout(1, m, k, n, group, env.xnn_floor)?))
 }
 
 fn linear(
