@@ -213,7 +213,7 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     let gpu_ctx = match device {
         Device::Cpu => None,
         Device::Gpu => Some(open()?),
-        Device::Auto => open().ok().filter(|c| c.adapter().device_type != "cpu"),
+        Device::Auto => open().ok().filter(|c| !c.adapter().is_cpu()),
     };
     if gpu_ctx.is_none() && kv == delegate::KvCache::F16 {
         bail!("--kv f16 needs the GPU executor (--device gpu)");

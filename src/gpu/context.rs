@@ -295,6 +295,13 @@ fn backend_name(b: wgpu::Backend) -> &'static str {
     }
 }
 
+impl AdapterSummary {
+    /// Whether the adapter is a CPU's driver (lavapipe, SwiftShader, WARP).
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == device_type_name(wgpu::DeviceType::Cpu)
+    }
+}
+
 fn device_type_name(t: wgpu::DeviceType) -> &'static str {
     match t {
         wgpu::DeviceType::DiscreteGpu => "discrete",

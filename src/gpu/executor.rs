@@ -1463,7 +1463,7 @@ impl GpuExecutor {
                 x_rows: self.ctx.matvec_x_rows(),
                 fused_fma: self.ctx.fused_fma_probed(),
                 // (A CPU's Vulkan driver runs few workgroups at once: more only cost it.)
-                xnn_floor: if self.ctx.adapter().device_type == "cpu" {
+                xnn_floor: if self.ctx.adapter().is_cpu() {
                     0
                 } else {
                     XNN_WORKGROUP_FLOOR

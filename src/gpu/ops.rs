@@ -2294,7 +2294,9 @@ fn prequantized(env: &Env, l: usize) -> Option<Prequant> {
 /// weight quads fill about four passes of 256 invocations (at least 2, a gate/up pair's one of
 /// each), but no more than leave `floor` workgroups for the `n` rows (`XNN_WORKGROUP_FLOOR` on
 /// GPUs; none on a CPU's Vulkan driver, where lavapipe's demo step took 405 ms without against
-/// 462-508 with), within 16 KiB of shared memory (two words a row's group and one a group). Measured on an H200, a step of the
+/// 462-508 with), within 16 KiB of shared memory (two words a row's group and one a group).
+/// `PTERIA_XNN_QUADS=N` (weight quads a workgroup, 1024 by default) and `PTERIA_XNN_WGS=N` (the
+/// floor; 0: none) override, for benchmark sweeps. Measured on an H200, a step of the
 /// E2B-shaped XNNPACK program: two passes and at least 8 rows 3.13-3.15 ms, at least 2 rows
 /// (K >= 6144 in more workgroups) 3.06, one pass 3.29; four passes 2.97 against 3.02 for two,
 /// eight 3.19 against 3.01-3.04 for four; later (shuffled sums) no floor 2.70 ms, a floor of
@@ -2312,17 +2314,19 @@ fn xnn_matvec_layout(
         return None;
     }
     let quads = k / 32;
-    // About four passes of 256 invocations a workgroup; `PTERIA_XNN_QUADS=N` (weight quads a
-    // workgroup) overrides, for benchmark sweeps.
-    let budget = std::env::var("PTERIA_XNN_QUADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(1024);
-    // And few enough that `floor` workgroups share the rows (`PTERIA_XNN_WGS`; 0: no floor).
-    let min_wgs = std::env::var("PTERIA_XNN_WGS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(floor);
+    // (Read once: layouts are asked for at every recording.)
+    static TUNE: std::sync::OnceLock<(Option<usize>, Option<usize>)> = std::sync::OnceLock::new();
+    let (budget, min_wgs) = *TUNE.get_or_init(|| {
+        let var = |name| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+        };
+        (var("PTERIA_XNN_QUADS"), var("PTERIA_XNN_WGS"))
+    });
+    // About four passes of 256 invocations a workgroup, and few enough rows that `floor`
+    // workgroups share them.
+    let (budget, min_wgs) = (budget.unwrap_or(1024), min_wgs.unwrap_or(floor));
     let mut rows = 1usize << (budget / quads).clamp(2, 32).ilog2();
     if let Some(per) = n.checked_div(min_wgs) {
         rows = rows.min(1 << per.clamp(2, 32).ilog2());

@@ -570,7 +570,7 @@ pub fn executor_placed(
         Device::Gpu => (gpu(open().map_err(|e| format!("--device gpu: {e}"))?), None),
         // A software Vulkan driver (lavapipe) is slower than our CPU executor: auto skips it.
         Device::Auto => match open() {
-            Ok(ctx) if ctx.adapter().device_type != "cpu" => (gpu(ctx), None),
+            Ok(ctx) if !ctx.adapter().is_cpu() => (gpu(ctx), None),
             Ok(ctx) => cpu(format!(
                 "the only GPU adapter, {}, is a software renderer",
                 ctx.adapter().name
