@@ -40,6 +40,12 @@ fn kernel_bench_reports_every_shape_and_format() {
     );
     assert!(dots > 0.0 && fmas > 0.0, "{v}");
     assert!(v["stream_gb_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    // The yardstick is the fastest of its copies, each within the device's binding.
+    let sizes = v["stream_sizes"].as_array().unwrap();
+    assert!(!sizes.is_empty(), "{v}");
+    let best = sizes.iter().map(|s| s[1].as_f64().unwrap()).fold(0.0, f64::max);
+    assert_eq!(best, v["stream_gb_per_s"].as_f64().unwrap(), "{v}");
+    assert!(sizes.iter().any(|s| s[0] == v["stream_bytes"]), "{v}");
     assert!(v["dependent_dispatch_us"].as_f64().unwrap() > 0.0, "{v}");
     // On Vulkan the driver's own chains ran too; the probe fails unless the chain with barriers
     // left its input negated 255 times.

@@ -130,6 +130,10 @@ pub struct ContextOptions {
     pub max_storage_buffers: Option<u32>,
     /// Backends to try; `None` means every one wgpu offers here (`WGPU_BACKEND` still applies).
     pub backends: Option<wgpu::Backends>,
+    /// Ask for no more than WebGPU's default limits (16 KiB of workgroup memory, 256 invocations
+    /// a workgroup, 8 storage buffers a kernel, 128 MiB bindings), which many phones' GPUs do not
+    /// pass: tests run as such a device (`PTERIA_WEBGPU_LIMITS=1` does the same for any program).
+    pub webgpu_limits: bool,
     /// Leave subgroup operations off even where the adapter has them, so that the kernels'
     /// shared-memory paths run (tests cover both).
     pub no_subgroups: bool,
@@ -193,6 +197,53 @@ pub struct ContextOptions {
     /// Wait for each call's outputs blocked in the driver, never polling the end of the wait
     /// (which wakes sooner but spends a core on it; `PTERIA_POLL_OUTPUTS=0` does the same).
     pub block_on_outputs: bool,
+}
+
+/// `have` no higher than WebGPU's defaults where a kernel's plan reads the limit (and no lower
+/// where a lower value is the better one).
+fn webgpu_clamped(have: &wgpu::Limits) -> wgpu::Limits {
+    let d = wgpu::Limits::default();
+    wgpu::Limits {
+        max_compute_workgroup_storage_size: have
+            .max_compute_workgroup_storage_size
+            .min(d.max_compute_workgroup_storage_size),
+        max_compute_invocations_per_workgroup: have
+            .max_compute_invocations_per_workgroup
+            .min(d.max_compute_invocations_per_workgroup),
+        max_compute_workgroup_size_x: have
+            .max_compute_workgroup_size_x
+            .min(d.max_compute_workgroup_size_x),
+        max_compute_workgroup_size_y: have
+            .max_compute_workgroup_size_y
+            .min(d.max_compute_workgroup_size_y),
+        max_compute_workgroup_size_z: have
+            .max_compute_workgroup_size_z
+            .min(d.max_compute_workgroup_size_z),
+        max_compute_workgroups_per_dimension: have
+            .max_compute_workgroups_per_dimension
+            .min(d.max_compute_workgroups_per_dimension),
+        max_storage_buffers_per_shader_stage: have
+            .max_storage_buffers_per_shader_stage
+            .min(d.max_storage_buffers_per_shader_stage),
+        max_storage_buffer_binding_size: have
+            .max_storage_buffer_binding_size
+            .min(d.max_storage_buffer_binding_size),
+        max_uniform_buffer_binding_size: have
+            .max_uniform_buffer_binding_size
+            .min(d.max_uniform_buffer_binding_size),
+        max_buffer_size: have.max_buffer_size.min(d.max_buffer_size),
+        max_bind_groups: have.max_bind_groups.min(d.max_bind_groups),
+        max_bindings_per_bind_group: have
+            .max_bindings_per_bind_group
+            .min(d.max_bindings_per_bind_group),
+        min_storage_buffer_offset_alignment: have
+            .min_storage_buffer_offset_alignment
+            .max(d.min_storage_buffer_offset_alignment),
+        min_uniform_buffer_offset_alignment: have
+            .min_uniform_buffer_offset_alignment
+            .max(d.min_uniform_buffer_offset_alignment),
+        ..have.clone()
+    }
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.
@@ -348,6 +399,9 @@ impl Context {
         // kernels up to eight storage bindings, and some fusions nine where the device has them
         // (`ops::WIDE_BINDINGS`).
         let mut limits = adapter.limits();
+        if opts.webgpu_limits || std::env::var("PTERIA_WEBGPU_LIMITS").is_ok_and(|v| v == "1") {
+            limits = webgpu_clamped(&limits);
+        }
         if let Some(n) = opts.max_storage_buffers {
             let have = limits.max_storage_buffers_per_shader_stage;
             limits.max_storage_buffers_per_shader_stage = have.min(n);
