@@ -1494,8 +1494,11 @@ fn xnn_x4(i: u32) -> vec4<u32> {
         return vec4<u32>(chain_words[4u * i], chain_words[4u * i + 1u], chain_words[4u * i + 2u],
                          chain_words[4u * i + 3u]);
     }
-    return xu4[i];
+    return xu4[xnn_m * (p.k / 16u) + i];
 }
+
+// The row of x this workgroup takes (`xnn_matvec_rows`; 0 for one row).
+var<private> xnn_m: u32 = 0u;
 
 // Σ (q + 128)·(n - 8) over a weight quad and the two x quads it meets (word j of the quad meets
 // x words 2j and 2j + 1: act_quant_packed's nibble order).
@@ -1559,8 +1562,10 @@ fn xnn_rows(row0: u32, t: u32) -> f32 {
     var inv = 0.0;
     var zp = 0.0;
     if !CHAIN_X && !NORM_X {
-        inv = bitcast<f32>(x_word(p.k / 4u));
-        zp = bitcast<f32>(x_word(p.k / 4u + 1u));
+        // (After all of x's rows: act_quant_packed's layout.)
+        let pr = p.m * p.k / 4u + 2u * xnn_m;
+        inv = bitcast<f32>(x_word(pr));
+        zp = bitcast<f32>(x_word(pr + 1u));
     }
     if t < XR {
         ks = ksums[p.n0 + xnn_row(row0, t)];
@@ -1690,6 +1695,24 @@ fn xnn_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             o += bias[p.n0 + row0 + t];
         }
         xnn_put(0u, row0 + t, o);
+    }
+}
+
+// `xnn_matvec` for a prompt's rows of x, one a workgroup: x's row is the grid's fastest index,
+// so that the workgroups reading one block of weight rows run together and find them cached
+// (the same bits as `xnn_gemm`, which this replaces up to `quad_matvec_rows` rows).
+@compute @workgroup_size(WG)
+fn xnn_matvec_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) t: u32) {
+    xnn_m = wg.x;
+    let row0 = (wg.y + wg.z * nwg.y) * XR;
+    let v = xnn_rows(row0, t);
+    if t < XR && row0 + t < p.n && xnn_m < p.m {
+        var o = v;
+        if HAS_BIAS {
+            o += bias[p.n0 + row0 + t];
+        }
+        xnn_put(xnn_m, row0 + t, o);
     }
 }
 

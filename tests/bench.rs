@@ -43,7 +43,10 @@ fn kernel_bench_reports_every_shape_and_format() {
     // The yardstick is the fastest of its copies, each within the device's binding.
     let sizes = v["stream_sizes"].as_array().unwrap();
     assert!(!sizes.is_empty(), "{v}");
-    let best = sizes.iter().map(|s| s[1].as_f64().unwrap()).fold(0.0, f64::max);
+    let best = sizes
+        .iter()
+        .map(|s| s[1].as_f64().unwrap())
+        .fold(0.0, f64::max);
     assert_eq!(best, v["stream_gb_per_s"].as_f64().unwrap(), "{v}");
     assert!(sizes.iter().any(|s| s[0] == v["stream_bytes"]), "{v}");
     assert!(v["dependent_dispatch_us"].as_f64().unwrap() > 0.0, "{v}");

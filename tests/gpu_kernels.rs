@@ -93,6 +93,19 @@ fn emulated_fma_ctx() -> Option<Arc<Context>> {
     .clone()
 }
 
+/// A device whose prompts' quantized linears take their tiled kernels (`xnn_gemm` for
+/// XNNPACK's) from two rows of x on.
+fn one_row_ctx() -> Option<Arc<Context>> {
+    static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        open(ContextOptions {
+            quad_matvec_rows: Some(1),
+            ..Default::default()
+        })
+    })
+    .clone()
+}
+
 /// A device whose executors hold KV caches as f16.
 fn f16_kv_ctx() -> Option<Arc<Context>> {
     static CTX: OnceLock<Option<Arc<Context>>> = OnceLock::new();
@@ -815,6 +828,10 @@ fn xnnpack_linears_are_bit_exact_with_the_cpu_executor() {
         (Weight::Q4 { group: 128 }, 1, 1536, 300, true, true),
         (Weight::Q4 { group: 64 }, 1, 640, 45, false, false),
         (Weight::Q4 { group: 256 }, 1, 2048, 70, false, true),
+        // A prompt's rows as mat-vecs (`xnn_matvec_rows`): E2B's widest K, a bias, more rows
+        // than a subgroup.
+        (Weight::Q4 { group: 128 }, 7, 12288, 37, true, false),
+        (Weight::Q4 { group: 128 }, 19, 1536, 300, false, true),
     ];
     for (w, m, k, n, symmetric, bias) in cases {
         let mut t = T::default();
@@ -877,6 +894,7 @@ fn xnnpack_linears_are_bit_exact_with_the_cpu_executor() {
             (" (no subgroups)", no_subgroup_ctx()),
             (" (split weights)", small_binding_ctx()),
             (" (fma emulated)", emulated_fma_ctx()),
+            (" (prompt tiled)", one_row_ctx()),
         ] {
             let Some(c) = c else { continue };
             // (The 64 KiB binding splits weights, not activations.)
@@ -886,6 +904,17 @@ fn xnnpack_linears_are_bit_exact_with_the_cpu_executor() {
             let mut gpu = GpuExecutor::new(c, t.g.clone()).unwrap();
             let got = gpu.run(&values(&t.inputs)).unwrap()[0].to_f32().unwrap();
             assert_same_bits(&format!("{what}{name}"), &got, &want);
+            // Prompt rows of 4-bit weights in groups of 32s take the mat-vec, one row of x a
+            // workgroup, up to `quad_matvec_rows`; `xnn_gemm` past it and for the rest.
+            if m > 1 && !name.contains("split") {
+                let rows = four && group % 32 == 0 && !name.contains("tiled");
+                let entry = if rows { "xnn_matvec_rows" } else { "xnn_gemm" };
+                assert!(
+                    gpu.last_entries().iter().any(|e| e.ends_with(entry)),
+                    "{what}{name}: {:?}",
+                    gpu.last_entries()
+                );
+            }
         }
     }
 }
@@ -1592,7 +1621,8 @@ fn xnnpack_linears_pair_and_store_their_chain() {
     .collect();
     let mut rng = Rng::new(71);
     let count = |e: &[String], entry: &str| e.iter().filter(|e| e.ends_with(entry)).count();
-    // (M, K, group, the three Ns, symmetric): decode rows take xnn_matvec, more xnn_gemm.
+    // (M, K, group, the three Ns, symmetric): decode rows take xnn_matvec, a prompt's
+    // xnn_matvec_rows.
     for (m, k, group, ns, symmetric) in [
         (1usize, 256usize, 32usize, [40usize, 9, 9], true),
         (1, 1536, 128, [300, 64, 64], false),
@@ -1619,7 +1649,11 @@ fn xnnpack_linears_pair_and_store_their_chain() {
             t.out(y);
         }
         let what = format!("xnnpack q/k/v {m}x{k}->{ns:?} g{group}");
-        let entry = if m == 1 { ":xnn_matvec" } else { ":xnn_gemm" };
+        let entry = if m == 1 {
+            ":xnn_matvec"
+        } else {
+            ":xnn_matvec_rows"
+        };
         let (_, e) = same_bits_as_cpu(fused.clone(), &what, &t);
         assert_eq!(count(&e, entry), 1, "{what}: {e:?}");
         for (c, name) in &others {
@@ -1718,7 +1752,7 @@ fn xnnpack_linears_pair_and_store_their_chain() {
                 }
             } else {
                 // The pair's chain runs apart, and never quantizes (decode calls would not).
-                assert_eq!(count(&e, ":xnn_gemm"), 2, "{what}: {e:?}");
+                assert_eq!(count(&e, ":xnn_matvec_rows"), 2, "{what}: {e:?}");
                 assert_eq!(e.len(), 5, "{what}: {e:?}");
             }
             if let Some(a) = no_pairs {
@@ -4450,9 +4484,9 @@ fn unsupported_ops_are_listed_together() {
 }
 
 /// A call's outputs are right whether the host blocks in the driver for them or sleeps through
-/// most of the last call's time and polls for the rest (the default): a mat-vec of 32 MB of f32
-/// weights (milliseconds on lavapipe, where every call after the second sleeps) replayed, each
-/// call against the CPU.
+/// most of the last call's time and polls for the rest (the default, for calls expected to take
+/// up to 10 ms; longer ones block): mat-vecs of 1 and 32 MB of f32 weights (a few milliseconds
+/// and tens of them on lavapipe) replayed, each call against the CPU.
 #[test]
 fn outputs_polled_for_after_a_sleep_are_right() {
     let Some(polled) = ctx() else { return };
@@ -4462,40 +4496,55 @@ fn outputs_polled_for_after_a_sleep_are_right() {
     })
     .expect("the GPU opened once already");
     let mut rng = Rng::new(41);
-    let t = linear_graph(
-        &mut rng,
-        Weight::F32,
-        1,
-        2048,
-        4096,
-        false,
-        pteria::ir::ActQuant::None,
-    );
-    // Sums of 2048 products in another order than the CPU's.
-    let calls = 6;
-    for (ctx, what) in [(polled, "polled"), (blocked, "blocked")] {
-        let mut gpu = check_on(ctx, what, &t, 1e-3, 1e-3);
-        let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
-        let mut x = t.inputs.clone();
-        for call in 1..calls {
-            x[0] = Val::Tensor(vec![1, 2048], f32_bytes(&rng.floats(2048, 1.0)));
-            let vals = values(&x);
-            let want = cpu.run(&vals).unwrap();
-            let got = gpu
-                .run(&vals)
-                .unwrap_or_else(|e| panic!("{what} call {call}: {e}"));
-            compare(&format!("{what} call {call}"), &got, &want, 1e-3, 1e-3);
-        }
-        let stats = gpu.stats();
-        let slept = stats.slept_waits;
-        // A wait is slept through only where it is longer than the polled tail (0.3 ms): on
-        // lavapipe these calls wait milliseconds, on an H200 microseconds.
-        let waits_ms = stats.host.wait_ns as f64 / 1e6 / calls as f64;
-        if what == "blocked" {
-            assert_eq!(slept, 0);
-        } else if std::env::var("PTERIA_POLL_OUTPUTS").is_err() && waits_ms > 1.0 {
-            // Every call after the first two had the last one's time to sleep through.
-            assert!(slept >= calls - 2, "{slept} of {calls} calls slept");
+    for n in [128, 4096] {
+        let t = linear_graph(
+            &mut rng,
+            Weight::F32,
+            1,
+            2048,
+            n,
+            false,
+            pteria::ir::ActQuant::None,
+        );
+        // Sums of 2048 products in another order than the CPU's.
+        let calls = 6;
+        for (ctx, what) in [(polled.clone(), "polled"), (blocked.clone(), "blocked")] {
+            let what = format!("{what} 2048x{n}");
+            let mut gpu = check_on(ctx, &what, &t, 1e-3, 1e-3);
+            let mut cpu = CpuExecutor::new(t.g.clone()).unwrap();
+            let mut x = t.inputs.clone();
+            // Per call: its wait for outputs (ms) and whether it slept first.
+            let mut per_call = Vec::new();
+            for call in 1..calls {
+                x[0] = Val::Tensor(vec![1, 2048], f32_bytes(&rng.floats(2048, 1.0)));
+                let vals = values(&x);
+                let want = cpu.run(&vals).unwrap();
+                let before = gpu.stats();
+                let got = gpu
+                    .run(&vals)
+                    .unwrap_or_else(|e| panic!("{what} call {call}: {e}"));
+                let after = gpu.stats();
+                per_call.push((
+                    (after.host.wait_ns - before.host.wait_ns) as f64 / 1e6,
+                    after.slept_waits > before.slept_waits,
+                ));
+                compare(&format!("{what} call {call}"), &got, &want, 1e-3, 1e-3);
+            }
+            println!("{what}: (wait ms, slept) a call {per_call:?}");
+            // A call sleeps where the call before it (of the same recording) waited longer than
+            // the polled tail (0.3 ms) and no longer than a long call (10 ms): on lavapipe the
+            // small mat-vec waits a few milliseconds and the large one tens, on an H200 both
+            // microseconds. (The margins: a wait is measured from after the submit.)
+            for w in per_call.windows(2) {
+                let ((last, _), (_, slept)) = (w[0], w[1]);
+                if what.starts_with("blocked") || last > 13.0 {
+                    assert!(!slept, "{what}: {per_call:?}");
+                } else if std::env::var("PTERIA_POLL_OUTPUTS").is_err()
+                    && (1.5..7.0).contains(&last)
+                {
+                    assert!(slept, "{what}: {per_call:?}");
+                }
+            }
         }
     }
 }

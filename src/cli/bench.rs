@@ -120,6 +120,17 @@ struct TracedDispatch {
     us: f64,
 }
 
+/// A warm prompt's call on the host, ms: as `HostTimes` (nothing is encoded ahead of a prompt),
+/// and the rest of the call (the runtime outside the executors: glue ops, host gathers).
+#[derive(serde::Serialize, Clone, Copy)]
+struct PrefillHost {
+    prepare: f64,
+    encode: f64,
+    wait: f64,
+    outputs: f64,
+    other: f64,
+}
+
 #[derive(serde::Serialize)]
 struct ProgramReport {
     file: String,
@@ -166,6 +177,8 @@ struct ProgramReport {
     execution: String,
     /// GPU submits per decode step.
     submits_per_token: Option<f64>,
+    /// The warm prompt's call on the host, ms.
+    prefill_host_ms: Option<PrefillHost>,
     /// Of `decode_ms`, the executors' host phases per step: shape inference and recording
     /// lookup, input writes and encoding (or submitting what was encoded ahead), encoding the
     /// next step's commands ahead while the GPU runs, waiting for the GPU, and the outputs' copy; `decode_other_ms` is the rest (the runtime around the executors).
@@ -306,8 +319,6 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
     };
     // Token ids well inside any vocabulary; speed does not depend on them.
     let prompt: Vec<i64> = (0..a.prompt_len as i64).map(|i| 2 + i % 100).collect();
-    let cold = call(&prompt, a.start as i64)?;
-    let ttft = call(&prompt, a.start as i64)?;
     // Submits and host phase times summed over the executors.
     let counters = |h: &Option<delegate::ProfiledHandles>| -> Option<(usize, HostTimes)> {
         let list = h.as_ref()?.lock().ok()?;
@@ -319,6 +330,17 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             host.add(&s.host);
         }
         Some((submits, host))
+    };
+    let cold = call(&prompt, a.start as i64)?;
+    let before = counters(&handles);
+    let ttft = call(&prompt, a.start as i64)?;
+    // Where the warm prompt's time went on the host (the rest is the runtime's own work).
+    let prefill_host = match (before, counters(&handles)) {
+        (Some((_, h0)), Some((_, h1))) => {
+            let h = h1.since(&h0);
+            Some([h.prepare_ns, h.encode_ns, h.wait_ns, h.outputs_ns].map(|ns| ns as f64 / 1e6))
+        }
+        _ => None,
     };
     let mut first = 0.0;
     let mut decode_total = 0.0;
@@ -480,6 +502,13 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             None => "per delegate".into(),
         },
         submits_per_token,
+        prefill_host_ms: prefill_host.map(|h| PrefillHost {
+            prepare: h[0],
+            encode: h[1],
+            wait: h[2],
+            outputs: h[3],
+            other: ttft * 1e3 - h.iter().sum::<f64>(),
+        }),
         decode_prepare_ms: host_ms.map(|h| h[0]),
         decode_encode_ms: host_ms.map(|h| h[1]),
         decode_ahead_ms: host_ms.map(|h| h[2]),
@@ -580,6 +609,13 @@ fn program(a: &Args, file: &std::path::Path) -> Result<()> {
             Some(c) => println!(", {c} of them on its longest chain of dependent ones"),
             None => println!(),
         }
+    }
+    if let Some(h) = &report.prefill_host_ms {
+        println!(
+            "prefill on the host: prepare {:.3} ms, inputs + submit {:.3} ms, wait for the GPU \
+             {:.3} ms, outputs {:.3} ms, rest of the runtime {:.3} ms",
+            h.prepare, h.encode, h.wait, h.outputs, h.other
+        );
     }
     if let (Some(p), Some(e), Some(x), Some(w), Some(o), Some(r)) = (
         report.decode_prepare_ms,

@@ -2646,6 +2646,34 @@ fn linear(
             }
             s.reads_after.push(Res::Tensor(ksums));
             steps.push(s);
+        } else if let Some(((xr, wg), ksums)) = xnn_exact
+            .then(|| xnn_matvec_layout(kind, 1, k, nc, group, 0))
+            .flatten()
+            .zip(ksums)
+            .filter(|_| m <= env.quad_rows)
+        {
+            // A prompt's rows of x as mat-vecs, one row of x a workgroup (`xnn_matvec_rows`).
+            consts.extend([
+                ("XR", xr as f64),
+                ("XG", (k / group) as f64),
+                ("XS", ((k / group) | 1) as f64),
+                ("WG", wg as f64),
+                ("FMA_NATIVE", b(env.fused_fma)),
+                ("XSG", env.subgroup.unwrap_or(1) as f64),
+            ]);
+            let [bx, by, _] = env.grid(nc.div_ceil(xr), 1);
+            let mut s = step(
+                xnn_kernel,
+                "xnn_matvec_rows",
+                consts,
+                p,
+                Res::Tensor(out),
+                inputs,
+                [m as u32, bx, by],
+            );
+            s.writes = xnn_writes(y2);
+            s.reads_after.push(Res::Tensor(ksums));
+            steps.push(s);
         } else if xnn_exact {
             // XR weight rows and XM rows of x a workgroup; the integer sums of XC groups at a
             // time in shared memory (under 15 KiB with the kernel's other arrays).

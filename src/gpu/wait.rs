@@ -3,7 +3,10 @@
 //! against 2.78-2.88 blocked), so a call that replays a recording sleeps through most of the
 //! time the last call of that recording took from its submit to its outputs, then polls until
 //! they are mapped. Only the last `SPIN_TAIL` of a wait spends a core; a call with no history
-//! polls from its submit, and one that runs long blocks after `MAX_SPIN`.
+//! polls from its submit, and one that runs long blocks after `MAX_SPIN`. A call expected to
+//! take longer than `LONG_CALL` (a prompt, a slow GPU) blocks at once: the driver's wake-up is
+//! small against it, and a sleep learned from one slow call (the first of a recording pays for
+//! buffers' first use) would overshoot the next ones.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,9 @@ const MAX_SPIN: Duration = Duration::from_millis(2);
 
 /// Sleeps shorter than this are not worth the scheduler's round trip.
 const MIN_SLEEP: Duration = Duration::from_micros(50);
+
+/// Calls expected to take longer than this block in the driver from their submit.
+const LONG_CALL: Duration = Duration::from_millis(10);
 
 /// Per recording: how long its last call took from submit to mapped outputs.
 #[derive(Debug, Default, Clone, Copy)]
@@ -32,12 +38,18 @@ impl WaitClock {
         (at > now + MIN_SLEEP).then_some(at)
     }
 
+    /// Whether the next call is expected to run long enough to block for it at once.
+    fn long(&self) -> bool {
+        self.expect.is_some_and(|e| e > LONG_CALL)
+    }
+
     /// Learns from a call: `took` from submit to mapped outputs, `early` where they were ready
     /// at the first poll after the sleep (which then overslept, so `took` overstates the GPU:
-    /// the next sleep is a `SPIN_TAIL` shorter than this one was).
+    /// the next sleep is shorter than this one by a quarter, at least a `SPIN_TAIL`, so that a
+    /// sleep learned from a slow call comes down in a few calls, not one `SPIN_TAIL` a call).
     fn record(&mut self, took: Duration, slept: Option<Duration>, early: bool) {
         self.expect = Some(match (early, slept) {
-            (true, Some(s)) => s,
+            (true, Some(s)) => s.saturating_sub(SPIN_TAIL.max(s / 4)) + SPIN_TAIL,
             _ => took,
         });
     }
@@ -56,7 +68,7 @@ pub(crate) fn await_map(
     let poll = |p: wgpu::PollType| device.poll(p).map_err(|e| GpuError::Device(e.to_string()));
     let gone = || GpuError::Device("reading outputs back: no answer".into());
     let mut slept = None;
-    if spin {
+    if spin && !clock.long() {
         let now = Instant::now();
         if let Some(at) = clock.wake_at(submitted, now) {
             std::thread::sleep(at - now);
@@ -134,6 +146,38 @@ mod tests {
         assert!(sleeps.windows(2).all(|w| !w[0].1 || w[1].0 < w[0].0));
         let last = sleeps.last().unwrap();
         assert!(!last.1 && last.0 == gpu - SPIN_TAIL, "{sleeps:?}");
+    }
+
+    #[test]
+    fn a_sleep_learned_from_a_slow_call_comes_down_in_a_few_calls() {
+        // A first call of 9 ms (the buffers' first use, say), then 2 ms calls: one SPIN_TAIL a
+        // call would oversleep 23 of them.
+        let mut clock = WaitClock::default();
+        call(&mut clock, Duration::from_micros(9000), Duration::ZERO);
+        let gpu = Duration::from_micros(2000);
+        let over = (0..30)
+            .map(|_| call(&mut clock, gpu, Duration::from_micros(60)))
+            .take_while(|&(_, early)| early)
+            .count();
+        assert!((1..=6).contains(&over), "{over} calls overslept");
+        assert_eq!(
+            call(&mut clock, gpu, Duration::from_micros(60)).0,
+            gpu - SPIN_TAIL
+        );
+    }
+
+    #[test]
+    fn long_calls_block_rather_than_sleep() {
+        // A prompt's call (the E2B-shaped program's first warm one on an H200 took 88 ms
+        // where its GPU time was 19): the next blocks in the driver from its submit.
+        let mut clock = WaitClock::default();
+        assert!(!clock.long());
+        clock.record(Duration::from_millis(88), None, false);
+        assert!(clock.long());
+        clock.record(Duration::from_millis(19), None, false);
+        assert!(clock.long());
+        clock.record(Duration::from_micros(2400), None, false);
+        assert!(!clock.long());
     }
 
     #[test]
