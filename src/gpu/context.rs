@@ -203,47 +203,32 @@ pub struct ContextOptions {
 /// where a lower value is the better one).
 fn webgpu_clamped(have: &wgpu::Limits) -> wgpu::Limits {
     let d = wgpu::Limits::default();
-    wgpu::Limits {
-        max_compute_workgroup_storage_size: have
-            .max_compute_workgroup_storage_size
-            .min(d.max_compute_workgroup_storage_size),
-        max_compute_invocations_per_workgroup: have
-            .max_compute_invocations_per_workgroup
-            .min(d.max_compute_invocations_per_workgroup),
-        max_compute_workgroup_size_x: have
-            .max_compute_workgroup_size_x
-            .min(d.max_compute_workgroup_size_x),
-        max_compute_workgroup_size_y: have
-            .max_compute_workgroup_size_y
-            .min(d.max_compute_workgroup_size_y),
-        max_compute_workgroup_size_z: have
-            .max_compute_workgroup_size_z
-            .min(d.max_compute_workgroup_size_z),
-        max_compute_workgroups_per_dimension: have
-            .max_compute_workgroups_per_dimension
-            .min(d.max_compute_workgroups_per_dimension),
-        max_storage_buffers_per_shader_stage: have
-            .max_storage_buffers_per_shader_stage
-            .min(d.max_storage_buffers_per_shader_stage),
-        max_storage_buffer_binding_size: have
-            .max_storage_buffer_binding_size
-            .min(d.max_storage_buffer_binding_size),
-        max_uniform_buffer_binding_size: have
-            .max_uniform_buffer_binding_size
-            .min(d.max_uniform_buffer_binding_size),
-        max_buffer_size: have.max_buffer_size.min(d.max_buffer_size),
-        max_bind_groups: have.max_bind_groups.min(d.max_bind_groups),
-        max_bindings_per_bind_group: have
-            .max_bindings_per_bind_group
-            .min(d.max_bindings_per_bind_group),
-        min_storage_buffer_offset_alignment: have
-            .min_storage_buffer_offset_alignment
-            .max(d.min_storage_buffer_offset_alignment),
-        min_uniform_buffer_offset_alignment: have
-            .min_uniform_buffer_offset_alignment
-            .max(d.min_uniform_buffer_offset_alignment),
-        ..have.clone()
+    let mut l = have.clone();
+    macro_rules! at_most {
+        ($($f:ident),*) => { $( l.$f = l.$f.min(d.$f); )* };
     }
+    macro_rules! at_least {
+        ($($f:ident),*) => { $( l.$f = l.$f.max(d.$f); )* };
+    }
+    at_most!(
+        max_compute_workgroup_storage_size,
+        max_compute_invocations_per_workgroup,
+        max_compute_workgroup_size_x,
+        max_compute_workgroup_size_y,
+        max_compute_workgroup_size_z,
+        max_compute_workgroups_per_dimension,
+        max_storage_buffers_per_shader_stage,
+        max_storage_buffer_binding_size,
+        max_uniform_buffer_binding_size,
+        max_buffer_size,
+        max_bind_groups,
+        max_bindings_per_bind_group
+    );
+    at_least!(
+        min_storage_buffer_offset_alignment,
+        min_uniform_buffer_offset_alignment
+    );
+    l
 }
 
 /// What `pteria inspect` and the catalog show about the GPU.

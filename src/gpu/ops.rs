@@ -2337,6 +2337,24 @@ fn xnn_matvec_layout(
     (words <= 4096).then_some((rows, wg))
 }
 
+/// `xnn_matvec`'s specialization for `xnn_matvec_layout`'s rows and workgroup.
+fn xnn_matvec_consts(
+    env: &Env,
+    xr: usize,
+    wg: usize,
+    k: usize,
+    group: usize,
+) -> [(&'static str, f64); 6] {
+    [
+        ("XR", xr as f64),
+        ("XG", (k / group) as f64),
+        ("XS", ((k / group) | 1) as f64),
+        ("WG", wg as f64),
+        ("FMA_NATIVE", b(env.fused_fma)),
+        ("XSG", env.subgroup.unwrap_or(1) as f64),
+    ]
+}
+
 /// `xnn_matvec`'s floor of workgroups for a linear's rows on a GPU (`xnn_matvec_layout`).
 pub(crate) const XNN_WORKGROUP_FLOOR: usize = 256;
 
@@ -2581,14 +2599,7 @@ fn linear(
             None => Vec::new(),
         };
         if let Some((ksums, (xr, wg))) = xnn_matvec_of(env, op, m, k) {
-            consts.extend([
-                ("XR", xr as f64),
-                ("XG", (k / group) as f64),
-                ("XS", ((k / group) | 1) as f64),
-                ("WG", wg as f64),
-                ("FMA_NATIVE", b(env.fused_fma)),
-                ("XSG", env.subgroup.unwrap_or(1) as f64),
-            ]);
+            consts.extend(xnn_matvec_consts(env, xr, wg, k, group));
             // Storing a chain of the pair's two outputs (as the quad mat-vec's GLU), its
             // range maybe in the ranges buffer bound where the second output would be.
             let glu = second.and_then(|_| glu_fused(env, node));
@@ -2653,14 +2664,7 @@ fn linear(
             .filter(|_| m <= env.quad_rows)
         {
             // A prompt's rows of x as mat-vecs, one row of x a workgroup (`xnn_matvec_rows`).
-            consts.extend([
-                ("XR", xr as f64),
-                ("XG", (k / group) as f64),
-                ("XS", ((k / group) | 1) as f64),
-                ("WG", wg as f64),
-                ("FMA_NATIVE", b(env.fused_fma)),
-                ("XSG", env.subgroup.unwrap_or(1) as f64),
-            ]);
+            consts.extend(xnn_matvec_consts(env, xr, wg, k, group));
             let [bx, by, _] = env.grid(nc.div_ceil(xr), 1);
             let mut s = step(
                 xnn_kernel,
