@@ -412,9 +412,25 @@ fn the_longest_chain_of_dependent_dispatches_is_counted() {
     let sum = t.op(OpKind::Binary(BinaryOp::Add), vec![c, d], DType::F32, &sh);
     t.out(sum);
     t.out(e);
-    let gpu = check_on(ctx, "chain", &t, 0.0, 0.0);
+    let mut gpu = check_on(ctx, "chain", &t, 0.0, 0.0);
     let stats = gpu.stats();
     assert_eq!((stats.last_dispatches, stats.last_chain), (6, 4));
+
+    // Timed replays leave out only the dispatches named (kernel, entry or kernel:entry), and
+    // plain `time_replays` (the kernel benchmarks, the bandwidth yardstick) none.
+    let vals = values(&t.inputs);
+    let replayed = |gpu: &mut GpuExecutor, skip: &[&str]| {
+        let skip: Vec<String> = skip.iter().map(|s| s.to_string()).collect();
+        let r = gpu.time_replays_skipping(&vals, 2, &skip).unwrap();
+        assert!(r.seconds >= 0.0 && r.seconds.is_finite(), "{skip:?}: {r:?}");
+        r.dispatches
+    };
+    assert_eq!(gpu.time_replays(&vals, 2).unwrap().dispatches, 6);
+    assert_eq!(replayed(&mut gpu, &[]), 6);
+    assert_eq!(replayed(&mut gpu, &["binary"]), 5);
+    assert_eq!(replayed(&mut gpu, &["elementwise:unary"]), 1);
+    assert_eq!(replayed(&mut gpu, &["elementwise"]), 0);
+    assert_eq!(replayed(&mut gpu, &["element"]), 6);
 }
 
 #[test]

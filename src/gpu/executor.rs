@@ -1256,10 +1256,26 @@ impl GpuExecutor {
         inputs: &[InputValue],
         reps: u32,
     ) -> Result<ReplayTiming, GpuError> {
+        self.time_replays_skipping(inputs, reps, &[])
+    }
+
+    /// `time_replays` leaving out the dispatches `skip` names (a kernel, an entry, or
+    /// `kernel:entry`): their results are then wrong, but the time says what that kind of
+    /// kernel costs a step when every dispatch waits for the one before (`pteria bench`'s
+    /// `PTERIA_REPLAY_SKIP`). `dispatches` counts those replayed.
+    pub fn time_replays_skipping(
+        &mut self,
+        inputs: &[InputValue],
+        reps: u32,
+        skip: &[String],
+    ) -> Result<ReplayTiming, GpuError> {
         self.run(inputs)?;
         let ctx = self.ctx.clone();
         let _turn = ctx.turn();
         let reps = reps.max(1);
+        let skipped = |what: &str| {
+            (skip.iter()).any(|t| what == t.as_str() || what.split(':').any(|p| p == t))
+        };
         let rec = self
             .last_rec
             .and_then(|i| self.recordings.get(i))
@@ -1275,23 +1291,8 @@ impl GpuExecutor {
                 label: None,
                 timestamp_writes: stamps.as_ref().map(|s| s.writes(0)),
             });
-            // A benchmark knob: PTERIA_REPLAY_SKIP=kernel,entry,kernel:entry,... leaves those
-            // dispatches out of the timed replays (their results are then wrong), which says
-            // what a kind of kernel costs a step when every dispatch waits for the one before.
-            let skip: Vec<String> = std::env::var("PTERIA_REPLAY_SKIP")
-                .unwrap_or_default()
-                .split(',')
-                .filter(|t| !t.is_empty())
-                .map(|t| t.to_string())
-                .collect();
             for _ in 0..reps {
-                for d in &rec.dispatches {
-                    if skip
-                        .iter()
-                        .any(|t| d.what == *t || d.what.split(':').any(|p| p == t))
-                    {
-                        continue;
-                    }
+                for d in rec.dispatches.iter().filter(|d| !skipped(&d.what)) {
                     pass.set_pipeline(&d.pipeline);
                     pass.set_bind_group(0, &d.bind_group, &[]);
                     pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
@@ -1308,7 +1309,7 @@ impl GpuExecutor {
             .map_err(|e| GpuError::Device(e.to_string()))?;
         let wall = t0.elapsed().as_secs_f64();
         ctx.take_errors()?;
-        let dispatches = rec.dispatches.len();
+        let dispatches = rec.dispatches.iter().filter(|d| !skipped(&d.what)).count();
         let seconds = match &stamps {
             Some(s) => {
                 let t = s.read(ctx)?;

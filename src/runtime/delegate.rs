@@ -726,8 +726,17 @@ impl ProfiledGpu {
         let Some(inputs) = Self::last_inputs(&self.last, takes_inputs) else {
             return Ok(None);
         };
+        // A benchmark knob: PTERIA_REPLAY_SKIP=kernel,entry,kernel:entry,... leaves those
+        // dispatches out of the program's timed replays (`GpuExecutor::time_replays_skipping`);
+        // the kernel benchmarks and the bandwidth yardstick never skip.
+        let skip: Vec<String> = std::env::var("PTERIA_REPLAY_SKIP")
+            .unwrap_or_default()
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect();
         self.exec
-            .time_replays(&inputs, reps)
+            .time_replays_skipping(&inputs, reps, &skip)
             .map(Some)
             .map_err(|e| e.to_string())
     }
