@@ -1526,3 +1526,66 @@ fn undecided_candidates_hand_decode_over_to_one_step_at_a_time() {
         assert_eq!(runs[0], runs[2], "{file}: one step at a time");
     }
 }
+
+/// Random texts of characters of every UTF-8 length, combining marks, spaces and newlines, up
+/// to 240 characters (past the stream's 64-token window): their ids streamed one at a time give
+/// the text decoding them all at once gives, on the demo model's byte-level BPE and on a
+/// byte-fallback BPE whose byte tokens spell most of it. Random ids too, wherever decoding them
+/// all at once leaves no U+FFFD (a character split between ids, which a stream shows as soon as
+/// it cannot complete).
+#[test]
+fn streaming_gives_the_decoded_text_for_random_texts_and_ids() {
+    let demo = Tokenizer::from_file(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("assets/models/smollm2-135m-instruct/tokenizer.json"),
+    )
+    .unwrap();
+    let (fallback, _) = byte_fallback_tokenizer(&["▁caf", "é", "▁ok", "!", "▁", "a"], &["<x>"]);
+    let pool: Vec<char> = "aZ09 .,!?\n\t<>é€中😀\u{301}ß▁"
+        .chars()
+        .chain([
+            '\u{7F}',
+            '\u{80}',
+            '\u{7FF}',
+            '\u{800}',
+            '\u{FFFF}',
+            '\u{10000}',
+        ])
+        .collect();
+    let mut state = 0x243F_6A88_85A3_08D3u64;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let streamed = |tok: &Tokenizer, ids: &[u32]| -> String {
+        stream(tok, ids).into_iter().flatten().collect()
+    };
+    let (mut texts, mut id_runs) = (0, 0);
+    for (name, tok) in [("byte-level", &demo), ("byte-fallback", &fallback)] {
+        for _ in 0..400 {
+            let len = next(240);
+            let text: String = (0..len).map(|_| pool[next(pool.len())]).collect();
+            let ids = tok.encode(&text).unwrap();
+            let want = tok.decode(&ids, true).unwrap();
+            assert_eq!(streamed(tok, &ids), want, "{name}: {text:?} as {ids:?}");
+            texts += 1;
+        }
+        let vocab = tok.vocab_size();
+        for _ in 0..1000 {
+            let ids: Vec<u32> = (0..1 + next(100)).map(|_| next(vocab) as u32).collect();
+            let want = tok.decode(&ids, true).unwrap();
+            let got = streamed(tok, &ids);
+            if !want.contains('\u{FFFD}') {
+                assert_eq!(got, want, "{name}: {ids:?}");
+                id_runs += 1;
+            }
+        }
+    }
+    // Most random id runs of the byte-level vocabulary decode cleanly.
+    assert!(
+        texts == 800 && id_runs > 300,
+        "{texts} texts, {id_runs} id runs"
+    );
+}

@@ -305,8 +305,15 @@ fn strip_thinking(text: &str) -> String {
 /// An environment configured as `transformers` configures Jinja for chat templates:
 /// trim_blocks and lstrip_blocks, loop controls, `raise_exception`, `tojson`, `strftime_now`,
 /// and Python string/dict methods (`.strip()`, `.startswith()`, `.items()`).
+/// Instructions a render may run (`environment`).
+const TEMPLATE_FUEL: u64 = 50_000_000;
+
 fn environment() -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
+    // A template's loops end: a model's own template renders a long chat in well under a
+    // million instructions, and a hostile one (nested `range` loops, each within minijinja's
+    // cap) stops with an error after about a second instead of hanging the app.
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);

@@ -39,10 +39,23 @@ impl Tokenizer {
     }
 
     fn from_bytes_named(bytes: &[u8], origin: &str) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| LlmError::Tokenizer {
+        let fail = |msg: String| LlmError::Tokenizer {
             path: origin.to_string(),
-            msg: e.to_string(),
-        })?;
+            msg,
+        };
+        // The tokenizers crate panics on some malformed JSON (0.22's decoder section: a
+        // truncated file panicked in its `expect("Helper")`): the syntax is checked here first,
+        // and a panic left for a well-formed file is still this file's error, not the app's.
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+            .map_err(|e| fail(format!("not valid JSON: {e}")))?;
+        let inner = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes))
+            .map_err(|p| {
+                fail(format!(
+                    "the tokenizer library failed on it: {}",
+                    panic_text(&p)
+                ))
+            })?
+            .map_err(|e| fail(e.to_string()))?;
         // Only a decoder with a ByteFallback step reads `<0xNN>` tokens as bytes.
         let byte_fallback = inner
             .get_decoder()
@@ -123,6 +136,15 @@ impl Tokenizer {
             read: 0,
             bytes: Vec::new(),
         }
+    }
+}
+
+/// A panic's message, where it has one.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic".into(),
     }
 }
 

@@ -135,3 +135,93 @@ pub fn run(
     );
     assert!(failures.is_empty(), "panics on: {failures:#?}");
 }
+
+/// 1–4 edits of a JSON document's structure, for parsers whose byte-level mutants rarely get
+/// past the JSON syntax. Two edits in three keep the value's kind (another number, an edge
+/// string, a flipped bool, an object's key or an array's entry dropped or doubled), so that
+/// many mutants still load and reach the code behind the loader; the third puts a value of
+/// another kind. Each edit's path is walked from the root, a random child a level, stopping at
+/// each level with chance 1 in 3, so that small sections (a tokenizer's decoder) are hit about
+/// as often as big ones (its vocabulary).
+pub fn mutate_json(rng: &mut Rng, doc: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let mut doc = doc.clone();
+    for _ in 0..1 + rng.below(4) {
+        let mut v = &mut doc;
+        loop {
+            let n = match v {
+                Value::Object(o) => o.len(),
+                Value::Array(a) => a.len(),
+                _ => 0,
+            };
+            if n == 0 || rng.below(3) == 0 {
+                break;
+            }
+            let i = rng.below(n);
+            v = match v {
+                Value::Object(o) => o.values_mut().nth(i).unwrap(),
+                Value::Array(a) => &mut a[i],
+                _ => unreachable!(),
+            };
+        }
+        let same_kind = rng.below(3) != 0;
+        match &mut *v {
+            Value::Object(o) if same_kind && !o.is_empty() => {
+                let k = o.keys().nth(rng.below(o.len())).unwrap().clone();
+                o.remove(&k);
+            }
+            Value::Array(a) if same_kind && !a.is_empty() => {
+                let i = rng.below(a.len());
+                if rng.below(2) == 0 {
+                    a.remove(i);
+                } else {
+                    let e = a[i].clone();
+                    a.insert(i, e);
+                }
+            }
+            Value::Number(_) if same_kind => {
+                *v = [
+                    json!(-1),
+                    json!(0),
+                    json!(1),
+                    json!(2),
+                    json!(u32::MAX),
+                    json!(1e9),
+                ][rng.below(6)]
+                .clone();
+            }
+            Value::String(t) if same_kind => {
+                *t = match rng.below(5) {
+                    0 => String::new(),
+                    1 => " ".into(),
+                    2 => "▁".into(),
+                    3 => "<0xFF>".into(),
+                    _ => t.chars().skip(1).collect(),
+                };
+            }
+            Value::Bool(b) if same_kind => *b = !*b,
+            _ => {
+                *v = match rng.below(10) {
+                    0 => Value::Null,
+                    1 => json!(-1),
+                    2 => json!(u64::MAX),
+                    3 => json!(1e300),
+                    4 => json!(""),
+                    5 => json!("\u{0}\u{FFFD}▁"),
+                    6 => json!([]),
+                    7 => json!({}),
+                    8 => json!(true),
+                    _ => json!(format!("{:x}", rng.next())),
+                }
+            }
+        }
+    }
+    doc
+}
+
+/// An FNV-1a hash of `bytes`: a seed for a second mutation drawn from a first mutant.
+pub fn hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
