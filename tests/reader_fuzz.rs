@@ -96,3 +96,39 @@ fn truncated_program_reports_what_is_missing() {
         .to_string();
     assert!(err.contains("ET12"), "{err}");
 }
+
+/// The `.ptd` reader, seeded with the fixture whose weights live in one: each mutant of the
+/// data file must parse or fail with an error, and one that parses must load (or be refused
+/// by) its program and run it; mutants of the program with the real data file likewise.
+#[test]
+fn mutated_data_files_and_their_programs_never_panic() {
+    let dir = common::fixtures().join("ptd");
+    let pte = std::fs::read(dir.join("ext_mlp.pte")).unwrap();
+    let ptd = std::fs::read(dir.join("ext_mlp.ptd")).unwrap();
+    let data = DataFile::parse(Arc::new(Bytes::Owned(ptd.clone()))).unwrap();
+    assert!(exercise(pte.clone(), true, &[data]), "the fixture itself");
+    let seeds = [
+        common::fuzz::Seed::new("ext_mlp.ptd", ptd),
+        common::fuzz::Seed::new("ext_mlp.pte with its .ptd", pte.clone()),
+    ];
+    let real = DataFile::parse(Arc::new(Bytes::Owned(seeds[0].bytes.clone()))).unwrap();
+    let real = [real];
+    common::fuzz::run(
+        "data file",
+        &seeds,
+        common::fuzz::iters(20_000),
+        0xD47A_F11E,
+        |si, m| {
+            if si == 1 {
+                return exercise(m, true, &real);
+            }
+            match DataFile::parse(Arc::new(Bytes::Owned(m))) {
+                Ok(d) => {
+                    exercise(pte.clone(), true, &[d]);
+                    true
+                }
+                Err(_) => false,
+            }
+        },
+    );
+}

@@ -265,6 +265,8 @@ fn tokenizer_files_the_library_panics_on_are_errors() {
     doc["model"]["continuing_subword_prefix"] = "##########".into();
     doc["model"]["vocab"]["▁hé"] = 999.into();
     doc["model"]["merges"] = serde_json::json!(["▁h é"]);
-    let err = Tokenizer::from_json(&doc.to_string()).unwrap_err().to_string();
+    let err = Tokenizer::from_json(&doc.to_string())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("tokenizer library failed"), "{err}");
 }
