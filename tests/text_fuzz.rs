@@ -1,7 +1,8 @@
 //! The text parsers a model's files and replies go through, fuzzed like the program reader:
 //! `tokenizer.json` (a downloaded or user-added model's), the chat template in
-//! `tokenizer_config.json`, and the markdown of assistant replies. Every mutant must load and
-//! run, or fail with an error; none may panic.
+//! `tokenizer_config.json`, and the markdown of assistant replies; and the app's own files
+//! (saved conversations and settings) and its model catalog. Every mutant must load and run, or
+//! fail with an error; none may panic, and a damaged conversation stays on disk as it was.
 
 mod common;
 
@@ -269,4 +270,158 @@ fn tokenizer_files_the_library_panics_on_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("tokenizer library failed"), "{err}");
+}
+
+/// A saved conversation's file, as the store writes it: messages of both authors, a reply's
+/// stats, a stopped one and a failed one.
+fn conversation_file(dir: &std::path::Path) -> (String, Vec<u8>) {
+    use pteria::chat::store::Store;
+    use pteria::chat::{Author, MessageStats, StoredMessage};
+    let (mut store, _) = Store::open(dir.to_path_buf()).unwrap();
+    let c = store.create(Some("Fuzzed")).unwrap();
+    let msg = |author, content: &str| StoredMessage {
+        id: pteria::chat::store::new_id(),
+        author,
+        content: content.into(),
+        created_at: 1_700_000_000_000,
+        stats: None,
+        stopped: false,
+        error: None,
+    };
+    store
+        .update(&c.id, |c| {
+            c.messages.push(msg(Author::User, "Hi *there*"));
+            let mut reply = msg(Author::Assistant, "Hello! ```rust\nfn f() {}\n```");
+            reply.stats = Some(MessageStats {
+                model: "demo".into(),
+                prompt_tokens: 12,
+                cached_tokens: 4,
+                generated_tokens: 7,
+                ttft_ms: Some(3.5),
+                prefill_tokens_per_s: 900.0,
+                decode_tokens_per_s: 40.0,
+                stop: "end of turn".into(),
+                dropped_messages: 0,
+                context_tokens: 2048,
+                seed: 42,
+            });
+            c.messages.push(reply);
+            let mut stopped = msg(Author::Assistant, "Stopp");
+            stopped.stopped = true;
+            c.messages.push(stopped);
+            let mut failed = msg(Author::Assistant, "");
+            failed.error = Some("out of memory".into());
+            c.messages.push(failed);
+        })
+        .unwrap();
+    let name = format!("{}.json", c.id);
+    let bytes = std::fs::read(dir.join(&name)).unwrap();
+    (name, bytes)
+}
+
+#[test]
+fn mutated_conversations_and_settings_never_panic_or_vanish() {
+    use pteria::chat::store::Store;
+    use pteria::chat::Settings;
+    let tmp = tempfile::tempdir().unwrap();
+    let (name, conversation) = conversation_file(&tmp.path().join("seed"));
+    let settings_path = tmp.path().join("settings.json");
+    Settings::default().save(&settings_path).unwrap();
+    let settings = std::fs::read(&settings_path).unwrap();
+    let seeds = [
+        Seed::new("a saved conversation", conversation),
+        Seed::new("saved settings", settings),
+    ];
+    let docs: Vec<serde_json::Value> = (seeds.iter())
+        .map(|s| serde_json::from_slice(&s.bytes).unwrap())
+        .collect();
+    let count = std::cell::Cell::new(0usize);
+    common::fuzz::run(
+        "app files",
+        &seeds,
+        common::fuzz::iters(5000),
+        0xC0DE_F11E,
+        |si, m| {
+            let n = count.get();
+            count.set(n + 1);
+            // Every other mutant is one of the JSON's structure (most byte-level ones break it).
+            let bytes = if n % 2 == 0 {
+                m
+            } else {
+                let mut rng = common::fuzz::Rng(common::fuzz::hash(&m) | 1);
+                common::fuzz::mutate_json(&mut rng, &docs[si])
+                    .to_string()
+                    .into_bytes()
+            };
+            let dir = tmp.path().join(format!("m{n}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join(if si == 0 {
+                name.as_str()
+            } else {
+                "settings.json"
+            });
+            std::fs::write(&path, &bytes).unwrap();
+            let ok = if si == 0 {
+                let (mut store, warnings) = Store::open(dir.clone()).unwrap();
+                let list = store.list();
+                for c in &list {
+                    let _ = store.get(&c.id).map(|c| c.summary());
+                    store.update(&c.id, |c| c.title = "renamed".into()).unwrap();
+                }
+                if list.is_empty() {
+                    // Not loaded: reported, and the file left as it was.
+                    assert_eq!(warnings.len(), 1, "{warnings:?}");
+                    assert_eq!(
+                        std::fs::read(&path).unwrap(),
+                        bytes,
+                        "a damaged file changed"
+                    );
+                }
+                !list.is_empty()
+            } else {
+                match Settings::load(&path) {
+                    Ok(Some(s)) => {
+                        if s.validate().is_ok() {
+                            let _ = s.generate_options();
+                        }
+                        true
+                    }
+                    Ok(None) => panic!("a settings file that exists read as none"),
+                    Err(_) => false,
+                }
+            };
+            std::fs::remove_dir_all(&dir).unwrap();
+            ok
+        },
+    );
+}
+
+#[test]
+fn mutated_catalogs_never_panic() {
+    use pteria::catalog::Catalog;
+    let text = include_str!("../assets/catalog.toml");
+    Catalog::from_toml(text).unwrap();
+    let seeds = [Seed::new("assets/catalog.toml", text.as_bytes().to_vec())];
+    let assets = tempfile::tempdir().unwrap();
+    common::fuzz::run(
+        "catalog",
+        &seeds,
+        common::fuzz::iters(20_000),
+        0xCA7A_1065,
+        |_, m| {
+            let Ok(cat) = Catalog::from_toml(&String::from_utf8_lossy(&m)) else {
+                return false;
+            };
+            for model in cat.models() {
+                for v in &model.variants {
+                    let _ = model.files(v).count();
+                    let _ = cat.resolve(&model.spec(v));
+                    let _ = model.bundled_dir(v, assets.path());
+                    let _ = model.variant(&v.id);
+                }
+                let _ = cat.model(&model.id);
+            }
+            true
+        },
+    );
 }
