@@ -5032,3 +5032,311 @@ fn phase_chain_refuses_what_its_kernel_does_not_take() {
         assert!(e.contains(why), "{shapes:?} x {layers}: {e}");
     }
 }
+
+/// Random graphs of the ops a decoder is made of, in random orders and widths: element-wise
+/// ops and their chains, residual adds, norms (whole and decomposed as the export leaves them),
+/// clamps, softmax, and linears of every weight format and activation quantization, single,
+/// several of one input and gate/up pairs with gelu(gate) · up. The CPU executor runs each graph
+/// as built; the GPU runs it after the load-time IR passes (`optimize`, `finish`), with its
+/// planner's fusions. So each
+/// combination of passes and fusions that a graph happens to trigger must give the CPU's
+/// results: within 1e-4 rel-L2 per output, 2e-2 where an int8 activation quantization can
+/// round one element differently after a few ulps upstream.
+#[test]
+fn random_graphs_run_on_the_gpu_as_on_the_cpu() {
+    use pteria::ir::ActQuant;
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(0x6A5_F00D);
+    let pick = |rng: &mut Rng, n: usize| (rng.next() % n as u64) as usize;
+    let mut quantized_graphs = 0;
+    // PTERIA_FUZZ_ITERS runs more (the fuzzers' knob).
+    let cases = std::env::var("PTERIA_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    for case in 0..cases {
+        let mut t = T::default();
+        let m = [1, 1, 2, 5][pick(&mut rng, 4)];
+        let k0 = [32, 64, 96, 256][pick(&mut rng, 4)];
+        let x = t.input_f(&[m, k0], &rng.floats(m * k0, 2.0));
+        // Live values: (tensor, width).
+        let mut pool = vec![(x, k0)];
+        if pick(&mut rng, 2) == 0 {
+            let r = t.input_f(&[m, k0], &rng.floats(m * k0, 2.0));
+            pool.push((r, k0));
+        }
+        let mut quantized = false;
+        let mut ops = Vec::new();
+        for _ in 0..4 + pick(&mut rng, 7) {
+            let (a, w) = pool[pool.len() - 1 - pick(&mut rng, pool.len().min(3))];
+            let sh = [m, w];
+            let f = DType::F32;
+            let out = match pick(&mut rng, 9) {
+                0 => {
+                    let u = [
+                        UnaryOp::Neg,
+                        UnaryOp::Tanh,
+                        UnaryOp::Sigmoid,
+                        UnaryOp::Silu,
+                        UnaryOp::GeluTanh,
+                        UnaryOp::Gelu,
+                        UnaryOp::Relu,
+                        UnaryOp::Abs,
+                    ][pick(&mut rng, 8)];
+                    ops.push(format!("{u:?}"));
+                    t.op(OpKind::Unary(u), vec![a], f, &sh)
+                }
+                1 => {
+                    // A residual add or product: another value of this width, a weight row, or
+                    // a scalar.
+                    let op = [BinaryOp::Add, BinaryOp::Mul, BinaryOp::Sub][pick(&mut rng, 3)];
+                    let same: Vec<TensorId> = (pool.iter())
+                        .filter(|&&(p, pw)| pw == w && p != a)
+                        .map(|&(p, _)| p)
+                        .collect();
+                    // Or the value itself (x · x, a chain reading one tensor twice).
+                    let b = match (same.is_empty(), pick(&mut rng, 4)) {
+                        (false, 0 | 1) => same[pick(&mut rng, same.len())],
+                        (_, 2) => t.const_f(&[], &[rng.f() + 1.5]),
+                        (_, 3) if pick(&mut rng, 2) == 0 => a,
+                        _ => t.const_f(&[w], &rng.floats(w, 1.0)),
+                    };
+                    ops.push(format!("{op:?}"));
+                    t.op(OpKind::Binary(op), vec![a, b], f, &sh)
+                }
+                2 => {
+                    let mut ins = vec![a];
+                    if pick(&mut rng, 2) == 0 {
+                        ins.push(t.const_f(&[w], &rng.floats(w, 1.0)));
+                    }
+                    ops.push("rms_norm".into());
+                    t.op(OpKind::RmsNorm { eps: 1e-6 }, ins, f, &sh)
+                }
+                3 => {
+                    // RMSNorm as the export decomposes it: x · rsqrt(mean(x²) + eps) · w.
+                    let sq = t.op(
+                        OpKind::BinaryScalar {
+                            op: BinaryOp::Pow,
+                            scalar: 2.0,
+                            scalar_first: false,
+                        },
+                        vec![a],
+                        f,
+                        &sh,
+                    );
+                    let mean = t.op(
+                        OpKind::Mean {
+                            dims: vec![1],
+                            keepdim: true,
+                        },
+                        vec![sq],
+                        f,
+                        &[m, 1],
+                    );
+                    let eps = t.op(
+                        OpKind::BinaryScalar {
+                            op: BinaryOp::Add,
+                            scalar: 1e-6,
+                            scalar_first: false,
+                        },
+                        vec![mean],
+                        f,
+                        &[m, 1],
+                    );
+                    let rs = t.op(OpKind::Unary(UnaryOp::Rsqrt), vec![eps], f, &[m, 1]);
+                    let n = t.op(OpKind::Binary(BinaryOp::Mul), vec![a, rs], f, &sh);
+                    let wt = t.const_f(&[w], &rng.floats(w, 1.0));
+                    ops.push("decomposed rms_norm".into());
+                    t.op(OpKind::Binary(BinaryOp::Mul), vec![n, wt], f, &sh)
+                }
+                4 => {
+                    ops.push("clamp".into());
+                    t.op(
+                        OpKind::Clamp {
+                            min: Some(-1.5),
+                            max: Some(2.0),
+                        },
+                        vec![a],
+                        f,
+                        &sh,
+                    )
+                }
+                5 => {
+                    ops.push("softmax".into());
+                    t.op(OpKind::Softmax, vec![a], f, &sh)
+                }
+                kind => {
+                    // Linears: one, two or three of this input (pairs and triples run as one
+                    // mat-vec), or a gate/up pair whose only reader is gelu(gate) · up.
+                    let (weight, aq) = match pick(&mut rng, 5) {
+                        0 => (Weight::F32, ActQuant::None),
+                        1 => (Weight::Q4 { group: 32 }, ActQuant::None),
+                        2 => packed_formats()[pick(&mut rng, 4)],
+                        _ => packed_formats()[pick(&mut rng, 2)],
+                    };
+                    // K a whole number of groups (48 wide values take 16-groups or floats).
+                    let (weight, aq) = match weight {
+                        Weight::Q4 { group } | Weight::Q8 { group } if w % group != 0 => {
+                            [(Weight::F32, ActQuant::None), packed_formats()[3]][pick(&mut rng, 2)]
+                        }
+                        _ => (weight, aq),
+                    };
+                    quantized |= aq != ActQuant::None;
+                    let n = [32, 48, 64, 96, 256][pick(&mut rng, 5)];
+                    let bias = pick(&mut rng, 3) == 0;
+                    let linear = |t: &mut T, rng: &mut Rng| {
+                        let mut ins = vec![a];
+                        ins.extend(quant_weight(t, rng, weight, n, w));
+                        if bias {
+                            ins.push(t.const_f(&[n], &rng.floats(n, 0.5)));
+                        }
+                        let kind = OpKind::Linear {
+                            weight,
+                            act_quant: aq,
+                            has_bias: bias,
+                        };
+                        t.op(kind, ins, f, &[m, n])
+                    };
+                    ops.push(format!("linear {weight:?} {aq:?} {w}->{n}"));
+                    let y = linear(&mut t, &mut rng);
+                    match kind {
+                        6 => y,
+                        7 => {
+                            let z = linear(&mut t, &mut rng);
+                            let g = t.op(OpKind::Unary(UnaryOp::GeluTanh), vec![y], f, &[m, n]);
+                            ops.push("gelu(gate) · up".into());
+                            t.op(OpKind::Binary(BinaryOp::Mul), vec![g, z], f, &[m, n])
+                        }
+                        _ => {
+                            let z = linear(&mut t, &mut rng);
+                            pool.push((z, n));
+                            if pick(&mut rng, 2) == 0 {
+                                let v = linear(&mut t, &mut rng);
+                                pool.push((v, n));
+                            }
+                            y
+                        }
+                    }
+                }
+            };
+            let width = t.g.tensors[out].max_shape[1];
+            pool.push((out, width));
+        }
+        // The last value, and sometimes an earlier one that later ops also read.
+        let last = pool[pool.len() - 1].0;
+        t.out(last);
+        if pool.len() > 3 && pick(&mut rng, 2) == 0 {
+            let (extra, _) = pool[1 + pick(&mut rng, pool.len() - 2)];
+            if extra != last {
+                t.out(extra);
+            }
+        }
+        quantized_graphs += usize::from(quantized);
+
+        let vals = values(&t.inputs);
+        let what = format!("case {case} (m {m}): {}", ops.join(", "));
+        let mut cpu = CpuExecutor::new(t.g.clone()).unwrap_or_else(|e| panic!("{what}: cpu: {e}"));
+        let want = cpu
+            .run(&vals)
+            .unwrap_or_else(|e| panic!("{what}: cpu run: {e}"));
+        let mut g = t.g.clone();
+        // The passes a whole method takes at load (runtime/whole.rs).
+        pteria::ir::passes::optimize(&mut g);
+        pteria::ir::passes::finish(&mut g);
+        let mut gpu =
+            GpuExecutor::new(ctx.clone(), g).unwrap_or_else(|e| panic!("{what}: gpu: {e}"));
+        let tol = if quantized { 2e-2 } else { 1e-4 };
+        // Twice: the second call replays the first's recording.
+        for call in 0..2 {
+            let got = gpu
+                .run(&vals)
+                .unwrap_or_else(|e| panic!("{what}: gpu run: {e}"));
+            assert_eq!(got.len(), want.len(), "{what}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.sizes, w.sizes, "{what}: output {i}");
+                let (g, w) = (g.to_f32().unwrap(), w.to_f32().unwrap());
+                let (mut d2, mut w2) = (0f64, 0f64);
+                for (a, b) in g.iter().zip(&w) {
+                    assert_eq!(a.is_nan(), b.is_nan(), "{what}: output {i}: NaN where not");
+                    if !b.is_nan() {
+                        d2 += f64::from(a - b).powi(2);
+                        w2 += f64::from(*b).powi(2);
+                    }
+                }
+                let e = (d2 / w2.max(1e-30)).sqrt();
+                assert!(
+                    e <= tol,
+                    "{what}: call {call} output {i}: rel-L2 {e:e} > {tol:e}"
+                );
+            }
+        }
+    }
+    assert!(
+        quantized_graphs >= 10,
+        "only {quantized_graphs} graphs quantize"
+    );
+}
+
+/// A norm chain that reads its input twice (`x · rms_norm(x)·w`) quantizing for a linear: its
+/// mat-vec (`norm_load`) would bind x at a read-only and a read-write slot at once, which wgpu
+/// refuses (found by the random-graph test), so the norm runs apart and the result is the CPU's.
+/// An element-wise chain of x with itself (`gelu(x) · x`) takes x once and stays fused.
+#[test]
+fn fusions_never_bind_one_tensor_twice() {
+    use pteria::ir::ActQuant;
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng::new(388);
+    for (weight, aq) in packed_formats() {
+        for norm in [true, false] {
+            let mut t = T::default();
+            let x = t.input_f(&[1, 256], &rng.floats(256, 1.0));
+            let h = if norm {
+                let w = t.const_f(&[256], &rng.floats(256, 1.0));
+                let n = t.op(
+                    OpKind::RmsNorm { eps: 1e-6 },
+                    vec![x, w],
+                    DType::F32,
+                    &[1, 256],
+                );
+                t.op(
+                    OpKind::Binary(BinaryOp::Mul),
+                    vec![n, x],
+                    DType::F32,
+                    &[1, 256],
+                )
+            } else {
+                let g = t.op(
+                    OpKind::Unary(UnaryOp::GeluTanh),
+                    vec![x],
+                    DType::F32,
+                    &[1, 256],
+                );
+                t.op(
+                    OpKind::Binary(BinaryOp::Mul),
+                    vec![g, x],
+                    DType::F32,
+                    &[1, 256],
+                )
+            };
+            let mut ins = vec![h];
+            ins.extend(quant_weight(&mut t, &mut rng, weight, 96, 256));
+            let kind = OpKind::Linear {
+                weight,
+                act_quant: aq,
+                has_bias: false,
+            };
+            let y = t.op(kind, ins, DType::F32, &[1, 96]);
+            t.out(y);
+            let mut g = t.g.clone();
+            pteria::ir::passes::optimize(&mut g);
+            pteria::ir::passes::finish(&mut g);
+            let what = format!("{weight:?}/{aq:?}, {}", if norm { "norm" } else { "chain" });
+            let vals = values(&t.inputs);
+            let want = CpuExecutor::new(t.g.clone()).unwrap().run(&vals).unwrap();
+            let mut gpu = GpuExecutor::new(ctx.clone(), g).unwrap();
+            let got = gpu.run(&vals).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let tol = if aq == ActQuant::None { 1e-4 } else { 2e-2 };
+            compare(&what, &got, &want, tol, 1e-2);
+        }
+    }
+}

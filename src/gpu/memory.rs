@@ -888,7 +888,8 @@ impl MemoryPlan {
                     && !g.outputs.contains(&o)
                     && last_sharer[l] == l
                     && partner[l].is_none()
-                    && merged_into[l].is_none();
+                    && merged_into[l].is_none()
+                    && distinct_roots(&root, &cop.inputs);
                 if ok {
                     chain_load[l] = Some(c);
                     loaded_by[c] = Some(l);
@@ -923,7 +924,8 @@ impl MemoryPlan {
                     && last_sharer[l] == l
                     && partner[l].is_none()
                     && merged_into[l].is_none()
-                    && chain_load[l].is_none();
+                    && chain_load[l].is_none()
+                    && distinct_roots(&root, &nop.inputs);
                 if ok {
                     norm_load[l] = Some(pn);
                     read_until(&mut last_read, &root, &nop.inputs, l);
@@ -1344,6 +1346,14 @@ fn sole_writer(g: &Graph, writes: &[Vec<usize>], r: TensorId) -> Option<usize> {
 }
 
 /// Keeps the storage of `inputs` (the inputs of an op that a later node `n` runs) until `n`.
+/// Whether `inputs` lie in storage of their own each. A fused kernel that binds one of them
+/// read-write (a mat-vec's chain operand sits at a read-write slot) cannot take one buffer
+/// twice: wgpu refuses a buffer bound read-only and read-write in one dispatch (a norm chain
+/// `x · rms_norm(x)` found by the random-graph test).
+fn distinct_roots(root: &[TensorId], inputs: &[TensorId]) -> bool {
+    (inputs.iter().enumerate()).all(|(i, &t)| !inputs[..i].iter().any(|&u| root[u] == root[t]))
+}
+
 fn read_until(last_read: &mut [usize], root: &[TensorId], inputs: &[TensorId], n: usize) {
     for &i in inputs {
         last_read[root[i]] = last_read[root[i]].max(n);
