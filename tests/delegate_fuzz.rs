@@ -10,7 +10,7 @@ mod common;
 use common::fuzz::{mutate, Rng, Seed};
 use pteria::pte::{Bytes, Limits, Program};
 use pteria::runtime::delegate::{cpu_executor, gpu_executor};
-use pteria::runtime::{BackendRegistry, HostTensor, Method};
+use pteria::runtime::{BackendRegistry, Method};
 use std::sync::Arc;
 
 /// Every delegate blob of the fixtures, with its program's bytes and where the blob sits in them.
@@ -53,15 +53,7 @@ fn load_and_run(bytes: Vec<u8>, backends: &BackendRegistry) -> bool {
     let Ok(mut m) = Method::load(&p, &plan.name, backends) else {
         return false;
     };
-    let inputs: Vec<HostTensor> = m
-        .input_specs()
-        .iter()
-        .map(|(dt, sizes)| {
-            let shape: Vec<usize> = sizes.iter().map(|_| 1).collect();
-            HostTensor::from_i64(&shape, &[0]).cast(*dt)
-        })
-        .collect();
-    let _ = m.execute(&inputs);
+    let _ = m.execute(&common::one_token_inputs(&m));
     true
 }
 

@@ -222,33 +222,13 @@ fn byte_fallback_tokenizer(
     words: &[&str],
     specials: &[&str],
 ) -> (Tokenizer, serde_json::Map<String, serde_json::Value>) {
-    let mut vocab = serde_json::Map::new();
-    let mut added_tokens = Vec::new();
-    for (i, s) in ["<unk>", "<s>", "</s>"].iter().chain(specials).enumerate() {
-        vocab.insert(s.to_string(), json!(i));
-        added_tokens.push(added(i as u32, s));
-    }
-    for b in 0..=255u32 {
-        let n = vocab.len();
-        vocab.insert(format!("<0x{b:02X}>"), json!(n));
-    }
-    for w in words {
-        let n = vocab.len();
-        vocab.insert(w.to_string(), json!(n));
-    }
-    let tj = json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": added_tokens,
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
-        "pre_tokenizer": null, "post_processor": null,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                  "vocab": vocab, "merges": []}
-    });
+    let all: Vec<&str> = ["<unk>", "<s>", "</s>"]
+        .iter()
+        .chain(specials)
+        .copied()
+        .collect();
+    let tj = common::byte_fallback_json(&all, words, &[]);
+    let vocab = tj["model"]["vocab"].as_object().unwrap().clone();
     (Tokenizer::from_json(&tj.to_string()).unwrap(), vocab)
 }
 

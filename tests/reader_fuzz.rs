@@ -4,7 +4,7 @@
 mod common;
 
 use pteria::pte::{Bytes, DataFile, Limits, Program};
-use pteria::runtime::{BackendRegistry, HostTensor, Method};
+use pteria::runtime::{BackendRegistry, Method};
 use std::sync::Arc;
 
 /// Parse, load every method, and run `forward` once on a one-token input; `true` when it parsed.
@@ -20,15 +20,7 @@ fn exercise(bytes: Vec<u8>, run: bool, data: &[DataFile]) -> bool {
             continue;
         };
         if run && plan.name == "forward" {
-            let inputs: Vec<HostTensor> = m
-                .input_specs()
-                .iter()
-                .map(|(dt, sizes)| {
-                    let shape: Vec<usize> = sizes.iter().map(|_| 1).collect();
-                    HostTensor::from_i64(&shape, &[0]).cast(*dt)
-                })
-                .collect();
-            let _ = m.execute(&inputs);
+            let _ = m.execute(&common::one_token_inputs(&m));
         } else if plan.is_constant() {
             let _ = m.execute(&[]);
         }

@@ -20,48 +20,17 @@ fn demo_file(name: &str) -> PathBuf {
 /// A SentencePiece-style byte-fallback tokenizer (Gemma's kind) small enough to mutate often:
 /// specials, the 256 byte tokens, a few words and merges.
 fn byte_fallback_json() -> String {
-    let mut vocab = serde_json::Map::new();
-    let mut added = Vec::new();
-    for (i, s) in [
+    let specials = [
         "<unk>",
         "<bos>",
         "<eos>",
         "<start_of_turn>",
         "<end_of_turn>",
-    ]
-    .iter()
-    .enumerate()
-    {
-        vocab.insert(s.to_string(), i.into());
-        added.push(
-            serde_json::json!({"id": i, "content": s, "single_word": false,
-            "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
-        );
-    }
-    for b in 0..=255u32 {
-        let n = vocab.len();
-        vocab.insert(format!("<0x{b:02X}>"), n.into());
-    }
-    for w in [
+    ];
+    let words = [
         "▁", "h", "i", "▁h", "▁hi", "é", "▁café", "c", "a", "f", "ca",
-    ] {
-        let n = vocab.len();
-        vocab.insert(w.to_string(), n.into());
-    }
-    serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
-        "pre_tokenizer": null, "post_processor": null,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
-        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
-                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                  "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                  "vocab": vocab, "merges": ["▁ h", "▁h i", "c a"]}
-    })
-    .to_string()
+    ];
+    common::byte_fallback_json(&specials, &words, &["▁ h", "▁h i", "c a"]).to_string()
 }
 
 /// Texts that reach the tokenizer's pre-tokenizer, byte fallback and added-token matching.

@@ -236,3 +236,51 @@ pub fn manifest_call_logits(
     }
     Ok(logits)
 }
+
+/// One token at position 0 for each of `m`'s inputs, in its dtype (a fuzzed program's run).
+pub fn one_token_inputs(m: &pteria::runtime::Method) -> Vec<pteria::runtime::HostTensor> {
+    m.input_specs()
+        .iter()
+        .map(|(dt, sizes)| {
+            let shape: Vec<usize> = sizes.iter().map(|_| 1).collect();
+            pteria::runtime::HostTensor::from_i64(&shape, &[0]).cast(*dt)
+        })
+        .collect()
+}
+
+/// The `tokenizer.json` of a SentencePiece-style (Llama/Gemma) byte-fallback BPE: `specials`
+/// (ids from 0, added tokens), the 256 byte tokens `<0x00>`…, then `words`, with `merges`; "▁"
+/// for spaces, decoder Replace → ByteFallback → Fuse → Strip.
+pub fn byte_fallback_json(specials: &[&str], words: &[&str], merges: &[&str]) -> serde_json::Value {
+    use serde_json::json;
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (i, s) in specials.iter().enumerate() {
+        vocab.insert(s.to_string(), json!(i));
+        added.push(
+            json!({"id": i, "content": s, "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    for b in 0..=255u32 {
+        let n = vocab.len();
+        vocab.insert(format!("<0x{b:02X}>"), json!(n));
+    }
+    for w in words {
+        let n = vocab.len();
+        vocab.insert(w.to_string(), json!(n));
+    }
+    json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": merges}
+    })
+}
