@@ -1345,7 +1345,6 @@ fn sole_writer(g: &Graph, writes: &[Vec<usize>], r: TensorId) -> Option<usize> {
     }
 }
 
-/// Keeps the storage of `inputs` (the inputs of an op that a later node `n` runs) until `n`.
 /// Whether `inputs` lie in storage of their own each. A fused kernel that binds one of them
 /// read-write (a mat-vec's chain operand sits at a read-write slot) cannot take one buffer
 /// twice: wgpu refuses a buffer bound read-only and read-write in one dispatch (a norm chain
@@ -1354,6 +1353,7 @@ fn distinct_roots(root: &[TensorId], inputs: &[TensorId]) -> bool {
     (inputs.iter().enumerate()).all(|(i, &t)| !inputs[..i].iter().any(|&u| root[u] == root[t]))
 }
 
+/// Keeps the storage of `inputs` (the inputs of an op that a later node `n` runs) until `n`.
 fn read_until(last_read: &mut [usize], root: &[TensorId], inputs: &[TensorId], n: usize) {
     for &i in inputs {
         last_read[root[i]] = last_read[root[i]].max(n);

@@ -188,16 +188,10 @@ fn worker(rx: mpsc::Receiver<Command>) {
 fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(p) => {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            Err(LlmError::Internal(format!(
-                "{what}; the model was unloaded"
-            )))
-        }
+        Err(p) => Err(LlmError::Internal(format!(
+            "{}; the model was unloaded",
+            super::panic_text(&*p)
+        ))),
     }
 }
 

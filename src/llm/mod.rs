@@ -102,3 +102,12 @@ impl CancelToken {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// A panic's message, where it has one (`catch_unwind`'s payload).
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic".into(),
+    }
+}

@@ -302,12 +302,12 @@ fn strip_thinking(text: &str) -> String {
     out
 }
 
-/// An environment configured as `transformers` configures Jinja for chat templates:
-/// trim_blocks and lstrip_blocks, loop controls, `raise_exception`, `tojson`, `strftime_now`,
-/// and Python string/dict methods (`.strip()`, `.startswith()`, `.items()`).
 /// Instructions a render may run (`environment`).
 const TEMPLATE_FUEL: u64 = 50_000_000;
 
+/// An environment configured as `transformers` configures Jinja for chat templates:
+/// trim_blocks and lstrip_blocks, loop controls, `raise_exception`, `tojson`, `strftime_now`,
+/// and Python string/dict methods (`.strip()`, `.startswith()`, `.items()`).
 fn environment() -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
     // A template's loops end: a model's own template renders a long chat in well under a

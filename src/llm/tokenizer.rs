@@ -3,7 +3,7 @@
 //! byte-fallback tokens (`<0xE2>` `<0x82>` `<0xAC>`) or byte-level BPE pieces is held back until
 //! its last byte arrives.
 
-use super::{LlmError, Result};
+use super::{panic_text, LlmError, Result};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -52,7 +52,7 @@ impl Tokenizer {
             .map_err(|p| {
                 fail(format!(
                     "the tokenizer library failed on it: {}",
-                    panic_text(&p)
+                    panic_text(&*p)
                 ))
             })?
             .map_err(|e| fail(e.to_string()))?;
@@ -136,15 +136,6 @@ impl Tokenizer {
             read: 0,
             bytes: Vec::new(),
         }
-    }
-}
-
-/// A panic's message, where it has one.
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
-        (Some(s), _) => s.to_string(),
-        (_, Some(s)) => s.clone(),
-        _ => "a panic".into(),
     }
 }
 
