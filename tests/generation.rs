@@ -1532,13 +1532,8 @@ fn streaming_gives_the_decoded_text_for_random_texts_and_ids() {
             '\u{10000}',
         ])
         .collect();
-    let mut state = 0x243F_6A88_85A3_08D3u64;
-    let mut next = move |n: usize| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n as u64) as usize
-    };
+    let mut rng = common::fuzz::Rng(0x243F_6A88_85A3_08D3);
+    let mut next = move |n: usize| rng.below(n);
     let streamed = |tok: &Tokenizer, ids: &[u32]| -> String {
         stream(tok, ids).into_iter().flatten().collect()
     };

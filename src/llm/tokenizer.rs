@@ -135,6 +135,7 @@ impl Tokenizer {
             prefix: 0,
             read: 0,
             bytes: Vec::new(),
+            shown: false,
         }
     }
 }
@@ -159,6 +160,8 @@ pub struct StreamDecoder<'a> {
     read: usize,
     /// Bytes of byte-fallback tokens not yet forming a whole character.
     bytes: Vec<u8>,
+    /// Some text has been emitted.
+    shown: bool,
 }
 
 /// A UTF-8 character has at most 4 bytes, and each held token adds at least one: past this many
@@ -168,11 +171,28 @@ const MAX_HELD: usize = 4;
 impl StreamDecoder<'_> {
     /// Adds a token; returns newly completed text, if any.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+        let out = self.push_id(id)?;
+        self.shown |= out.is_some();
+        Ok(out)
+    }
+
+    fn push_id(&mut self, id: u32) -> Result<Option<String>> {
         if let Some(&b) = self.tokenizer.byte_tokens.get(&id) {
             let mut out = self.flush_window()?;
             self.ids.push(id);
             self.bytes.push(b);
-            out.push_str(&self.take_bytes(false));
+            let text = self.take_bytes(false);
+            if !self.shown && out.is_empty() && self.bytes.is_empty() && !text.is_empty() {
+                // The stream's first text, as a whole decode shows it: a decoder's rules for
+                // the start of the text apply (Llama's Strip drops a leading space, which a
+                // run of byte tokens can begin with). Invalid bytes keep our U+FFFD rule.
+                out.push_str(&match text.contains('\u{FFFD}') {
+                    true => text,
+                    false => self.tokenizer.decode(&self.ids, true)?,
+                });
+            } else {
+                out.push_str(&text);
+            }
             if self.bytes.is_empty() {
                 // Everything up to here is shown; this token is the next window's context.
                 self.prefix = self.ids.len() - 1;
@@ -217,6 +237,7 @@ impl StreamDecoder<'_> {
         out.push_str(&self.take_bytes(true));
         self.read = self.ids.len();
         self.prefix = self.read.saturating_sub(1);
+        self.shown |= !out.is_empty();
         Ok((!out.is_empty()).then_some(out))
     }
 
