@@ -22,9 +22,12 @@ fn blob_seeds() -> Vec<(Seed, Arc<Vec<u8>>, usize)> {
         for plan in &program.plans {
             for (i, d) in plan.delegates.iter().enumerate() {
                 let blob: &[u8] = &d.data;
-                let Some(at) = (0..bytes.len()).find(|&at| bytes[at..].starts_with(blob)) else {
-                    panic!("{}: blob {i} not found", path.display())
-                };
+                let at = d.data.start();
+                assert!(
+                    bytes[at..].starts_with(blob),
+                    "{}: blob {i} is not at {at}",
+                    path.display()
+                );
                 let name = format!("{} {} delegate {i} ({})", path.display(), plan.name, d.id);
                 out.push((Seed::new(name, blob.to_vec()), bytes.clone(), at));
             }

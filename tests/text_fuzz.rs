@@ -83,7 +83,7 @@ fn mutated_tokenizers_never_panic() {
     let docs: Vec<serde_json::Value> = (seeds.iter())
         .map(|s| serde_json::from_slice(&s.bytes).unwrap())
         .collect();
-    // The demo's 3.4 MB takes about 0.1 s a load: fewer of its mutants. Each byte-level mutant
+    // The demo's 3.4 MB takes about 0.2 s a load: fewer of its mutants. Each byte-level mutant
     // (which mostly breaks the JSON) comes with one of the document's structure.
     let per_seed = common::fuzz::iters(60);
     common::fuzz::run("tokenizer", &seeds, per_seed, 0x70C3_11E5, |si, m| {
@@ -121,8 +121,8 @@ fn use_template(t: &ChatTemplate, tok: &Tokenizer) {
 
 /// Chat templates that loop or build strings past any prompt's size: minijinja's limits (its
 /// `range` cap, recursion depth, repeated-string size) or ours (a render's fuel) must end them
-/// with an error, not hang or abort. Not bounded: a string doubled by `~` in a loop (as in
-/// transformers' Jinja sandbox, memory is not metered), which aborts on allocation.
+/// with an error, not hang or abort. Not bounded: a string doubled by `~` in a loop (memory is
+/// not metered), which aborts on allocation.
 const HOSTILE_TEMPLATES: [&str; 5] = [
     "{% for i in range(100000000) %}x{% endfor %}",
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",

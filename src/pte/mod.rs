@@ -125,6 +125,12 @@ impl Blob {
         Blob { bytes, range }
     }
 
+    /// Where this view begins in the bytes it was cut from (a delegate's blob: its offset in
+    /// the program file).
+    pub fn start(&self) -> usize {
+        self.range.start
+    }
+
     /// -8 · each f32 of `scales` (whole f32s only), made when first read (`Bytes::Neg8`).
     pub fn neg8(scales: Blob) -> Self {
         let range = 0..scales.len() / 4 * 4;
