@@ -15,6 +15,9 @@ const state = {
   loaded: null, // LoadedModel
   loading: null, // spec being loaded
   replying: false,
+  // The reply being written: its conversation's id and its pending node, which keeps streaming
+  // while another conversation is open and is shown again when its own is.
+  reply: null,
   settings: null,
 };
 
@@ -94,8 +97,31 @@ function newConversation() {
   $("input").focus();
 }
 
+// Asks in the page: WKWebView (macOS, iOS) shows nothing for window.prompt / confirm, whose
+// answers are then null and false. Resolves to the text typed (`value` given), true, or null.
+function ask({ title, text = "", value = null, ok }) {
+  const dialog = $("ask-dialog");
+  $("ask-title").textContent = title;
+  $("ask-text").textContent = text;
+  $("ask-text").hidden = !text;
+  const input = $("ask-input");
+  input.hidden = value == null;
+  input.value = value ?? "";
+  $("ask-ok").textContent = ok;
+  dialog.returnValue = "";
+  dialog.showModal();
+  if (value != null) input.select();
+  return new Promise((resolve) => {
+    dialog.addEventListener(
+      "close",
+      () => resolve(dialog.returnValue !== "ok" ? null : value == null ? true : input.value),
+      { once: true },
+    );
+  });
+}
+
 async function renameConversation(c) {
-  const title = window.prompt("Rename the conversation", c.title);
+  const title = await ask({ title: "Rename the conversation", value: c.title, ok: "Rename" });
   if (title == null || !title.trim()) return;
   try {
     await invoke("rename_conversation", { id: c.id, title });
@@ -110,7 +136,7 @@ async function renameConversation(c) {
 }
 
 async function deleteConversation(c) {
-  if (!window.confirm(`Delete “${c.title}”?`)) return;
+  if (!(await ask({ title: `Delete “${c.title}”?`, text: "Its messages cannot be restored.", ok: "Delete" }))) return;
   try {
     await invoke("delete_conversation", { id: c.id });
     if (state.current?.id === c.id) newConversation();
@@ -160,7 +186,8 @@ function renderConversation() {
   $("chat-title").textContent = c ? c.title : "New chat";
   const box = $("messages");
   box.replaceChildren(...(c ? c.messages.map(messageNode) : []));
-  if (!c || !c.messages.length) {
+  if (c && state.reply?.conversationId === c.id) box.append(state.reply.node);
+  if (!c || !box.children.length) {
     box.append(el("p", { class: "empty", text: state.loaded ? "Ask anything." : "Load a model to start (Models)." }));
   }
   // Only the last reply can be regenerated.
@@ -186,8 +213,9 @@ async function copy(text, button) {
   }
 }
 
-// Streams one reply into a pending message node; markdown is redrawn at most once a frame.
-function streamInto(node) {
+// Streams one reply of conversation `conversationId` into a pending message node; markdown is
+// redrawn at most once a frame. Another conversation may be open by the time it ends.
+function streamInto(node, conversationId) {
   let text = "";
   let scheduled = false;
   const box = $("messages");
@@ -205,20 +233,29 @@ function streamInto(node) {
     } else if (e.type === "prefill") {
       node.querySelector(".body").dataset.prefill = `${e.done}/${e.total}`;
     } else if (e.type === "finished" || e.type === "failed") {
+      // A reply that could not be saved comes with the error beside its message.
+      const message = e.type === "failed" ? { ...e.message, error: e.message.error || e.error } : e.message;
       node.classList.remove("pending");
-      fillMessage(node, e.message);
-      if (e.usage) showContext(e.usage);
+      fillMessage(node, message);
+      state.reply = null;
       setReplying(false);
-      reloadCurrent();
+      if (state.current?.id !== conversationId) {
+        refreshConversations();
+        return;
+      }
+      if (e.usage) showContext(e.usage);
+      reloadCurrent(message);
     }
   });
 }
 
-// The saved conversation is the truth once a reply is done.
-async function reloadCurrent() {
+// The saved conversation is the truth once a reply is done; a reply the store does not hold
+// (its save failed) stays on screen with its error.
+async function reloadCurrent(reply = null) {
   if (state.current) {
     try {
       state.current = await invoke("open_conversation", { id: state.current.id });
+      if (reply && !state.current.messages.some((m) => m.id === reply.id)) state.current.messages.push(reply);
     } catch (e) {
       banner(`${e}`);
     }
@@ -227,12 +264,24 @@ async function reloadCurrent() {
   await refreshConversations();
 }
 
+// Puts text that was not sent back in the composer, before anything typed since.
+function restoreInput(text) {
+  const input = $("input");
+  input.value = input.value ? `${text}\n${input.value}` : text;
+}
+
 async function send(text) {
   if (!text.trim() || state.replying) return;
   banner(null);
+  // Replying from here on, so that a second Enter while the conversation is created is no
+  // second send; the composer is free for the next message at once.
+  setReplying(true);
+  $("input").value = "";
   try {
     if (!state.current) state.current = await invoke("create_conversation", { title: null });
   } catch (e) {
+    setReplying(false);
+    restoreInput(text);
     banner(`Could not start a conversation: ${e}`);
     return;
   }
@@ -243,23 +292,25 @@ async function send(text) {
   replyNode.classList.add("pending");
   box.append(userNode, replyNode);
   box.scrollTop = box.scrollHeight;
-  setReplying(true);
+  const conversation = state.current;
+  state.reply = { conversationId: conversation.id, node: replyNode };
   try {
     const started = await invoke("send_message", {
-      conversationId: state.current.id,
+      conversationId: conversation.id,
       text,
-      onEvent: streamInto(replyNode),
+      onEvent: streamInto(replyNode, conversation.id),
     });
-    state.current.title = started.title;
-    $("chat-title").textContent = started.title;
+    conversation.title = started.title;
+    if (state.current === conversation) $("chat-title").textContent = started.title;
     userNode.dataset.id = started.user_message.id;
     replyNode.dataset.id = started.assistant_id;
-    $("input").value = "";
     refreshConversations();
   } catch (e) {
+    state.reply = null;
     setReplying(false);
     userNode.remove();
     replyNode.remove();
+    restoreInput(text);
     banner(`${e}`);
   }
 }
@@ -272,13 +323,14 @@ async function regenerate() {
   const replyNode = messageNode({ id: "pending", author: "assistant", content: "", pending: true });
   replyNode.classList.add("pending");
   c.messages = c.messages.slice(0, lastUser + 1);
+  state.reply = { conversationId: c.id, node: replyNode };
   renderConversation();
-  $("messages").append(replyNode);
   setReplying(true);
   try {
-    const started = await invoke("regenerate", { conversationId: c.id, onEvent: streamInto(replyNode) });
+    const started = await invoke("regenerate", { conversationId: c.id, onEvent: streamInto(replyNode, c.id) });
     replyNode.dataset.id = started.assistant_id;
   } catch (e) {
+    state.reply = null;
     setReplying(false);
     banner(`${e}`);
     reloadCurrent();
@@ -292,8 +344,22 @@ const picker = new ModelPicker({
   list: $("models-list"),
   error: $("models-error"),
   onLoad: (spec) => loadModel(spec),
-  onChanged: () => {},
+  onChanged: () => refreshLoaded(),
 });
+
+// Deleting the loaded model unloads it in the core: the header and the empty chat follow.
+async function refreshLoaded() {
+  try {
+    const info = await invoke("app_info");
+    if (state.loading) return;
+    state.loaded = info.loaded;
+  } catch (e) {
+    banner(`${e}`);
+    return;
+  }
+  showModelStatus();
+  renderConversation();
+}
 
 async function loadModel(spec) {
   state.loading = spec || "the last model";
@@ -349,29 +415,50 @@ function fillSettings(s) {
 async function saveSettings(event) {
   event.preventDefault();
   const f = $("settings-form");
-  const num = (v) => Number(v);
-  const wanted = {
-    ...state.settings,
-    system_prompt: f.system_prompt.value,
-    temperature: num(f.temperature.value),
-    top_p: num(f.top_p.value),
-    top_k: Math.round(num(f.top_k.value)),
-    min_p: num(f.min_p.value),
-    max_tokens: f.max_tokens.value === "" ? null : Math.round(num(f.max_tokens.value)),
-    device: f.device.value,
-    tables: f.tables.value,
-    thinking: f.thinking.checked,
-  };
   const error = $("settings-error");
+  const refuse = (text) => {
+    error.hidden = false;
+    error.textContent = text;
+    $("settings-saved").textContent = "";
+  };
+  // A number field's value: an empty field is "" (Number("") is 0) and so is one the browser
+  // cannot read (validity.badInput), so both are refused, as is a value past the field's range.
+  const num = (input, label) => {
+    const v = Number(input.value);
+    const min = input.min === "" ? -Infinity : Number(input.min);
+    const max = input.max === "" ? Infinity : Number(input.max);
+    if (input.validity.badInput || input.value.trim() === "" || !Number.isFinite(v)) {
+      throw `${label} needs a number`;
+    }
+    if (v < min || v > max) throw `${label} must be between ${input.min || "-∞"} and ${input.max || "∞"}, not ${v}`;
+    return v;
+  };
+  let wanted;
+  try {
+    wanted = {
+      ...state.settings,
+      system_prompt: f.system_prompt.value,
+      temperature: num(f.temperature, "Temperature"),
+      top_p: num(f.top_p, "Top-p"),
+      top_k: Math.round(num(f.top_k, "Top-k")),
+      min_p: num(f.min_p, "Min-p"),
+      // Empty means no limit.
+      max_tokens: f.max_tokens.value === "" && !f.max_tokens.validity.badInput ? null : Math.round(num(f.max_tokens, "Max tokens")),
+      device: f.device.value,
+      tables: f.tables.value,
+      thinking: f.thinking.checked,
+    };
+  } catch (e) {
+    refuse(`${e}`);
+    return;
+  }
   try {
     state.settings = await invoke("update_settings", { settings: wanted });
     fillSettings(state.settings);
     error.hidden = true;
     $("settings-saved").textContent = "Saved";
   } catch (e) {
-    error.hidden = false;
-    error.textContent = `${e}`;
-    $("settings-saved").textContent = "";
+    refuse(`${e}`);
   }
 }
 

@@ -10,16 +10,29 @@ export function escapeHtml(text) {
   return String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
 }
 
-// Emphasis and links on already-escaped text (so `*`, `_`, `[` never meet raw HTML).
-function decorate(escaped) {
-  return escaped
-    .replace(/\[([^\]\n]+)\]\((https?:\/\/[^\s)]+)\)/g, (_, label, url) =>
-      `<a href="${url}" class="ext" title="${url}" rel="noopener noreferrer">${label}</a>`)
+const emphasis = (text) =>
+  text
     .replace(/\*\*([^*\n]+)\*\*/g, "<strong>$1</strong>")
     .replace(/(^|[^\w])__([^_\n]+)__(?!\w)/g, "$1<strong>$2</strong>")
     .replace(/(^|[^*\w])\*([^*\n]+)\*(?!\*)/g, "$1<em>$2</em>")
     .replace(/(^|[^_\w])_([^_\n]+)_(?!\w)/g, "$1<em>$2</em>")
     .replace(/~~([^~\n]+)~~/g, "<del>$1</del>");
+
+// Emphasis and links on already-escaped text (so `*`, `_`, `[` never meet raw HTML). A link's
+// address stands aside as a marker while emphasis runs, so that `__init__` or `*` in a URL
+// stays as written; the marker's control character is dropped from the text first.
+function decorate(escaped) {
+  const urls = [];
+  const marked = escaped
+    .replace(/\u0001/g, "")
+    .replace(/\[([^\]\n]+)\]\((https?:\/\/[^\s)]+)\)/g, (_, label, url) => {
+      urls.push(url);
+      return `[${label}](\u0001${urls.length - 1}\u0001)`;
+    });
+  return emphasis(marked).replace(/\[([^\]\n]+)\]\(\u0001(\d+)\u0001\)/g, (_, label, i) => {
+    const url = urls[Number(i)];
+    return `<a href="${url}" class="ext" title="${url}" rel="noopener noreferrer">${label}</a>`;
+  });
 }
 
 export function inline(text) {

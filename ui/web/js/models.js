@@ -14,24 +14,30 @@ export class ModelPicker {
     this.models = [];
     this.progress = new Map(); // spec -> latest Progress event
     this.busy = null; // spec of the model loading
+    this.listFailed = false; // whether the error shown is the listing's own
   }
 
+  // A refresh clears only its own failure: a failed download's or delete's message stays until
+  // the user acts again (a refresh follows each of them).
   async refresh() {
     try {
       this.models = await invoke("list_models");
-      this.showError(null);
+      if (this.listFailed) this.showError(null);
     } catch (e) {
       this.showError(`Could not list the models: ${e}`);
+      this.listFailed = true;
     }
     this.render();
   }
 
   showError(text) {
+    this.listFailed = false;
     this.error.hidden = !text;
     this.error.textContent = text || "";
   }
 
   async download(spec) {
+    this.showError(null);
     this.progress.set(spec, { done: 0, total: 0, bytes_per_sec: 0 });
     this.render();
     const onEvent = channel((e) => {
@@ -57,10 +63,15 @@ export class ModelPicker {
   }
 
   async cancel(spec) {
-    await invoke("cancel_download", { spec });
+    try {
+      await invoke("cancel_download", { spec });
+    } catch (e) {
+      this.showError(`Could not cancel the download of ${spec}: ${e}`);
+    }
   }
 
   async remove(spec) {
+    this.showError(null);
     try {
       await invoke("delete_model", { spec });
       this.showError(null);
