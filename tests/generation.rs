@@ -1020,6 +1020,79 @@ fn model_streams_whole_characters_even_from_invalid_bytes() {
 }
 
 #[test]
+fn the_thought_channel_is_kept_out_of_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = [Message::system("S"), Message::user("hi")];
+    // The fixture's greedy reply with plain byte tokens, to learn its ids.
+    let mut plain = Model::load(llama_tokenizer_files(dir.path()), &load_options(4)).unwrap();
+    let c = greedy_chat(&mut plain, &history, Some(12));
+    let prompt = plain.runner().cached_tokens()[..c.stats.prompt_tokens].to_vec();
+    let ids = c.tokens;
+    // Two of its ids, each once in the reply and never in the prompt, become Gemma 4's thought
+    // markers; the program generates the same ids (its prompt's ids are the same).
+    let unique = |i: usize| {
+        ids[i] >= 5
+            && ids.iter().filter(|&&t| t == ids[i]).count() == 1
+            && !prompt.contains(&ids[i])
+    };
+    let open = (1..ids.len())
+        .find(|&i| unique(i))
+        .expect("an id to open with");
+    let close = (open + 2..ids.len())
+        .find(|&i| unique(i))
+        .expect("an id to close with");
+    let mut specials = vec![""; 256];
+    specials[..5].copy_from_slice(&["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]);
+    specials[ids[open] as usize] = "<|channel>";
+    specials[ids[close] as usize] = "<channel|>";
+    let files = byte_tokenizer_files(
+        dir.path(),
+        &specials,
+        Some(COMPACT_TEMPLATE),
+        "<s>",
+        "</s>",
+        LLAMA,
+    );
+    let lossy = |ids: &[u32]| String::from_utf8_lossy(&bytes_of(ids)).into_owned();
+    for max in [12, close] {
+        let mut model = Model::load(files.clone(), &load_options(4)).unwrap();
+        let mut shown = Vec::new();
+        let t = model
+            .chat(
+                &history,
+                &greedy_options(Some(max)),
+                &CancelToken::new(),
+                &mut |e| {
+                    if let Event::Text(t) = e {
+                        shown.push(t)
+                    }
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            t.tokens,
+            ids[..max],
+            "the markers changed what the program generates"
+        );
+        // The answer: the text before the channel, complete, then the text after it; the
+        // reasoning: the text inside (to the end where the reply stops before the channel
+        // closes). Only the answer streams.
+        let after = if max > close {
+            lossy(&ids[close + 1..max])
+        } else {
+            String::new()
+        };
+        assert_eq!(
+            t.text,
+            lossy(&ids[..open]) + &after,
+            "ids {ids:?}, open {open}, close {close}"
+        );
+        assert_eq!(t.thinking, lossy(&ids[open + 1..close.min(max)]));
+        assert_eq!(shown.concat(), t.text);
+    }
+}
+
+#[test]
 fn model_reuses_the_cache_when_the_next_turn_extends_the_conversation() {
     let dir = tempfile::tempdir().unwrap();
     let mut model = Model::load(llama_tokenizer_files(dir.path()), &load_options(4)).unwrap();

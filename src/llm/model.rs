@@ -218,7 +218,11 @@ pub struct GenerationStats {
 /// A finished reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
+    /// The answer: what was streamed as `Event::Text`, without the thought channel.
     pub text: String,
+    /// Gemma 4's reasoning: the text of every `<|channel>…<channel|>` block the model wrote (an
+    /// unclosed one runs to the end), kept out of the answer and of later prompts.
+    pub thinking: String,
     pub tokens: Vec<u32>,
     pub stats: GenerationStats,
 }
@@ -264,9 +268,15 @@ pub struct Model {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     stop_ids: Vec<u32>,
+    /// The thought channel's opening and closing ids, where the tokenizer has both.
+    channel: Option<(u32, u32)>,
     policy: ContextPolicy,
     files: ModelFiles,
 }
+
+/// Gemma 4's thought channel markers (tokenizer tokens 100 and 101 there).
+const CHANNEL_OPEN: &str = "<|channel>";
+const CHANNEL_CLOSE: &str = "<channel|>";
 
 impl Model {
     pub fn load(files: ModelFiles, options: &LoadOptions) -> Result<Model> {
@@ -318,11 +328,15 @@ impl Model {
                     .into(),
             ));
         }
+        let channel = tokenizer
+            .token_id(CHANNEL_OPEN)
+            .zip(tokenizer.token_id(CHANNEL_CLOSE));
         Ok(Model {
             runner,
             tokenizer,
             template,
             stop_ids,
+            channel,
             policy,
             files,
         })
@@ -466,6 +480,13 @@ impl Model {
         let mut generated: Vec<u32> = Vec::new();
         let mut text = String::new();
         let mut stream = self.tokenizer.stream();
+        // The thought channel decodes apart: its markers are special tokens, which decoding
+        // skips, so one stream would show the reasoning as the answer (and the chat would save
+        // it and send it back as the model's words).
+        let mut thinking = String::new();
+        let mut thought = self.tokenizer.stream();
+        let mut in_thought = false;
+        let channel = self.channel;
         let mut prompt = fitted.tokens;
         let mut dropped = fitted.dropped;
         let mut first_round = true;
@@ -488,9 +509,32 @@ impl Model {
                 .runner
                 .decode(&mut sampler, &opts_now, cancel, &mut |tok| {
                     generated.push(tok);
-                    if let Some(delta) = stream.push(tok)? {
-                        text.push_str(&delta);
-                        on_event(Event::Text(delta));
+                    match channel {
+                        Some((open, _)) if tok == open && !in_thought => {
+                            in_thought = true;
+                            // The answer so far is complete: show what it still holds back.
+                            if let Some(rest) = stream.finish()? {
+                                text.push_str(&rest);
+                                on_event(Event::Text(rest));
+                            }
+                        }
+                        Some((_, close)) if tok == close && in_thought => {
+                            in_thought = false;
+                            if let Some(rest) = thought.finish()? {
+                                thinking.push_str(&rest);
+                            }
+                        }
+                        _ if in_thought => {
+                            if let Some(delta) = thought.push(tok)? {
+                                thinking.push_str(&delta);
+                            }
+                        }
+                        _ => {
+                            if let Some(delta) = stream.push(tok)? {
+                                text.push_str(&delta);
+                                on_event(Event::Text(delta));
+                            }
+                        }
                     }
                     Ok(())
                 })?;
@@ -538,12 +582,16 @@ impl Model {
             text.push_str(&rest);
             on_event(Event::Text(rest));
         }
+        if let Some(rest) = thought.finish()? {
+            thinking.push_str(&rest);
+        }
         stats.stop = stop;
         stats.generated_tokens = generated.len();
         stats.prefill_tokens_per_s = rate(stats.prefilled_tokens, stats.prefill_time);
         stats.decode_tokens_per_s = rate(decode_steps, stats.decode_time);
         Ok(Completion {
             text,
+            thinking,
             tokens: generated,
             stats,
         })
