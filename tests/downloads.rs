@@ -618,6 +618,50 @@ fn a_second_download_of_the_same_model_is_refused_while_one_runs() {
     assert!(matches!(b, Err(DownloadError::Busy { .. })), "{b:?}");
 }
 
+#[test]
+fn deleting_a_model_while_it_downloads_is_refused_and_the_download_finishes() {
+    let s = Setup::new(400_000);
+    s.hub.fail_every_get(
+        PROGRAM,
+        Some(Fault::Trickle {
+            chunk: 8 * 1024,
+            every: Duration::from_millis(10),
+        }),
+    );
+    let d = s.downloader(fast_options());
+    let cache = s.cache();
+    let cancel = CancelToken::new();
+    let mut quiet = |_: &Progress| {};
+    let (downloaded, removed) = block_on(async {
+        let download = d.download(s.model(), s.variant("cpu"), &cancel, &mut quiet);
+        let remove = async {
+            while s.hub.sent(PROGRAM) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // The variant being fetched, and another that shares its tokenizer.
+            [
+                cache.remove(s.model(), s.variant("cpu")),
+                cache.remove(s.model(), s.variant("gpu")),
+            ]
+        };
+        tokio::join!(download, remove)
+    });
+    for r in &removed {
+        assert!(matches!(r, Err(DownloadError::Busy { .. })), "{r:?}");
+    }
+    let text = removed[0].as_ref().unwrap_err().to_string();
+    assert!(text.contains("download of `tiny` is running"), "{text}");
+    let local = downloaded.unwrap();
+    assert_eq!(std::fs::read(&local.program).unwrap(), s.program);
+    assert_eq!(
+        cache.local_model(s.model(), s.variant("cpu")).unwrap(),
+        Some(local)
+    );
+    // Once the download is over, deleting works.
+    cache.remove(s.model(), s.variant("cpu")).unwrap();
+    s.assert_not_downloaded();
+}
+
 /// The real binary, pointed at the loopback hub and a private data directory.
 fn pteria(hub: &Hub, home: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pteria"));

@@ -5,6 +5,8 @@
 //! `<path>.part.json` beside it while one downloads, and `models/<model>/<revision>/.variants/<id>.json`,
 //! written only after every file of a variant is verified: a variant is downloaded when its record
 //! exists and its files are all there at the recorded sizes, so nothing partial is ever listed.
+//! `locks/<model>@<revision>.lock` is held by a download of the model and by a deletion of one of
+//! its variants, so neither pulls files from under the other.
 
 use std::fs;
 use std::io;
@@ -187,14 +189,47 @@ impl Cache {
         dir_size(&self.models_dir())
     }
 
+    /// Takes the model's download lock without waiting; `Busy` while another holder has it, in
+    /// this process or another. One lock per model and revision, not per variant, because
+    /// variants share files.
+    pub(crate) fn lock_model(&self, model: &Model) -> Result<ModelLock, DownloadError> {
+        use fs4::fs_std::FileExt;
+
+        let Source::Hub { revision, .. } = &model.source else {
+            return Err(DownloadError::NotDownloadable {
+                model: model.id.clone(),
+            });
+        };
+        let dir = self.root.join("locks");
+        fs::create_dir_all(&dir).map_err(|e| DownloadError::io("creating", &dir, e))?;
+        let path = dir.join(format!("{}@{revision}.lock", model.id));
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| DownloadError::io("opening", &path, e))?;
+        match FileExt::try_lock_exclusive(&file) {
+            Ok(true) => Ok(ModelLock { _file: file }),
+            Ok(false) => Err(DownloadError::Busy {
+                model: model.id.clone(),
+                lock: path,
+            }),
+            Err(e) => Err(DownloadError::io("locking", &path, e)),
+        }
+    }
+
     /// Deletes a variant: its record, its program, its partial files, and the shared files no
     /// other downloaded variant of the model still lists. Returns the bytes freed; an error if
-    /// there was nothing to delete.
+    /// there was nothing to delete, and `Busy` while a download of the model runs.
     pub fn remove(&self, model: &Model, variant: &Variant) -> Result<u64, DownloadError> {
         let not_cached = || DownloadError::NotCached {
             model: model.spec(variant),
         };
         let dir = self.model_dir(model).ok_or_else(not_cached)?;
+        // A running download writes `.part` files and sidecars here, the shared files' too;
+        // deleting them under it makes it fail at the rename, or finish as not cached.
+        let _lock = self.lock_model(model)?;
         let mut freed = 0;
         let mut removed_any = false;
         let record = Self::record_path(&dir, variant);
@@ -227,6 +262,11 @@ impl Cache {
         prune_empty_dirs(&dir, &self.models_dir());
         Ok(freed)
     }
+}
+
+/// Holds a model's lock; released when dropped, or when the process dies.
+pub(crate) struct ModelLock {
+    _file: fs::File,
 }
 
 pub(crate) fn part_path(path: &Path) -> PathBuf {

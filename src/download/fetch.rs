@@ -132,7 +132,7 @@ impl Downloader {
         let needed = total - on_disk.iter().sum::<u64>();
         self.check_space(&dir, needed)?;
 
-        let _lock = lock_model(&self.cache, model, revision)?;
+        let _lock = self.cache.lock_model(model)?;
         let mut reporter = Reporter {
             callback: progress,
             meter: RateMeter::new(SPEED_WINDOW),
@@ -582,30 +582,6 @@ fn sync_dir(dir: &Path) {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Holds the model's lock for the download; released when dropped (or when the process dies).
-struct ModelLock {
-    _file: fs::File,
-}
-
-fn lock_model(cache: &Cache, model: &Model, revision: &str) -> Result<ModelLock, DownloadError> {
-    use fs4::fs_std::FileExt;
-
-    let dir = cache.root().join("locks");
-    fs::create_dir_all(&dir).map_err(|e| DownloadError::io("creating", &dir, e))?;
-    let path = dir.join(format!("{}@{revision}.lock", model.id));
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| DownloadError::io("opening", &path, e))?;
-    match FileExt::try_lock_exclusive(&file) {
-        Ok(true) => Ok(ModelLock { _file: file }),
-        Ok(false) => Err(DownloadError::Busy { lock: path }),
-        Err(e) => Err(DownloadError::io("locking", &path, e)),
-    }
 }
 
 #[cfg(test)]

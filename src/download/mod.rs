@@ -76,8 +76,8 @@ pub enum DownloadError {
     },
     #[error("the disk filled up while writing {}; free some space and download again to resume", path.display())]
     DiskFull { path: PathBuf },
-    #[error("another process is downloading this model (lock {})", lock.display())]
-    Busy { lock: PathBuf },
+    #[error("a download of `{model}` is running, in this process or another (lock {}); wait for it to finish or cancel it", lock.display())]
+    Busy { model: String, lock: PathBuf },
     #[error("download cancelled; run it again to resume")]
     Cancelled,
     #[error("{action} {}: {source}", path.display())]
