@@ -662,6 +662,23 @@ fn deleting_a_model_while_it_downloads_is_refused_and_the_download_finishes() {
     s.assert_not_downloaded();
 }
 
+#[test]
+fn sizes_that_overflow_when_added_are_an_error_not_a_panic() {
+    let s = Setup::new(1000);
+    s.hub.announce_size(PROGRAM, 1 << 63);
+    s.hub.announce_size(TOKENIZER, 1 << 63);
+    let err = s.download("cpu").unwrap_err();
+    assert!(matches!(err, DownloadError::SizeOverflow { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("{PROGRAM}: 9223372036854775808 bytes"))
+            && text.contains(&format!("{TOKENIZER}: 9223372036854775808 bytes")),
+        "{text}"
+    );
+    assert!(s.hub.requests().iter().all(|r| r.method == "HEAD"));
+    s.assert_not_downloaded();
+}
+
 /// The real binary, pointed at the loopback hub and a private data directory.
 fn pteria(hub: &Hub, home: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pteria"));

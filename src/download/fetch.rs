@@ -128,8 +128,9 @@ impl Downloader {
             .iter()
             .map(|(path, remote)| bytes_on_disk(&dir.join(path), remote))
             .collect();
-        let total: u64 = remotes.iter().map(|(_, r)| r.size).sum();
-        let needed = total - on_disk.iter().sum::<u64>();
+        let total = total_size(&model.spec(variant), &remotes)?;
+        // Each file's bytes on disk are at most its size, so their sum fits where `total` did.
+        let needed = total.saturating_sub(on_disk.iter().sum());
         self.check_space(&dir, needed)?;
 
         let _lock = self.cache.lock_model(model)?;
@@ -354,7 +355,7 @@ impl Downloader {
                 return Ok(());
             };
             let bytes = chunk.as_ref();
-            let after = state.len + bytes.len() as u64;
+            let after = state.len.saturating_add(bytes.len() as u64);
             if after > remote.size {
                 state.discard();
                 return Err(Failure::Fatal(DownloadError::SizeMismatch {
@@ -532,6 +533,22 @@ impl PartFile {
     }
 }
 
+/// The model's size: the sum of the sizes the hub announced, which come from response headers
+/// and so may be anything; a sum past `u64` is the hub's error, not a reason to panic or wrap.
+fn total_size(spec: &str, remotes: &[(&str, RemoteFile)]) -> Result<u64, DownloadError> {
+    remotes
+        .iter()
+        .try_fold(0u64, |sum, (_, r)| sum.checked_add(r.size))
+        .ok_or_else(|| DownloadError::SizeOverflow {
+            model: spec.to_string(),
+            sizes: remotes
+                .iter()
+                .map(|(path, r)| format!("{path}: {} bytes", r.size))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
 /// Bytes of a file already on disk: all of it when complete, else a resumable prefix.
 fn bytes_on_disk(target: &Path, remote: &RemoteFile) -> u64 {
     if complete_file(target, remote) {
@@ -623,6 +640,23 @@ mod tests {
         };
         assert!(no_etag("u").same_file(&no_etag("u")));
         assert!(!no_etag("u").same_file(&no_etag("v")));
+    }
+
+    #[test]
+    fn sizes_past_u64_are_an_error_naming_them() {
+        let remote = |size| RemoteFile {
+            url: reqwest::Url::parse("http://h/f").unwrap(),
+            size,
+            etag: None,
+            sha256: None,
+        };
+        let fits = [("a", remote(u64::MAX - 2)), ("b", remote(2))];
+        assert_eq!(total_size("m:v", &fits).unwrap(), u64::MAX);
+        let too_big = [("a", remote(u64::MAX - 1)), ("b", remote(2))];
+        let err = total_size("m:v", &too_big).unwrap_err();
+        let wanted = "`m:v`: the sizes the hub announced add up to 2^64 bytes or more";
+        let sizes = format!("(a: {} bytes, b: 2 bytes)", u64::MAX - 1);
+        assert_eq!(err.to_string(), format!("{wanted} {sizes}"));
     }
 
     #[test]

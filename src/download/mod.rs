@@ -43,6 +43,8 @@ pub enum DownloadError {
     Network { url: String, reason: String },
     #[error("{url}: the hub did not say how large the file is")]
     MissingSize { url: String },
+    #[error("`{model}`: the sizes the hub announced add up to 2^64 bytes or more ({sizes})")]
+    SizeOverflow { model: String, sizes: String },
     #[error("{url}: too many redirects")]
     TooManyRedirects { url: String },
     #[error("{url}: bad redirect: {reason}")]

@@ -1,7 +1,8 @@
 //! A Hugging Face style hub on loopback for the download tests: HTTP/1.1 with keep-alive,
 //! `/{repo}/resolve/{rev}/{path}` answered with a 302 to a CDN on another port for LFS files
 //! (carrying `X-Linked-Size` and `X-Linked-Etag`) or with the bytes for small git-stored files,
-//! Range requests, optional bearer-token checks, and injected failures. It records every request.
+//! Range requests, optional bearer-token checks, made-up sizes and injected failures. It records
+//! every request.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -74,6 +75,8 @@ struct State {
     /// Body bytes sent for each file, over every request.
     sent: HashMap<String, u64>,
     token: Option<String>,
+    /// Sizes the hub's HEAD announces instead of the real ones, by path suffix.
+    announced: HashMap<String, u64>,
 }
 
 pub struct Hub {
@@ -147,6 +150,12 @@ impl Hub {
         let key = format!("{repo}/resolve/{rev}/{path}");
         let sha256 = sha256_hex(&bytes);
         self.lock().files.insert(key, File { bytes, sha256, lfs });
+    }
+
+    /// Makes the hub's HEAD for the file whose path ends with `path` announce `size` bytes (in
+    /// `X-Linked-Size` for LFS files, `Content-Length` for others), whatever the file holds.
+    pub fn announce_size(&self, path: &str, size: u64) {
+        self.lock().announced.insert(path.to_string(), size);
     }
 
     pub fn require_token(&self, token: &str) {
@@ -283,7 +292,15 @@ async fn write_head(stream: &mut TcpStream, status: u16, headers: &[(&str, Strin
     stream.write_all(text.as_bytes()).await.is_ok()
 }
 
-type Decision = (String, Vec<u8>, String, bool, Option<Fault>);
+struct Decision {
+    key: String,
+    bytes: Vec<u8>,
+    sha256: String,
+    lfs: bool,
+    fault: Option<Fault>,
+    /// The size a HEAD announces.
+    announced: u64,
+}
 
 /// Records the request and picks the file and the fault for it, or an error status.
 fn decide(state: &Mutex<State>, head: &Head, is_cdn: bool, path: &str) -> Result<Decision, u16> {
@@ -328,7 +345,19 @@ fn decide(state: &Mutex<State>, head: &Head, is_cdn: bool, path: &str) -> Result
         Some(f) if hub_head => f.next_head.pop_front(),
         _ => None,
     };
-    Ok((key, bytes, sha256, lfs, fault))
+    let announced = s
+        .announced
+        .iter()
+        .find(|(p, _)| key.ends_with(p.as_str()))
+        .map_or(bytes.len() as u64, |(_, size)| *size);
+    Ok(Decision {
+        key,
+        bytes,
+        sha256,
+        lfs,
+        fault,
+        announced,
+    })
 }
 
 /// Answers one request; returns whether the connection stays open.
@@ -345,7 +374,14 @@ async fn respond(
 
     // Decide everything under the lock, then answer without it.
     let decided = decide(state, &head, is_cdn, &path);
-    let (key, bytes, sha256, lfs, fault) = match decided {
+    let Decision {
+        key,
+        bytes,
+        sha256,
+        lfs,
+        fault,
+        announced,
+    } = match decided {
         Ok(d) => d,
         Err(status) => {
             return write_head(stream, status, &[("Content-Length", "0".into())]).await;
@@ -370,7 +406,7 @@ async fn respond(
             302,
             &[
                 ("Location", format!("http://{cdn_addr}/cdn/{sha256}")),
-                ("X-Linked-Size", bytes.len().to_string()),
+                ("X-Linked-Size", announced.to_string()),
                 ("X-Linked-Etag", quoted.clone()),
                 ("ETag", quoted),
                 ("Content-Length", "0".into()),
@@ -404,8 +440,10 @@ async fn respond(
         }
     }
     let from = start.unwrap_or(0);
+    // A HEAD tells the size the hub announces, which a test may have made up.
+    let length = if is_head { announced } else { len - from };
     let mut headers = vec![
-        ("Content-Length", (len - from).to_string()),
+        ("Content-Length", length.to_string()),
         ("ETag", format!("\"{etag}\"")),
         ("Accept-Ranges", "bytes".into()),
     ];
