@@ -618,6 +618,28 @@ fn a_second_download_of_the_same_model_is_refused_while_one_runs() {
     assert!(matches!(b, Err(DownloadError::Busy { .. })), "{b:?}");
 }
 
+/// One try per request, so a fault leaves its partial file behind.
+fn no_retries() -> DownloadOptions {
+    DownloadOptions {
+        retry: RetryPolicy {
+            attempts: 1,
+            ..fast_options().retry
+        },
+        ..fast_options()
+    }
+}
+
+/// Interrupts the program's download at `at` bytes, leaving a partial file to resume.
+fn interrupt_program(s: &Setup, at: usize) {
+    s.hub.fail_next_get(PROGRAM, Fault::DropAfter(at));
+    let err = download(&s.downloader(no_retries()), s, "cpu").unwrap_err();
+    assert!(matches!(err.root(), DownloadError::Network { .. }), "{err}");
+    assert_eq!(
+        s.cache().partial_bytes(s.model(), s.variant("cpu")),
+        at as u64
+    );
+}
+
 #[test]
 fn deleting_a_model_while_it_downloads_is_refused_and_the_download_finishes() {
     let s = Setup::new(400_000);
@@ -677,6 +699,60 @@ fn sizes_that_overflow_when_added_are_an_error_not_a_panic() {
     );
     assert!(s.hub.requests().iter().all(|r| r.method == "HEAD"));
     s.assert_not_downloaded();
+}
+
+#[test]
+fn a_206_of_the_whole_file_replaces_the_partial_instead_of_failing_every_time() {
+    let s = Setup::new(400_000);
+    interrupt_program(&s, 150_000);
+    let len = s.program.len();
+    s.hub.fail_every_get(
+        PROGRAM,
+        Some(Fault::WholeBodyAs206 {
+            content_range: Some(format!("bytes 0-{}/{len}", len - 1)),
+        }),
+    );
+    let local = s.download("cpu").unwrap();
+    assert_eq!(std::fs::read(&local.program).unwrap(), s.program);
+    // Asked to resume, took the whole file in the same answer.
+    let gets = s.program_gets();
+    assert_eq!(gets.len(), 2, "{gets:?}");
+    assert_eq!(gets[1].range_start(), Some(150_000));
+}
+
+#[test]
+fn a_206_without_content_range_discards_the_partial_and_starts_over() {
+    let s = Setup::new(400_000);
+    interrupt_program(&s, 150_000);
+    s.hub.fail_next_get(
+        PROGRAM,
+        Fault::WholeBodyAs206 {
+            content_range: None,
+        },
+    );
+    let local = s.download("cpu").unwrap();
+    assert_eq!(std::fs::read(&local.program).unwrap(), s.program);
+    let starts: Vec<_> = s.program_gets().iter().map(|r| r.range_start()).collect();
+    assert_eq!(starts, [None, Some(150_000), None]);
+}
+
+#[test]
+fn a_206_for_a_file_of_another_size_is_refused() {
+    let s = Setup::new(400_000);
+    interrupt_program(&s, 150_000);
+    s.hub.fail_next_get(
+        PROGRAM,
+        Fault::WholeBodyAs206 {
+            content_range: Some("bytes 150000-499999/500000".into()),
+        },
+    );
+    let err = s.download("cpu").unwrap_err();
+    assert!(matches!(err, DownloadError::BadRange { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("500000") && text.contains("400000"), "{text}");
+    s.assert_not_downloaded();
+    // The partial is still a prefix of the file the hub announced; a sane answer resumes it.
+    s.assert_resumed_at(&s.download("cpu").unwrap(), 150_000);
 }
 
 /// The real binary, pointed at the loopback hub and a private data directory.

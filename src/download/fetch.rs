@@ -315,19 +315,37 @@ impl Downloader {
             r = self.http.get(url, state.len) => r?,
         };
         match resp.status() {
-            StatusCode::PARTIAL_CONTENT => {
-                let start = content_range_start(resp.headers());
-                if start != Some(state.len) {
+            StatusCode::PARTIAL_CONTENT => match content_range(resp.headers()) {
+                // The file the server has is not the one the hub announced: keep the partial,
+                // whose sidecar a new HEAD on the next run will judge.
+                Some(ContentRange {
+                    total: Some(total), ..
+                }) if total != remote.size => {
                     return Err(Failure::Fatal(DownloadError::BadRange {
                         url: url.to_string(),
                         reason: format!(
-                            "asked for bytes from {}, got Content-Range {:?}",
-                            state.len,
+                            "Content-Range says the file has {total} bytes; the hub announced {}",
+                            remote.size
+                        ),
+                    }));
+                }
+                Some(range) if range.start == state.len => {}
+                // The whole file despite the Range: take it, as for a 200.
+                Some(range) if range.start == 0 => state.restart().await?,
+                // Bytes that cannot be placed: keeping the partial would make every later try
+                // send the same Range and fail the same way, so the next try starts from 0.
+                _ => {
+                    let asked = state.len;
+                    state.restart().await?;
+                    return Err(Failure::Retry(DownloadError::BadRange {
+                        url: url.to_string(),
+                        reason: format!(
+                            "asked for bytes from {asked}, got Content-Range {:?}; starting the file over",
                             resp.headers().get(header::CONTENT_RANGE)
                         ),
                     }));
                 }
-            }
+            },
             // The server ignored the Range: take the whole body again.
             StatusCode::OK if state.len > 0 => state.restart().await?,
             StatusCode::OK => {}
@@ -573,10 +591,22 @@ fn complete_file(target: &Path, remote: &RemoteFile) -> bool {
     fs::metadata(target).is_ok_and(|m| m.is_file() && m.len() == remote.size)
 }
 
-fn content_range_start(headers: &header::HeaderMap) -> Option<u64> {
+/// What a 206's `Content-Range: bytes START-END/TOTAL` says; TOTAL may be `*`, unknown.
+#[derive(Debug, PartialEq, Eq)]
+struct ContentRange {
+    start: u64,
+    total: Option<u64>,
+}
+
+fn content_range(headers: &header::HeaderMap) -> Option<ContentRange> {
     let value = headers.get(header::CONTENT_RANGE)?.to_str().ok()?;
-    let range = value.trim().strip_prefix("bytes ")?;
-    range.split('-').next()?.trim().parse().ok()
+    let (range, total) = value.trim().strip_prefix("bytes ")?.split_once('/')?;
+    let start = range.split('-').next()?.trim().parse().ok()?;
+    let total = match total.trim() {
+        "*" => None,
+        t => Some(t.parse().ok()?),
+    };
+    Some(ContentRange { start, total })
 }
 
 fn remove_if_present(path: &Path) -> Result<(), DownloadError> {
@@ -606,12 +636,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn content_range_start_is_read_from_the_header() {
-        let mut h = header::HeaderMap::new();
-        h.insert(header::CONTENT_RANGE, "bytes 100-199/200".parse().unwrap());
-        assert_eq!(content_range_start(&h), Some(100));
-        h.insert(header::CONTENT_RANGE, "items 1-2/3".parse().unwrap());
-        assert_eq!(content_range_start(&h), None);
+    fn content_range_is_read_from_the_header() {
+        let read = |value: &str| {
+            let mut h = header::HeaderMap::new();
+            h.insert(header::CONTENT_RANGE, value.parse().unwrap());
+            content_range(&h)
+        };
+        let range = |start, total| Some(ContentRange { start, total });
+        assert_eq!(read("bytes 100-199/200"), range(100, Some(200)));
+        assert_eq!(read("bytes 100-199/*"), range(100, None));
+        assert_eq!(read("items 1-2/3"), None);
+        assert_eq!(read("bytes 100-199"), None);
+        assert_eq!(read("bytes 100-199/many"), None);
+        assert_eq!(content_range(&header::HeaderMap::new()), None);
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub enum Fault {
     Trickle { chunk: usize, every: Duration },
     /// Read the request and never answer.
     Stall,
+    /// Answer 206 with the whole file, whatever the Range asked for, and this Content-Range
+    /// header if any: a server that gets ranges wrong.
+    WholeBodyAs206 { content_range: Option<String> },
 }
 
 #[derive(Debug, Clone)]
@@ -422,6 +425,18 @@ async fn respond(
         sha256[..40].to_string()
     };
     let len = bytes.len() as u64;
+    if let Some(Fault::WholeBodyAs206 { content_range }) = &fault {
+        let mut headers = vec![("Content-Length", len.to_string())];
+        if let Some(value) = content_range {
+            headers.push(("Content-Range", value.clone()));
+        }
+        if !write_head(stream, 206, &headers).await {
+            return false;
+        }
+        let written = stream.write_all(&bytes).await.is_ok();
+        *lock(state).sent.entry(key.clone()).or_default() += len;
+        return written;
+    }
     let start = range
         .as_deref()
         .and_then(|r| r.strip_prefix("bytes="))
