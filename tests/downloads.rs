@@ -755,6 +755,23 @@ fn a_206_for_a_file_of_another_size_is_refused() {
     s.assert_resumed_at(&s.download("cpu").unwrap(), 150_000);
 }
 
+#[test]
+fn a_download_stopped_in_a_shared_file_leaves_only_its_own_variant_partial() {
+    let s = Setup::new(50_000);
+    s.hub.fail_next_get(TOKENIZER, Fault::DropAfter(10));
+    let err = download(&s.downloader(no_retries()), &s, "cpu").unwrap_err();
+    assert!(matches!(err.root(), DownloadError::Network { .. }), "{err}");
+    let cache = s.cache();
+    assert_eq!(
+        cache.local_model(s.model(), s.variant("cpu")).unwrap(),
+        None
+    );
+    // The gpu variant shares the tokenizer but was never downloaded.
+    assert_eq!(cache.partial_bytes(s.model(), s.variant("gpu")), 0);
+    // The cpu variant's resume keeps its verified program and the tokenizer's first bytes.
+    assert_eq!(cache.partial_bytes(s.model(), s.variant("cpu")), 50_010);
+}
+
 /// The real binary, pointed at the loopback hub and a private data directory.
 fn pteria(hub: &Hub, home: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pteria"));

@@ -172,16 +172,32 @@ impl Cache {
         Ok(found)
     }
 
-    /// Bytes of an unfinished download of `variant`, if one was left behind.
+    /// Bytes of an unfinished download of `variant` that a resume keeps, 0 if none was left
+    /// behind. Only the variant's own program says whether one was: a download fetches the
+    /// program first, so an unfinished one left it partial, or complete without the variant's
+    /// record. A partial shared file alone may be another variant's; once the program says the
+    /// variant is partial, the shared files' bytes on disk count too, as the resume counts them.
     pub fn partial_bytes(&self, model: &Model, variant: &Variant) -> u64 {
         let Some(dir) = self.model_dir(model) else {
             return 0;
         };
+        let len = |path: &Path| fs::metadata(path).map_or(0, |m| m.len());
+        let program = dir.join(&variant.file);
+        let started = part_path(&program).exists()
+            || (program.exists() && !Self::record_path(&dir, variant).exists());
+        if !started {
+            return 0;
+        }
         model
             .files(variant)
-            .filter_map(|f| fs::metadata(part_path(&dir.join(f))).ok())
-            .map(|m| m.len())
-            .sum()
+            .map(|f| {
+                let path = dir.join(f);
+                match len(&part_path(&path)) {
+                    0 => len(&path),
+                    part => part,
+                }
+            })
+            .fold(0, u64::saturating_add)
     }
 
     /// Everything under the cache: complete files, partial ones and records.
@@ -436,6 +452,28 @@ mod tests {
         assert_eq!(cache.partial_bytes(gemma, vk), 100);
         assert_eq!(cache.remove(gemma, vk).unwrap(), 100);
         assert_eq!(cache.partial_bytes(gemma, vk), 0);
+    }
+
+    #[test]
+    fn a_partial_shared_file_makes_only_the_variant_that_fetched_it_partial() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = Cache::new(tmp.path());
+        let catalog = catalog();
+        let gemma = catalog.model("gemma-4-e2b").unwrap();
+        let xnn = gemma.variant("xnnpack-8da4w").unwrap();
+        let vk = gemma.variant("vulkan-8da4w").unwrap();
+        // XNNPACK's download verified its program, then stopped in the first shared file.
+        let dir = cache.model_dir(gemma).unwrap();
+        let program = dir.join(&xnn.file);
+        fs::create_dir_all(program.parent().unwrap()).unwrap();
+        fs::write(&program, vec![0u8; 100]).unwrap();
+        let shared = dir.join(&gemma.shared_files[0]);
+        fs::write(part_path(&shared), vec![0u8; 7]).unwrap();
+        assert_eq!(cache.partial_bytes(gemma, xnn), 107);
+        assert_eq!(cache.partial_bytes(gemma, vk), 0);
+        // Complete, with its record, the variant is no longer partial.
+        install(&cache, gemma, xnn, 10);
+        assert_eq!(cache.partial_bytes(gemma, xnn), 0);
     }
 
     #[test]
