@@ -12,6 +12,7 @@ mod tiny_chat;
 
 use common::fixtures;
 use hub::{Fault, Hub};
+use pteria::catalog::Catalog;
 use pteria::chat::{
     Author, ChatCore, ChatError, ChatEvent, CoreConfig, DeviceChoice, DownloadEvent, LoadEvent,
     Settings, TablesChoice, VariantState,
@@ -19,7 +20,7 @@ use pteria::chat::{
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
-use tiny_chat::{tokenizer_config, tokenizer_json, PROGRAM as LLAMA, REPO, REV};
+use tiny_chat::{tokenizer_config, tokenizer_json, CATALOG, PROGRAM as LLAMA, REMOTE, REPO, REV};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -529,6 +530,65 @@ fn a_model_is_downloaded_with_progress_cancelled_resumed_loaded_and_deleted() {
         core.send(&c.id, "hi", |_| {}),
         Err(ChatError::NoModel)
     ));
+}
+
+/// The app downloads one variant of a model at a time: variants share files, and the model's
+/// download lock is one per model. Asking for a second says which one runs, not that some other
+/// process does.
+#[test]
+fn a_second_variant_of_a_downloading_model_is_refused_naming_the_running_one() {
+    let s = Setup::new();
+    let mut config = s.config();
+    let other = "remote:cpu-fp16";
+    config.catalog = Catalog::from_toml(&format!(
+        "{CATALOG}
+[[model.variant]]
+id = \"cpu-fp16\"
+backend = \"portable\"
+quantization = \"fp16\"
+file = \"cpu16/model.pte\"
+approx_bytes = 250000
+"
+    ))
+    .unwrap();
+    let core = ChatCore::open(config).unwrap();
+    s.hub.fail_next_get(
+        "cpu/model.pte",
+        Fault::Trickle {
+            chunk: 4096,
+            every: Duration::from_millis(20),
+        },
+    );
+    let (mut seen, rx) = download(&core, REMOTE);
+    loop {
+        let e = rx.recv_timeout(TIMEOUT).unwrap();
+        let started = matches!(&e, DownloadEvent::Progress { done, .. } if *done > 0);
+        seen.push(e);
+        if started {
+            break;
+        }
+    }
+    let wanted = format!("another variant of this model is downloading: `{REMOTE}`");
+    for e in [
+        core.download(other, |_| {}).unwrap_err(),
+        core.delete_model(other).unwrap_err(),
+    ] {
+        assert!(
+            matches!(e, ChatError::OtherVariantDownloading { .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&wanted), "{e}");
+    }
+
+    assert!(core.cancel_download(REMOTE));
+    until_final(&rx, seen);
+    // Once that download stopped, the other variant's starts (the hub lacks its program).
+    let (seen, rx) = download(&core, other);
+    let events = until_final(&rx, seen);
+    let Some(DownloadEvent::Failed { error, .. }) = events.last() else {
+        panic!("{events:?}")
+    };
+    assert!(error.contains("404 Not Found"), "{error}");
 }
 
 #[test]

@@ -54,6 +54,8 @@ pub enum ChatError {
     AlreadyDownloading { spec: String },
     #[error("`{spec}` is downloading; cancel the download first")]
     Downloading { spec: String },
+    #[error("another variant of this model is downloading: `{running}`; `{spec}` shares its files, so wait for that download or cancel it first")]
+    OtherVariantDownloading { spec: String, running: String },
     #[error("`{spec}` ships with the app and cannot be downloaded or deleted")]
     Bundled { spec: String },
     #[error("`{spec}` names a model; name a variant too (model:variant)")]
@@ -236,8 +238,32 @@ struct State {
     loaded: Option<LoadedModel>,
     loading: Option<String>,
     reply: Option<ActiveReply>,
-    /// Running downloads by spec: their cancel token and latest progress.
-    downloads: HashMap<String, (download::CancelToken, Option<Progress>)>,
+    /// Running downloads by spec.
+    downloads: HashMap<String, RunningDownload>,
+}
+
+/// A download the core runs, with its latest progress.
+struct RunningDownload {
+    model_id: String,
+    cancel: download::CancelToken,
+    progress: Option<Progress>,
+}
+
+impl State {
+    /// Refuses to start or delete `spec` while a variant of the same model downloads: variants
+    /// share files, so the download lock is one per model, not per variant.
+    fn check_model_idle(&self, model_id: &str, spec: &str) -> Result<()> {
+        if self.downloads.contains_key(spec) {
+            return Err(ChatError::Downloading { spec: spec.into() });
+        }
+        match self.downloads.iter().find(|(_, d)| d.model_id == model_id) {
+            Some((running, _)) => Err(ChatError::OtherVariantDownloading {
+                spec: spec.into(),
+                running: running.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Everything reply callbacks need; never owns the engine, so a callback running on the engine's
@@ -411,7 +437,7 @@ impl ChatCore {
         let downloads: HashMap<String, Option<Progress>> = st
             .downloads
             .iter()
-            .map(|(k, (_, p))| (k.clone(), p.clone()))
+            .map(|(k, d)| (k.clone(), d.progress.clone()))
             .collect();
         models::list(
             &self.shared.config.catalog,
@@ -433,7 +459,7 @@ impl ChatCore {
     }
 
     /// Starts downloading `model:variant` (resuming a partial download); `on_event` gets
-    /// progress, then `Finished` or `Failed`.
+    /// progress, then `Finished` or `Failed`. One variant of a model downloads at a time.
     pub fn download(
         &self,
         spec: &str,
@@ -450,7 +476,15 @@ impl ChatCore {
             if st.downloads.contains_key(&spec) {
                 return Err(ChatError::AlreadyDownloading { spec });
             }
-            st.downloads.insert(spec.clone(), (cancel.clone(), None));
+            st.check_model_idle(&model.id, &spec)?;
+            st.downloads.insert(
+                spec.clone(),
+                RunningDownload {
+                    model_id: model.id.clone(),
+                    cancel: cancel.clone(),
+                    progress: None,
+                },
+            );
         }
         let shared = self.shared.clone();
         let spawned = std::thread::Builder::new()
@@ -478,8 +512,8 @@ impl ChatCore {
     pub fn cancel_download(&self, spec: &str) -> bool {
         let st = self.shared.lock();
         match st.downloads.get(spec) {
-            Some((token, _)) => {
-                token.cancel();
+            Some(d) => {
+                d.cancel.cancel();
                 true
             }
             None => false,
@@ -487,6 +521,7 @@ impl ChatCore {
     }
 
     /// Deletes a downloaded variant (unloading it first if it is loaded); returns bytes freed.
+    /// Refused while any variant of the model downloads.
     pub fn delete_model(&self, spec: &str) -> Result<u64> {
         let (model, variant) = models::exact(&self.shared.config.catalog, spec)?;
         let spec = model.spec(variant);
@@ -494,9 +529,7 @@ impl ChatCore {
             return Err(ChatError::Bundled { spec });
         }
         let mut st = self.shared.lock();
-        if st.downloads.contains_key(&spec) {
-            return Err(ChatError::Downloading { spec });
-        }
+        st.check_model_idle(&model.id, &spec)?;
         if st.loaded.as_ref().is_some_and(|l| l.spec == spec) {
             if st.reply.is_some() {
                 return Err(ChatError::ReplyRunning);
@@ -866,8 +899,8 @@ fn run_download(
         })?;
     let local = rt.block_on(
         downloader.download(model, variant, cancel, &mut |p: &Progress| {
-            if let Some(slot) = shared.lock().downloads.get_mut(spec) {
-                slot.1 = Some(p.clone());
+            if let Some(d) = shared.lock().downloads.get_mut(spec) {
+                d.progress = Some(p.clone());
             }
             on_event(DownloadEvent::Progress {
                 spec: spec.to_string(),
