@@ -636,3 +636,128 @@ fn walk(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+/// The files in the data directory whose names start with `settings.json.damaged`.
+fn damaged_settings(s: &Setup) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(s.dir.path().join("data"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("settings.json.damaged")
+        })
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn settings_with_a_value_out_of_range_are_set_aside_and_never_overwrite_an_earlier_one() {
+    let s = Setup::new();
+    s.open();
+    let path = s.dir.path().join("data/settings.json");
+    let first = br#"{"system_prompt": "Be kind.", "max_tokens": 0}"#;
+    std::fs::write(&path, first).unwrap();
+    let core = ChatCore::open(s.config()).unwrap();
+    assert_eq!(core.settings(), Settings::default());
+    assert_eq!(core.warnings().len(), 1, "{:?}", core.warnings());
+    let w = &core.warnings()[0];
+    assert!(
+        w.contains("settings.json") && w.contains("max tokens"),
+        "{w}"
+    );
+    assert_eq!(
+        damaged_settings(&s),
+        [("settings.json.damaged".to_string(), first.to_vec())]
+    );
+    assert!(!path.exists());
+
+    // A second damaged file is kept beside the first, which stays as it was.
+    let second = br#"{"temperature": -1}"#;
+    std::fs::write(&path, second).unwrap();
+    let core = ChatCore::open(s.config()).unwrap();
+    assert_eq!(core.settings(), Settings::default());
+    let w = &core.warnings()[0];
+    assert!(w.contains("temperature"), "{w}");
+    let kept = damaged_settings(&s);
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(kept.contains(&("settings.json.damaged".to_string(), first.to_vec())));
+    let (name, bytes) = kept
+        .iter()
+        .find(|(n, _)| n != "settings.json.damaged")
+        .unwrap();
+    assert_eq!(bytes, second);
+    assert!(
+        w.contains(name.as_str()),
+        "the warning names where it went: {w}"
+    );
+}
+
+/// A read that fails for another reason than a missing file. Unreadable permissions would be
+/// the usual one, but the tests may run as root; a symbolic link loop fails the same way.
+#[cfg(unix)]
+#[test]
+fn an_unreadable_settings_file_is_left_in_place_and_never_saved_over() {
+    let s = Setup::new();
+    s.open();
+    let path = s.dir.path().join("data/settings.json");
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("settings.json", &path).unwrap();
+    let core = ChatCore::open(s.config()).unwrap();
+    assert_eq!(core.settings(), Settings::default());
+    assert_eq!(core.warnings().len(), 1, "{:?}", core.warnings());
+    assert!(
+        core.warnings()[0].contains("settings.json"),
+        "{:?}",
+        core.warnings()
+    );
+    let still_there = || std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
+    assert!(
+        still_there(),
+        "an unreadable file is not set aside as damaged"
+    );
+    assert!(damaged_settings(&s).is_empty());
+    // Saving would replace it: refused, with the reason.
+    let e = core
+        .update_settings(Settings {
+            temperature: 0.5,
+            ..Settings::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("settings.json"), "{e}");
+    assert!(still_there());
+    // Loading a model works; only remembering it is skipped.
+    load(&core, None);
+    assert!(still_there());
+}
+
+#[test]
+fn a_second_damaged_settings_file_is_kept_beside_the_first() {
+    let s = Setup::new();
+    s.open();
+    let path = s.dir.path().join("data/settings.json");
+    let first = b"{ not json".to_vec();
+    let second = b"{ not json either".to_vec();
+    std::fs::write(&path, &first).unwrap();
+    ChatCore::open(s.config()).unwrap();
+    std::fs::write(&path, &second).unwrap();
+    let core = ChatCore::open(s.config()).unwrap();
+    assert_eq!(core.settings(), Settings::default());
+    let kept = damaged_settings(&s);
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert_eq!(kept[0], ("settings.json.damaged".to_string(), first));
+    assert_eq!(kept[1].1, second);
+    let w = &core.warnings()[0];
+    assert!(
+        w.contains(&kept[1].0),
+        "the warning names where it went: {w}"
+    );
+}

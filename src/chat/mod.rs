@@ -272,6 +272,9 @@ struct Shared {
     config: CoreConfig,
     cache: Cache,
     settings_path: PathBuf,
+    /// Why `settings_path` must not be written this session: it could not be read (or a
+    /// damaged one set aside) at start, and saving would replace what the user had there.
+    settings_readonly: Option<String>,
     facts: OnceLock<DeviceFacts>,
     warnings: Vec<String>,
     state: Mutex<State>,
@@ -282,6 +285,15 @@ impl Shared {
         // A poisoned lock means a callback panicked; the state itself stays consistent because
         // every change is saved before it is applied.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn save_settings(&self, s: &Settings) -> Result<()> {
+        if let Some(why) = &self.settings_readonly {
+            return Err(ChatError::Settings(format!(
+                "not saved: {why}; saving would replace that file (fix it and restart the app)"
+            )));
+        }
+        s.save(&self.settings_path)
     }
 
     fn facts(&self) -> &DeviceFacts {
@@ -312,16 +324,34 @@ impl ChatCore {
     pub fn open(config: CoreConfig) -> Result<ChatCore> {
         let settings_path = config.data_dir.join("settings.json");
         let mut warnings = Vec::new();
+        let mut settings_readonly = None;
         let settings = match Settings::load(&settings_path) {
             Ok(s) => s.unwrap_or_default(),
+            Err(e @ ChatError::Corrupt { .. }) => {
+                // Keep the damaged file for the user to inspect, under a name no earlier damaged
+                // file holds; start from the defaults.
+                let aside = aside_path(&settings_path);
+                match std::fs::rename(&settings_path, &aside) {
+                    Ok(()) => warnings.push(format!(
+                        "{e}; using default settings (the old file is {})",
+                        aside.display()
+                    )),
+                    Err(source) => {
+                        let why =
+                            format!("{e}, and moving it to {} failed: {source}", aside.display());
+                        warnings.push(format!("{why}; using default settings without saving them"));
+                        settings_readonly = Some(why);
+                    }
+                }
+                Settings::default()
+            }
             Err(e) => {
-                // Keep the damaged file for the user to inspect; start from the defaults.
-                let aside = settings_path.with_extension("json.damaged");
-                let _ = std::fs::rename(&settings_path, &aside);
+                // Unreadable is not damaged (permissions, a failing disk): the file may be intact,
+                // so it stays where it is and is never saved over this session.
                 warnings.push(format!(
-                    "{e}; using default settings (the old file is {})",
-                    aside.display()
+                    "{e}; using default settings without saving them (the file is left as it is)"
                 ));
+                settings_readonly = Some(e.to_string());
                 Settings::default()
             }
         };
@@ -334,6 +364,7 @@ impl ChatCore {
             shared: Arc::new(Shared {
                 cache,
                 settings_path,
+                settings_readonly,
                 facts: OnceLock::new(),
                 warnings,
                 state: Mutex::new(State {
@@ -373,7 +404,7 @@ impl ChatCore {
             model: st.settings.model.clone(),
             ..new
         };
-        s.save(&self.shared.settings_path)?;
+        self.shared.save_settings(&s)?;
         st.settings = s.clone();
         Ok(s)
     }
@@ -603,7 +634,7 @@ impl ChatCore {
                         };
                         st.loaded = Some(model.clone());
                         st.settings.model = Some(spec);
-                        let saved = st.settings.save(&shared.settings_path);
+                        let saved = shared.save_settings(&st.settings);
                         drop(st);
                         if let Err(e) = saved {
                             // The model is loaded; only remembering it for next time failed.
@@ -915,6 +946,20 @@ fn run_download(
         }),
     )?;
     Ok(local.bytes)
+}
+
+/// Where a damaged `path` is kept: `<name>.damaged`, or `<name>.damaged-2`, `-3`, … when an
+/// earlier damaged file already holds that name (it may be the only copy of older settings).
+fn aside_path(path: &Path) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    (1..10_000)
+        .map(|n| match n {
+            1 => path.with_file_name(format!("{name}.damaged")),
+            n => path.with_file_name(format!("{name}.damaged-{n}")),
+        })
+        // `symlink_metadata`: a dangling link still takes the name.
+        .find(|p| std::fs::symlink_metadata(p).is_err())
+        .unwrap_or_else(|| path.with_file_name(format!("{name}.damaged-{}", now_ms())))
 }
 
 fn log_warning(msg: &str) {

@@ -130,16 +130,25 @@ impl Settings {
         Ok(())
     }
 
-    /// The saved settings, or the defaults when there are none. A damaged file is an error
-    /// (the caller shows it and may start over with `Settings::default()`), never silently lost.
+    /// The saved settings, or `None` when there are none. A damaged file (one that does not
+    /// parse, or holds a value `validate` refuses) is `ChatError::Corrupt` (the caller shows it
+    /// and may start over with `Settings::default()`), never silently lost; any other read error
+    /// is `ChatError::Io`.
     pub fn load(path: &Path) -> Result<Option<Settings>> {
+        let corrupt = |reason: String| ChatError::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+        };
         match std::fs::read(path) {
             Ok(bytes) => {
                 let s: Settings =
-                    serde_json::from_slice(&bytes).map_err(|e| ChatError::Corrupt {
-                        path: path.to_path_buf(),
-                        reason: e.to_string(),
-                    })?;
+                    serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+                // A value the settings page would refuse breaks every reply (a zero-token cap, a
+                // negative temperature): such a file is as damaged as one that does not parse.
+                s.validate().map_err(|e| match e {
+                    ChatError::Settings(reason) => corrupt(reason),
+                    other => corrupt(other.to_string()),
+                })?;
                 Ok(Some(s))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -194,6 +203,23 @@ mod tests {
         std::fs::write(&path, b"{ temperature").unwrap();
         let e = Settings::load(&path).unwrap_err();
         assert!(e.to_string().contains("settings.json"), "{e}");
+    }
+
+    #[test]
+    fn a_settings_file_with_a_value_out_of_range_is_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        for (json, named) in [
+            (r#"{"max_tokens": 0}"#, "max tokens"),
+            (r#"{"temperature": -1}"#, "temperature"),
+            (r#"{"device": "cpu", "tables": "gpu"}"#, "tables"),
+        ] {
+            std::fs::write(&path, json).unwrap();
+            let e = Settings::load(&path).unwrap_err();
+            assert!(matches!(e, ChatError::Corrupt { .. }), "{json}: {e}");
+            let e = e.to_string();
+            assert!(e.contains("settings.json") && e.contains(named), "{e}");
+        }
     }
 
     #[test]
