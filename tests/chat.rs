@@ -637,6 +637,127 @@ fn walk(dir: &Path) -> Vec<String> {
     out
 }
 
+/// Downloads the hub's model and waits for it.
+fn download_remote(core: &ChatCore) {
+    let (seen, rx) = download(core, tiny_chat::REMOTE);
+    let events = until_final(&rx, seen);
+    assert!(
+        matches!(events.last(), Some(DownloadEvent::Finished { .. })),
+        "{events:?}"
+    );
+}
+
+/// Starts loading `spec`, held after its `Loading` event until the returned sender is dropped.
+fn held_load(core: &ChatCore, spec: &str) -> (mpsc::Sender<()>, mpsc::Receiver<LoadEvent>) {
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let (tx, rx) = mpsc::channel();
+    core.load_model(Some(spec), move |e| {
+        let hold = matches!(e, LoadEvent::Loading { .. });
+        let _ = tx.send(e);
+        if hold {
+            let _ = gate_rx.recv_timeout(TIMEOUT);
+        }
+    })
+    .unwrap();
+    (gate_tx, rx)
+}
+
+#[test]
+fn a_model_is_not_deleted_while_a_load_involves_it() {
+    let s = Setup::new();
+    let core = s.open();
+    let remote = tiny_chat::REMOTE;
+    download_remote(&core);
+
+    // The model being loaded: its files stay under the loader.
+    let (gate, rx) = held_load(&core, remote);
+    assert!(matches!(
+        rx.recv_timeout(TIMEOUT),
+        Ok(LoadEvent::Loading { .. })
+    ));
+    let e = core.delete_model(remote).unwrap_err();
+    assert!(matches!(e, ChatError::Loading), "{e}");
+    assert_eq!(state_of(&core, remote), VariantState::Downloaded);
+    drop(gate);
+    let events: Vec<LoadEvent> = rx.iter().collect();
+    assert!(
+        matches!(events.last(), Some(LoadEvent::Loaded { .. })),
+        "{events:?}"
+    );
+
+    // The loaded model while another loads: the engine frees it for the new one, and the core
+    // must not unload (behind the load) the model that load brings.
+    let (gate, rx) = held_load(&core, tiny_chat::BUNDLED);
+    assert!(matches!(
+        rx.recv_timeout(TIMEOUT),
+        Ok(LoadEvent::Loading { .. })
+    ));
+    let e = core.delete_model(remote).unwrap_err();
+    assert!(matches!(e, ChatError::Loading), "{e}");
+    drop(gate);
+    let events: Vec<LoadEvent> = rx.iter().collect();
+    assert!(
+        matches!(events.last(), Some(LoadEvent::Loaded { .. })),
+        "{events:?}"
+    );
+    assert_eq!(core.loaded_model().unwrap().spec, tiny_chat::BUNDLED);
+    let c = core.create_conversation(None).unwrap();
+    let events = send(&core, &c.id, "hi");
+    assert!(
+        matches!(events.last(), Some(ChatEvent::Finished { .. })),
+        "{events:?}"
+    );
+    // Once no load runs, it is deleted.
+    assert!(core.delete_model(remote).unwrap() > 0);
+    assert_eq!(state_of(&core, remote), VariantState::Remote);
+}
+
+#[test]
+fn deleting_the_last_model_used_makes_the_next_start_load_the_bundled_demo() {
+    let s = Setup::new();
+    let core = s.open();
+    let remote = tiny_chat::REMOTE;
+    download_remote(&core);
+    load(&core, Some(remote));
+    assert_eq!(core.settings().model.as_deref(), Some(remote));
+    core.delete_model(remote).unwrap();
+    assert_eq!(
+        core.settings().model,
+        None,
+        "the deleted model is forgotten"
+    );
+    drop(core);
+    let again = ChatCore::open(s.config()).unwrap();
+    assert_eq!(again.settings().model, None);
+    load(&again, None);
+    assert_eq!(again.loaded_model().unwrap().spec, tiny_chat::BUNDLED);
+}
+
+#[test]
+fn a_remembered_model_that_is_gone_falls_back_to_the_bundled_demo() {
+    let s = Setup::new();
+    // Remembered, then removed behind the app's back; or dropped from the catalog by an update.
+    for gone in [tiny_chat::REMOTE, "retired:v1"] {
+        let core = s.open();
+        let mut settings = core.settings();
+        settings.model = Some(gone.into());
+        settings
+            .save(&s.dir.path().join("data/settings.json"))
+            .unwrap();
+        let core = ChatCore::open(s.config()).unwrap();
+        assert_eq!(core.settings().model.as_deref(), Some(gone));
+        load(&core, None);
+        assert_eq!(core.loaded_model().unwrap().spec, tiny_chat::BUNDLED);
+        assert_eq!(core.settings().model.as_deref(), Some(tiny_chat::BUNDLED));
+    }
+    // Named explicitly, a missing model is still an error naming it.
+    let core = s.open();
+    let e = core
+        .load_model(Some(tiny_chat::REMOTE), |_| {})
+        .unwrap_err();
+    assert!(e.to_string().contains(tiny_chat::REMOTE), "{e}");
+}
+
 /// The files in the data directory whose names start with `settings.json.damaged`.
 fn damaged_settings(s: &Setup) -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(s.dir.path().join("data"))

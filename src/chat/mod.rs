@@ -266,6 +266,16 @@ impl State {
     }
 }
 
+impl State {
+    /// True while a load runs that `spec` is part of: the one being loaded, or the one loaded,
+    /// which the engine is freeing or has freed for the new one.
+    fn load_involves(&self, spec: &str) -> bool {
+        self.loading.is_some()
+            && (self.loading.as_deref() == Some(spec)
+                || self.loaded.as_ref().is_some_and(|l| l.spec == spec))
+    }
+}
+
 /// Everything reply callbacks need; never owns the engine, so a callback running on the engine's
 /// thread can never be the one to drop it.
 struct Shared {
@@ -552,7 +562,8 @@ impl ChatCore {
     }
 
     /// Deletes a downloaded variant (unloading it first if it is loaded); returns bytes freed.
-    /// Refused while any variant of the model downloads.
+    /// Refused while any variant of the model downloads, or while a load involves it. If it was
+    /// the model loaded last, that is forgotten: the next start loads the bundled demo.
     pub fn delete_model(&self, spec: &str) -> Result<u64> {
         let (model, variant) = models::exact(&self.shared.config.catalog, spec)?;
         let spec = model.spec(variant);
@@ -561,6 +572,11 @@ impl ChatCore {
         }
         let mut st = self.shared.lock();
         st.check_model_idle(&model.id, &spec)?;
+        // The loader may be reading its files, or the engine freeing it for the new model:
+        // unloading here would wait behind the load and then drop the model just loaded.
+        if st.load_involves(&spec) {
+            return Err(ChatError::Loading);
+        }
         if st.loaded.as_ref().is_some_and(|l| l.spec == spec) {
             if st.reply.is_some() {
                 return Err(ChatError::ReplyRunning);
@@ -568,12 +584,21 @@ impl ChatCore {
             self.engine.unload()?;
             st.loaded = None;
         }
-        Ok(self.shared.cache.remove(model, variant)?)
+        let freed = self.shared.cache.remove(model, variant)?;
+        if st.settings.model.as_deref() == Some(spec.as_str()) {
+            st.settings.model = None;
+            if let Err(e) = self.shared.save_settings(&st.settings) {
+                // The files are gone either way; `load_model(None)` falls back to the demo.
+                log_warning(&format!("could not forget the deleted model: {e}"));
+            }
+        }
+        Ok(freed)
     }
 
     /// Starts loading `spec` (`model` or `model:variant`; `None`: the last model loaded, else
-    /// the bundled demo) on the settings' device. Returns the exact spec; `on_event` gets
-    /// `Loading`, then `Loaded` or `Failed`. The previous model is freed first.
+    /// the bundled demo, also when the last one is gone) on the settings' device. Returns the
+    /// exact spec; `on_event` gets `Loading`, then `Loaded` or `Failed`. The previous model is
+    /// freed first.
     pub fn load_model(
         &self,
         spec: Option<&str>,
@@ -588,23 +613,28 @@ impl ChatCore {
             if st.loading.is_some() {
                 return Err(ChatError::Loading);
             }
-            let wanted = match spec {
-                Some(s) => s.to_string(),
-                None => st
-                    .settings
-                    .model
-                    .clone()
-                    .or_else(|| self.default_spec())
-                    .ok_or(ChatError::NoModel)?,
-            };
             let cfg = &self.shared.config;
-            let (spec, files) = models::resolve_files(
-                &cfg.catalog,
-                &self.shared.cache,
-                facts,
-                &cfg.assets_dir,
-                &wanted,
-            )?;
+            let resolve = |wanted: &str| {
+                models::resolve_files(
+                    &cfg.catalog,
+                    &self.shared.cache,
+                    facts,
+                    &cfg.assets_dir,
+                    wanted,
+                )
+            };
+            let (spec, files) = match (spec, st.settings.model.as_deref()) {
+                (Some(s), _) => resolve(s)?,
+                (None, Some(last)) => match resolve(last) {
+                    Ok(found) => found,
+                    // The last model was deleted, or an update's catalog dropped it.
+                    Err(e) => match self.default_spec() {
+                        Some(demo) => resolve(&demo).map_err(|_| e)?,
+                        None => return Err(e),
+                    },
+                },
+                (None, None) => resolve(&self.default_spec().ok_or(ChatError::NoModel)?)?,
+            };
             let name = cfg.catalog.resolve(&spec)?.0.name.clone();
             st.loading = Some(spec.clone());
             (spec, files, (st.settings.device, st.settings.tables), name)
