@@ -637,6 +637,47 @@ fn walk(dir: &Path) -> Vec<String> {
     out
 }
 
+#[test]
+fn a_panic_while_writing_a_reply_unloads_the_model_in_the_core_too() {
+    let s = Setup::new();
+    let core = s.open();
+    load(&core, None);
+    let c = core.create_conversation(None).unwrap();
+    let (tx, rx) = mpsc::channel();
+    core.send(&c.id, "hi", move |e| {
+        if matches!(e, ChatEvent::Delta { .. }) {
+            panic!("a shell bug while showing the reply");
+        }
+        let _ = tx.send(e);
+    })
+    .unwrap();
+    let events = collect(&rx);
+    let ChatEvent::Failed { error, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert!(error.contains("internal error"), "{error}");
+    // The engine dropped the model: the core says so, and the next message asks for a model
+    // instead of failing in the engine.
+    assert_eq!(core.loaded_model(), None);
+    assert!(core
+        .models()
+        .unwrap()
+        .iter()
+        .flat_map(|m| &m.variants)
+        .all(|v| !v.loaded));
+    assert!(matches!(
+        core.send(&c.id, "again", |_| {}),
+        Err(ChatError::NoModel)
+    ));
+    // Loading it again makes replies work again.
+    load(&core, None);
+    let events = send(&core, &c.id, "again");
+    assert!(
+        matches!(events.last(), Some(ChatEvent::Finished { .. })),
+        "{events:?}"
+    );
+}
+
 /// Downloads the hub's model and waits for it.
 fn download_remote(core: &ChatCore) {
     let (seen, rx) = download(core, tiny_chat::REMOTE);

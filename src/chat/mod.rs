@@ -829,6 +829,10 @@ impl ChatCore {
                 }
             }
             Event::Failed(e) => {
+                if e.unloads_model() {
+                    // The engine dropped the model: say so before anything can start on it.
+                    shared.lock().loaded = None;
+                }
                 let error = e.to_string();
                 let message = StoredMessage {
                     id: id.clone(),

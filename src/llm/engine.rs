@@ -171,7 +171,7 @@ fn worker(rx: mpsc::Receiver<Command>) {
                 match result {
                     Ok(c) => sink(Event::Finished(c)),
                     Err(e) => {
-                        if matches!(e, LlmError::Internal(_)) {
+                        if e.unloads_model() {
                             // A kernel panicked mid-call: the model's state is unknown.
                             model = None;
                         }

@@ -84,6 +84,14 @@ pub enum LlmError {
     Internal(String),
 }
 
+impl LlmError {
+    /// True when the engine dropped its model on this error (a panic mid-call leaves the model's
+    /// state unknown): whoever tracks what is loaded must forget it too.
+    pub fn unloads_model(&self) -> bool {
+        matches!(self, LlmError::Internal(_))
+    }
+}
+
 pub type Result<T> = std::result::Result<T, LlmError>;
 
 /// Asks a running prefill or decode to stop; checked between prefill chunks and between decode
