@@ -14,8 +14,8 @@ use common::fixtures;
 use hub::{Fault, Hub};
 use pteria::catalog::Catalog;
 use pteria::chat::{
-    Author, ChatCore, ChatError, ChatEvent, CoreConfig, DeviceChoice, DownloadEvent, LoadEvent,
-    Settings, TablesChoice, VariantState,
+    Author, ChatCore, ChatError, ChatEvent, Conversation, CoreConfig, DeviceChoice, DownloadEvent,
+    LoadEvent, Settings, StoredMessage, TablesChoice, VariantState,
 };
 use std::path::Path;
 use std::sync::mpsc;
@@ -635,6 +635,131 @@ fn walk(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// The conversation as its file on disk holds it, read directly (what a crash would leave).
+fn on_disk(s: &Setup, id: &str) -> Vec<StoredMessage> {
+    let file = s
+        .dir
+        .path()
+        .join("data/conversations")
+        .join(format!("{id}.json"));
+    let c: Conversation = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+    c.messages
+}
+
+/// Starts a regeneration whose callback runs `at_prefill` on its first prefill event.
+fn regenerate_with(
+    core: &ChatCore,
+    id: &str,
+    mut at_prefill: impl FnMut() + Send + 'static,
+    mut each: impl FnMut(&ChatEvent) + Send + 'static,
+) -> mpsc::Receiver<ChatEvent> {
+    let (tx, rx) = mpsc::channel();
+    let mut first = true;
+    core.regenerate(id, move |e| {
+        if first && matches!(e, ChatEvent::Prefill { .. }) {
+            first = false;
+            at_prefill();
+        }
+        each(&e);
+        let _ = tx.send(e);
+    })
+    .unwrap();
+    rx
+}
+
+#[test]
+fn regenerating_keeps_the_saved_reply_until_a_new_one_replaces_it() {
+    let s = Setup::new();
+    let core = s.open();
+    load(&core, None);
+    let c = core.create_conversation(None).unwrap();
+    let first = send(&core, &c.id, "hi");
+    let ChatEvent::Finished { message: m1, .. } = first.last().unwrap() else {
+        panic!("{first:?}")
+    };
+    let saved = on_disk(&s, &c.id);
+    assert_eq!(saved.len(), 2);
+
+    // Mid-regeneration (held at its first event) the file still holds the old reply: a crash
+    // or a closed window here loses nothing.
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let rx = regenerate_with(
+        &core,
+        &c.id,
+        move || {
+            let _ = gate_rx.recv_timeout(TIMEOUT);
+        },
+        |_| {},
+    );
+    assert_eq!(on_disk(&s, &c.id), saved);
+    assert_eq!(core.conversation(&c.id).unwrap().messages, saved);
+    let progress = core.reply_in_progress().unwrap();
+    assert_eq!(
+        (progress.conversation_id.as_str(), progress.follows),
+        (c.id.as_str(), 1)
+    );
+    drop(gate_tx);
+    let events = collect(&rx);
+    let ChatEvent::Finished { message: m2, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert_ne!(m2.id, m1.id);
+    assert_eq!(on_disk(&s, &c.id), [saved[0].clone(), m2.clone()]);
+    assert!(core.reply_in_progress().is_none());
+
+    // Stopped before any text: the old reply stays, on disk and as the reply reported.
+    let stopper = core.clone();
+    let rx = regenerate_with(
+        &core,
+        &c.id,
+        move || {
+            stopper.stop();
+        },
+        |_| {},
+    );
+    let events = collect(&rx);
+    assert_eq!(deltas(&events), "", "{events:?}");
+    let ChatEvent::Finished { message, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(message, m2, "the reply kept is reported");
+    assert_eq!(on_disk(&s, &c.id), [saved[0].clone(), m2.clone()]);
+
+    // Failed (the shell's callback panics on the first text, which takes the model down): the
+    // old reply stays and the failure is saved after it, never in its place.
+    let rx = regenerate_with(
+        &core,
+        &c.id,
+        || {},
+        |e| {
+            if matches!(e, ChatEvent::Delta { .. }) {
+                panic!("a shell bug while showing the reply");
+            }
+        },
+    );
+    let events = collect(&rx);
+    let ChatEvent::Failed {
+        message: failed, ..
+    } = events.last().unwrap()
+    else {
+        panic!("{events:?}")
+    };
+    let after = on_disk(&s, &c.id);
+    assert_eq!(after.len(), 3, "{after:?}");
+    assert_eq!(after[..2], [saved[0].clone(), m2.clone()]);
+    assert_eq!(&after[2], failed);
+    assert!(failed.error.is_some());
+
+    // A regeneration that succeeds replaces both the old reply and the failure.
+    load(&core, None);
+    let rx = regenerate_with(&core, &c.id, || {}, |_| {});
+    let events = collect(&rx);
+    let ChatEvent::Finished { message: m3, .. } = events.last().unwrap() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(on_disk(&s, &c.id), [saved[0].clone(), m3.clone()]);
 }
 
 #[test]

@@ -203,12 +203,14 @@ pub enum ChatEvent {
     Prefill { done: usize, total: usize },
     /// More of the reply.
     Delta { text: String },
-    /// The reply is complete (or was stopped: `message.stopped`) and saved.
+    /// The reply is complete (or was stopped: `message.stopped`) and saved. A regeneration
+    /// stopped before any text saves nothing: `message` is then the old reply, kept.
     Finished {
         message: StoredMessage,
         usage: ContextUsage,
     },
-    /// The reply failed; `message` (saved, with `error` set) keeps any text it had.
+    /// The reply failed; `message` (saved, with `error` set) keeps any text it had. A failed
+    /// regeneration is saved after the old reply, which stays.
     Failed {
         message: StoredMessage,
         error: String,
@@ -227,8 +229,22 @@ pub struct ReplyStarted {
     pub title: String,
 }
 
+/// The reply being written, as far as it has streamed: what a shell shows when the user opens
+/// its conversation again mid-reply.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplyProgress {
+    pub conversation_id: String,
+    /// The id the reply will be saved under.
+    pub assistant_id: String,
+    /// How many of the conversation's saved messages come before the reply. A regeneration's
+    /// old reply stays saved after them until the new one replaces it, so a shell shows only
+    /// these, then the streaming text.
+    pub follows: usize,
+    pub text: String,
+}
+
 struct ActiveReply {
-    conversation_id: String,
+    progress: ReplyProgress,
     cancel: CancelToken,
 }
 
@@ -449,7 +465,11 @@ impl ChatCore {
     pub fn delete_conversation(&self, id: &str) -> Result<()> {
         let mut st = self.shared.lock();
         st.store.delete(id)?;
-        if let Some(r) = st.reply.as_ref().filter(|r| r.conversation_id == id) {
+        if let Some(r) = st
+            .reply
+            .as_ref()
+            .filter(|r| r.progress.conversation_id == id)
+        {
             r.cancel.cancel();
         }
         Ok(())
@@ -730,36 +750,57 @@ impl ChatCore {
             stopped: false,
             error: None,
         };
-        let title = st.store.update(conversation_id, |c| {
+        let (title, follows) = st.store.update(conversation_id, |c| {
             if c.messages.iter().all(|m| m.author != Author::User) && c.title == store::NEW_TITLE {
                 c.title = Conversation::title_from(text);
             }
             c.messages.push(user.clone());
-            c.title.clone()
+            (c.title.clone(), c.messages.len())
         })?;
-        self.start_reply(st, conversation_id, loaded, Some(user), title, on_event)
+        let start = Start {
+            conversation_id,
+            loaded,
+            user_message: Some(user),
+            title,
+            follows,
+        };
+        self.start_reply(st, start, on_event)
     }
 
-    /// Drops the conversation's last reply (if any) and writes a new one to the last message.
+    /// Writes a new reply to the conversation's last message of the user's; once it is saved it
+    /// replaces the replies after that message. Until then they stay saved, and a regeneration
+    /// that fails or is stopped before any text keeps them (see `ChatEvent`).
     pub fn regenerate(
         &self,
         conversation_id: &str,
         on_event: impl FnMut(ChatEvent) + Send + 'static,
     ) -> Result<ReplyStarted> {
-        let mut st = self.shared.lock();
+        let st = self.shared.lock();
         let loaded = ready(&st)?;
         let c = st.store.get(conversation_id)?;
-        let keep = c
+        let follows = c
             .messages
             .iter()
             .rposition(|m| m.author == Author::User)
             .ok_or(ChatError::NothingToRegenerate)?
             + 1;
-        let title = st.store.update(conversation_id, |c| {
-            c.messages.truncate(keep);
-            c.title.clone()
-        })?;
-        self.start_reply(st, conversation_id, loaded, None, title, on_event)
+        let start = Start {
+            conversation_id,
+            loaded,
+            user_message: None,
+            title: c.title.clone(),
+            follows,
+        };
+        self.start_reply(st, start, on_event)
+    }
+
+    /// The reply being written and its text so far, if one is.
+    pub fn reply_in_progress(&self) -> Option<ReplyProgress> {
+        self.shared
+            .lock()
+            .reply
+            .as_ref()
+            .map(|r| r.progress.clone())
     }
 
     /// Stops the reply being written, if any; it is saved as far as it got. True if one ran.
@@ -781,18 +822,22 @@ impl ChatCore {
     fn start_reply(
         &self,
         mut st: MutexGuard<'_, State>,
-        conversation_id: &str,
-        loaded: LoadedModel,
-        user_message: Option<StoredMessage>,
-        title: String,
+        start: Start<'_>,
         mut on_event: impl FnMut(ChatEvent) + Send + 'static,
     ) -> Result<ReplyStarted> {
+        let Start {
+            conversation_id,
+            loaded,
+            user_message,
+            title,
+            follows,
+        } = start;
         let conversation = st.store.get(conversation_id)?;
         let mut messages = Vec::new();
         if !st.settings.system_prompt.trim().is_empty() {
             messages.push(Message::system(st.settings.system_prompt.clone()));
         }
-        for m in &conversation.messages {
+        for m in conversation.messages.iter().take(follows) {
             // Failed replies are shown, not sent; a reply stopped before any text adds nothing.
             if m.error.is_some() || m.content.is_empty() {
                 continue;
@@ -808,20 +853,33 @@ impl ChatCore {
         let conv = conversation_id.to_string();
         let id = assistant_id.clone();
         let mut text = String::new();
+        // Events that touch the state wait for `st` to be released: `st.reply` is set by then.
         let cancel = self.engine.chat_with(messages, options, move |e| match e {
             Event::Prefill { done, total } => on_event(ChatEvent::Prefill { done, total }),
             Event::Text(t) => {
                 text.push_str(&t);
+                if let Some(r) = shared.lock().reply.as_mut() {
+                    r.progress.text.push_str(&t);
+                }
                 on_event(ChatEvent::Delta { text: t });
             }
             Event::Finished(c) => {
                 let message = reply_message(&id, &loaded, &c);
-                let usage = ContextUsage {
+                let mut usage = ContextUsage {
                     used_tokens: c.stats.prompt_tokens + c.stats.generated_tokens,
                     context_tokens: loaded.context_tokens,
                 };
-                match shared.finish_reply(&conv, &message) {
-                    Ok(()) => on_event(ChatEvent::Finished { message, usage }),
+                match shared.finish_reply(&conv, follows, &message) {
+                    Ok(Some(kept)) => {
+                        if let Some(s) = &kept.stats {
+                            usage.used_tokens = s.context_used();
+                        }
+                        on_event(ChatEvent::Finished {
+                            message: kept,
+                            usage,
+                        })
+                    }
+                    Ok(None) => on_event(ChatEvent::Finished { message, usage }),
                     Err(e) => on_event(ChatEvent::Failed {
                         message,
                         error: format!("the reply could not be saved: {e}"),
@@ -843,12 +901,17 @@ impl ChatCore {
                     stopped: false,
                     error: Some(error.clone()),
                 };
-                let _ = shared.finish_reply(&conv, &message);
+                let _ = shared.finish_reply(&conv, follows, &message);
                 on_event(ChatEvent::Failed { message, error });
             }
         })?;
         st.reply = Some(ActiveReply {
-            conversation_id: conversation_id.to_string(),
+            progress: ReplyProgress {
+                conversation_id: conversation_id.to_string(),
+                assistant_id: assistant_id.clone(),
+                follows,
+                text: String::new(),
+            },
             cancel,
         });
         Ok(ReplyStarted {
@@ -860,19 +923,54 @@ impl ChatCore {
     }
 }
 
+/// What a reply starts from.
+struct Start<'a> {
+    conversation_id: &'a str,
+    loaded: LoadedModel,
+    /// The user's message just saved (`None` for a regeneration).
+    user_message: Option<StoredMessage>,
+    title: String,
+    /// The saved messages the reply comes after; any after them are the replies it replaces.
+    follows: usize,
+}
+
 impl Shared {
-    /// Saves a finished reply and marks the engine free. A conversation deleted meanwhile is not
-    /// an error: there is nothing left to save it in.
-    fn finish_reply(&self, conversation_id: &str, message: &StoredMessage) -> Result<()> {
+    /// Saves a finished reply and marks the engine free. The saved messages after `follows`
+    /// are the replies a regeneration replaces, kept until now so that a crash or a close
+    /// mid-reply loses none. They also stay when the new reply is no better: stopped before any
+    /// text (nothing is saved; the reply kept is returned), or failed (it is saved after them,
+    /// in place of an earlier failure). A conversation deleted meanwhile is not an error:
+    /// there is nothing left to save it in.
+    fn finish_reply(
+        &self,
+        conversation_id: &str,
+        follows: usize,
+        message: &StoredMessage,
+    ) -> Result<Option<StoredMessage>> {
         let mut st = self.lock();
         st.reply = None;
-        match st
-            .store
-            .update(conversation_id, |c| c.messages.push(message.clone()))
-        {
-            Err(ChatError::NoConversation { .. }) => Ok(()),
-            r => r,
+        let kept = match st.store.get(conversation_id) {
+            Ok(c) => c
+                .messages
+                .get(follows..)
+                .unwrap_or_default()
+                .last()
+                .cloned(),
+            Err(ChatError::NoConversation { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if let Some(kept) = kept.filter(|_| message.stopped && message.content.is_empty()) {
+            return Ok(Some(kept));
         }
+        st.store.update(conversation_id, |c| {
+            let replaced = c.messages.split_off(follows.min(c.messages.len()));
+            if message.error.is_some() {
+                c.messages
+                    .extend(replaced.into_iter().filter(|m| m.error.is_none()));
+            }
+            c.messages.push(message.clone());
+        })?;
+        Ok(None)
     }
 }
 
