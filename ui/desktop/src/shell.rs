@@ -51,7 +51,7 @@ pub fn attach(ui: &AppWindow, core: ChatCore, post: Post, load_last: bool) {
     ui.on_regenerate(move || {
         c.with(|ui, core, post| {
             let id = ui.get_current_conversation();
-            let started = core.regenerate(&id, reply_events(ui, core, post));
+            let started = core.regenerate(&id, reply_events(ui, core, post, &id));
             reply_started(ui, core, started)
         })
     });
@@ -159,7 +159,7 @@ fn send(ui: &AppWindow, core: &ChatCore, post: &Post, text: &str) -> Result<(), 
         id = core.create_conversation(None)?.id;
         ui.set_current_conversation(id.as_str().into());
     }
-    let started = core.send(&id, text, reply_events(ui, core, post))?;
+    let started = core.send(&id, text, reply_events(ui, core, post, &id))?;
     ui.set_draft("".into());
     reply_started(ui, core, Ok(started))
 }
@@ -191,64 +191,101 @@ fn reply_started(
     Ok(())
 }
 
-/// The reply stream's handler: each event is applied to the window on the UI thread.
+/// The reply stream's handler: each event is applied to the window on the UI thread. Text
+/// arrives as the whole reply so far: a conversation reopened mid-reply starts from the core's
+/// copy, and pieces queued before that must not show twice.
 fn reply_events(
     ui: &AppWindow,
     core: &ChatCore,
     post: &Post,
+    conversation_id: &str,
 ) -> impl FnMut(ChatEvent) + Send + 'static {
     let ui = ui.as_weak();
     let core = core.clone();
     let post = post.clone();
+    let conversation_id = conversation_id.to_string();
+    let mut so_far = String::new();
     move |event| {
-        let ui = ui.clone();
-        let core = core.clone();
+        if let ChatEvent::Delta { text } = &event {
+            so_far.push_str(text);
+        }
+        let (ui, core, id, so_far) = (
+            ui.clone(),
+            core.clone(),
+            conversation_id.clone(),
+            so_far.clone(),
+        );
         post(Box::new(move || {
             if let Some(ui) = ui.upgrade() {
-                apply_reply_event(&ui, &core, event);
+                apply_reply_event(&ui, &core, &id, event, &so_far);
             }
         }))
     }
 }
 
-fn apply_reply_event(ui: &AppWindow, core: &ChatCore, event: ChatEvent) {
+fn apply_reply_event(
+    ui: &AppWindow,
+    core: &ChatCore,
+    conversation_id: &str,
+    event: ChatEvent,
+    so_far: &str,
+) {
+    let over = matches!(event, ChatEvent::Finished { .. } | ChatEvent::Failed { .. });
+    if over {
+        // Whatever the window shows now (another conversation, a new chat, none), the reply is
+        // over and Send comes back.
+        ui.set_replying(false);
+        // The saved reply changes the conversation's message count in the sidebar.
+        refresh_conversations(ui, core);
+    }
+    if matches!(event, ChatEvent::Failed { .. }) {
+        // A failure can take the model down with it (a panic in the engine).
+        show_model(ui, core);
+        refresh_models(ui, core);
+    }
+    if ui.get_current_conversation() != conversation_id {
+        return; // Another conversation is open; the core saves the reply anyway.
+    }
+    if over {
+        // The saved conversation is the truth once a reply is done: a regeneration that failed
+        // or stopped before any text keeps the old reply.
+        open(ui, core, conversation_id);
+        return;
+    }
     let rows = ui.get_messages();
     let last = rows.row_count().saturating_sub(1);
     let Some(mut row) = rows.row_data(last).filter(|r| r.streaming) else {
-        return; // The conversation was closed meanwhile; the core saved the reply anyway.
+        return;
     };
     match event {
         ChatEvent::Prefill { done, total } => {
             row.stats = format!("reading the prompt: {done} of {total} tokens").into();
         }
-        ChatEvent::Delta { text } => {
-            row.text = format!("{}{text}", row.text).into();
-            row.blocks = view::blocks(&row.text);
+        // The text only grows: a shorter one is a piece the row already has from the core.
+        ChatEvent::Delta { .. } if so_far.len() >= row.text.len() => {
+            row.text = so_far.into();
+            row.blocks = view::blocks(so_far);
             row.stats = "".into();
         }
-        ChatEvent::Finished { message, usage } => {
-            row = view::message_row(&message);
-            ui.set_context_usage(context_text(usage.used_tokens, usage.context_tokens).into());
-            ui.set_replying(false);
-        }
-        ChatEvent::Failed { message, .. } => {
-            row = view::message_row(&message);
-            ui.set_replying(false);
-        }
+        _ => return,
     }
-    let done = !row.streaming;
     rows.set_row_data(last, row);
-    if done {
-        // The saved reply changes the conversation's message count in the sidebar.
-        refresh_conversations(ui, core);
-    }
 }
 
 fn open(ui: &AppWindow, core: &ChatCore, id: &str) {
     match core.conversation(id) {
         Ok(c) => {
             ui.set_current_conversation(c.id.as_str().into());
-            let rows: Vec<_> = c.messages.iter().map(view::message_row).collect();
+            let mut rows: Vec<_> = c.messages.iter().map(view::message_row).collect();
+            // A reply still being written for it: the messages it follows, then its text so far.
+            if let Some(p) = core.reply_in_progress().filter(|p| p.conversation_id == id) {
+                rows.truncate(p.follows);
+                rows.push(MessageRow {
+                    text: p.text.as_str().into(),
+                    blocks: view::blocks(&p.text),
+                    ..view::streaming_row(&p.assistant_id)
+                });
+            }
             edit(ui.get_messages(), |m| m.set_vec(rows));
             show_context_usage(ui, core);
         }

@@ -534,3 +534,139 @@ fn the_window_content_follows_the_window_size_and_rows_keep_their_height() {
         card.size().height
     );
 }
+
+/// Runs queued UI work until the core's reply is over and its last event has been applied.
+fn settle(rx: &Receiver<Job>, core: &ChatCore) {
+    pump(rx, || !core.is_replying(), || {});
+    // The final event is posted just after the core marks the reply done.
+    while let Ok(job) = rx.recv_timeout(Duration::from_millis(500)) {
+        job();
+    }
+}
+
+/// Types `text`, presses Send, and runs UI work (letting the held engine go one piece at a
+/// time) until the reply's first text is on screen; the engine is then held there.
+fn send_and_hold_at_first_text(ui: &AppWindow, rx: &Receiver<Job>, gate: &Gate, text: &str) {
+    gate.hold.store(true, Ordering::SeqCst);
+    type_into(ui, "ChatPage::message-input", text);
+    click(ui, "Send");
+    let shown = || {
+        rows(ui)
+            .last()
+            .is_some_and(|r| r.streaming && !r.text.is_empty())
+    };
+    pump(rx, shown, || {
+        if !shown() {
+            gate.release();
+        }
+    });
+    assert!(ui.get_replying());
+}
+
+fn let_the_engine_go(gate: &Gate) {
+    assert!(
+        gate.held.load(Ordering::SeqCst) > 0,
+        "the engine's thread was never held at a post"
+    );
+    gate.hold.store(false, Ordering::SeqCst);
+    gate.release();
+}
+
+#[test]
+fn leaving_the_conversation_being_written_does_not_leave_the_window_replying() {
+    let s = Setup::new();
+    let core = s.open();
+    let (ui, rx, gate) = window_gated(&core);
+    loaded(&ui, &rx);
+    send_and_watch(&ui, &rx, "first");
+    click(&ui, "New chat");
+
+    // Another conversation opened mid-reply.
+    send_and_hold_at_first_text(&ui, &rx, &gate, "second");
+    let second = ui.get_current_conversation();
+    click(&ui, "first");
+    let_the_engine_go(&gate);
+    settle(&rx, &core);
+    assert!(!ui.get_replying(), "Send is back once the reply is done");
+    assert_eq!(rows(&ui).len(), 2, "the other conversation stays open");
+    assert_eq!(rows(&ui)[0].text, "first");
+    assert_eq!(core.conversation(&second).unwrap().messages.len(), 2);
+
+    // "New chat" mid-reply.
+    click(&ui, "second");
+    send_and_hold_at_first_text(&ui, &rx, &gate, "third");
+    click(&ui, "New chat");
+    let_the_engine_go(&gate);
+    settle(&rx, &core);
+    assert!(!ui.get_replying());
+    assert_eq!(rows(&ui).len(), 0, "the new chat stays open");
+    assert_eq!(core.conversation(&second).unwrap().messages.len(), 4);
+
+    // The conversation being written deleted mid-reply.
+    click(&ui, "second");
+    send_and_hold_at_first_text(&ui, &rx, &gate, "fourth");
+    click(&ui, "Delete conversation second");
+    let_the_engine_go(&gate);
+    settle(&rx, &core);
+    assert!(!ui.get_replying());
+    assert!(core.conversation(&second).is_err());
+
+    // Send works again.
+    send_and_watch(&ui, &rx, "fifth");
+    let shown = rows(&ui);
+    assert_eq!(shown.len(), 2);
+    assert!(!shown[1].streaming && !shown[1].text.is_empty());
+}
+
+#[test]
+fn reopening_the_conversation_being_written_shows_its_reply_so_far() {
+    let s = Setup::new();
+    let core = s.open();
+    let (ui, rx, gate) = window_gated(&core);
+    loaded(&ui, &rx);
+    send_and_watch(&ui, &rx, "first");
+    click(&ui, "New chat");
+    send_and_hold_at_first_text(&ui, &rx, &gate, "second");
+    let so_far = rows(&ui).last().unwrap().text.clone();
+    click(&ui, "first");
+    assert!(rows(&ui).iter().all(|r| !r.streaming));
+
+    // Back to it (and once more, opening the conversation already open): the reply as far as
+    // it got, still streaming.
+    for _ in 0..2 {
+        click(&ui, "second");
+        let shown = rows(&ui);
+        assert_eq!(shown.len(), 2, "{shown:?}");
+        assert_eq!(shown[0].text, "second");
+        assert!(shown[1].streaming);
+        assert_eq!(shown[1].text, so_far);
+    }
+    // It grows on from there, and ends as saved.
+    gate.release();
+    pump(&rx, || rows(&ui)[1].text != so_far, || gate.release());
+    assert!(rows(&ui)[1].text.starts_with(so_far.as_str()));
+    let_the_engine_go(&gate);
+    settle(&rx, &core);
+    assert!(!ui.get_replying());
+    let saved = core.conversation(&ui.get_current_conversation()).unwrap();
+    let shown = rows(&ui);
+    assert_eq!(shown.len(), 2);
+    assert!(!shown[1].streaming);
+    assert_eq!(shown[1].id, saved.messages[1].id.as_str());
+    assert_eq!(shown[1].text, saved.messages[1].content.as_str());
+
+    // A regeneration reopened mid-reply shows the new reply in place of the old one.
+    let old = saved.messages[1].clone();
+    gate.hold.store(true, Ordering::SeqCst);
+    click(&ui, "Regenerate");
+    click(&ui, "first");
+    click(&ui, "second");
+    let shown = rows(&ui);
+    assert_eq!(shown.len(), 2, "{shown:?}");
+    assert!(shown[1].streaming && shown[1].id != old.id.as_str());
+    let_the_engine_go(&gate);
+    settle(&rx, &core);
+    let shown = rows(&ui);
+    assert_eq!(shown.len(), 2);
+    assert!(!shown[1].streaming && shown[1].id != old.id.as_str());
+}
