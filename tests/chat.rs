@@ -777,10 +777,13 @@ fn a_panic_while_writing_a_reply_unloads_the_model_in_the_core_too() {
     })
     .unwrap();
     let events = collect(&rx);
-    let ChatEvent::Failed { error, .. } = events.last().unwrap() else {
+    let ChatEvent::Failed { error, message } = events.last().unwrap() else {
         panic!("{events:?}")
     };
     assert!(error.contains("internal error"), "{error}");
+    // The failed reply keeps the text it had: the delta the shell panicked on.
+    assert!(!message.content.is_empty(), "{message:?}");
+    assert_eq!(on_disk(&s, &c.id).last(), Some(message));
     // The engine dropped the model: the core says so, and the next message asks for a model
     // instead of failing in the engine.
     assert_eq!(core.loaded_model(), None);

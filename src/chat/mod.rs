@@ -280,9 +280,7 @@ impl State {
             None => Ok(()),
         }
     }
-}
 
-impl State {
     /// True while a load runs that `spec` is part of: the one being loaded, or the one loaded,
     /// which the engine is freeing or has freed for the new one.
     fn load_involves(&self, spec: &str) -> bool {
@@ -852,12 +850,11 @@ impl ChatCore {
         let shared = self.shared.clone();
         let conv = conversation_id.to_string();
         let id = assistant_id.clone();
-        let mut text = String::new();
-        // Events that touch the state wait for `st` to be released: `st.reply` is set by then.
+        // Events that touch the state wait for `st` to be released: `st.reply` is set by then,
+        // and its progress holds the reply's text (one copy, which a failure saves).
         let cancel = self.engine.chat_with(messages, options, move |e| match e {
             Event::Prefill { done, total } => on_event(ChatEvent::Prefill { done, total }),
             Event::Text(t) => {
-                text.push_str(&t);
                 if let Some(r) = shared.lock().reply.as_mut() {
                     r.progress.text.push_str(&t);
                 }
@@ -887,15 +884,21 @@ impl ChatCore {
                 }
             }
             Event::Failed(e) => {
-                if e.unloads_model() {
-                    // The engine dropped the model: say so before anything can start on it.
-                    shared.lock().loaded = None;
-                }
+                let text = {
+                    let mut st = shared.lock();
+                    if e.unloads_model() {
+                        // The engine dropped the model: say so before anything can start on it.
+                        st.loaded = None;
+                    }
+                    (st.reply.as_mut())
+                        .map(|r| std::mem::take(&mut r.progress.text))
+                        .unwrap_or_default()
+                };
                 let error = e.to_string();
                 let message = StoredMessage {
                     id: id.clone(),
                     author: Author::Assistant,
-                    content: std::mem::take(&mut text),
+                    content: text,
                     created_at: now_ms(),
                     stats: None,
                     stopped: false,
